@@ -1,0 +1,393 @@
+"""Allocator snapshots: loading them safely and reading them as typed records.
+
+A snapshot is the dict `torch.cuda.memory._snapshot()` returns: the segments
+the caching allocator holds (each with its blocks), and, when memory history
+was recorded, one trace of allocator events per device. This module loads one
+from three places and normalises it into `Segment`, `Block` and `TraceEntry`
+records, keeping the raw dict beside them:
+
+- the live process (`load_snapshot("live")`), when CUDA is available;
+- a pickle written by `torch.cuda.memory._dump_snapshot`, through an
+  unpickler that admits no global at all, so loading never runs code;
+- JSON (the same dict; pool ids become lists, which are read back as tuples).
+
+Snapshots from every torch since 2.1 load: keys that older versions lack
+(`device_traces`, `external_annotations`, a trace entry's `stream`,
+`compile_context`, `user_metadata`, a block's `address`) are optional.
+A snapshot may carry a top-level `kit` key written by the kit's own tools:
+names for streams, pools and graphs, and the provenance of a recording.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+TRACE_ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+)
+DEFAULT_POOL = (0, 0)
+DEFAULT_STREAM = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    address: int
+    size: int
+    requested_size: int
+    state: str
+    frames: list = field(default_factory=list, repr=False)
+
+    @property
+    def is_free(self) -> bool:
+        return self.state == "inactive"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    device: int
+    address: int
+    total_size: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int
+    segment_type: str
+    segment_pool_id: tuple[int, int]
+    is_expandable: bool
+    blocks: tuple[Block, ...]
+    frames: list = field(default_factory=list, repr=False)
+
+    @property
+    def free_size(self) -> int:
+        """Bytes in inactive blocks: reserved but neither allocated nor pending."""
+        if not self.blocks:
+            return self.total_size - self.active_size
+        return sum(b.size for b in self.blocks if b.state == "inactive")
+
+    @property
+    def largest_free(self) -> int:
+        sizes = [b.size for b in self.blocks if b.state == "inactive"]
+        if not self.blocks:
+            return self.total_size - self.active_size
+        return max(sizes, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    device: int
+    action: str
+    addr: int
+    size: int
+    stream: int
+    time_us: int | None
+    frames: list = field(default_factory=list, repr=False)
+    device_free: int | None = None
+    compile_context: Any = None
+    user_metadata: Any = None
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: any global (class, function) is refused.
+
+    Snapshots hold nothing but dicts, lists, tuples, str, int, float, bool and
+    None, which pickle encodes without naming a single global, so refusing
+    every global refuses every way a pickle can call code.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise KitError(f"refused to load global '{module}.{name}': a snapshot holds plain data only")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise KitError("refused a persistent id: a snapshot holds plain data only")
+
+
+def safe_unpickle(data: bytes, where: str = "pickle") -> Any:
+    """Unpickle `data` admitting only plain built-in types."""
+    try:
+        return _SnapshotUnpickler(io.BytesIO(data)).load()
+    except KitError as e:
+        raise KitError(f"{where}: {e}") from None
+    except RecursionError:
+        raise KitError(f"{where}: pickle nests too deeply") from None
+    except MemoryError:
+        raise KitError(f"{where}: pickle too large to load into memory") from None
+    except Exception as e:  # noqa: BLE001 - every unpickling failure is the input's fault
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise KitError(f"{where}: not a readable pickle ({detail})") from None
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise KitError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise KitError(f"{path}: is a folder, not a snapshot file") from None
+    except OSError as e:
+        raise KitError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _decode(data: bytes, where: str) -> dict:
+    if not data:
+        raise KitError(f"{where}: empty file")
+    if data.lstrip()[:1] in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise KitError(f"{where}: not readable JSON ({detail})") from None
+    return safe_unpickle(data, where)
+
+
+def live_snapshot() -> dict:
+    """This process's allocator state, with its trace if history is recorded."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError("live snapshot: CUDA is not available in this process")
+    return torch.cuda.memory._snapshot()
+
+
+def load_snapshot(source: str | os.PathLike | dict | Snapshot, *, label: str | None = None) -> Snapshot:
+    """Load a snapshot from a path (pickle or JSON), a dict, or "live".
+
+    Raises `KitError` with a one-line message for anything that is not a
+    snapshot: a missing or unreadable file, a corrupt or truncated pickle, a
+    pickle that names a global, or a dict of the wrong shape.
+    """
+    if isinstance(source, Snapshot):
+        return source
+    if not isinstance(source, str | os.PathLike):
+        return Snapshot(source, origin=label or f"in-memory {type(source).__name__}")
+    if isinstance(source, str) and source == "live":
+        return Snapshot(live_snapshot(), origin=label or "live", live=True)
+    path = Path(source)
+    return Snapshot(_decode(_read_file(path), str(path)), origin=label or str(path))
+
+
+def _int(d: dict, key: str, where: str, default: int | None = None, *, minimum: int | None = 0) -> int:
+    value = d.get(key, default)
+    if value is None and default is None and key not in d:
+        raise KitError(f"{where}: missing '{key}'")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KitError(f"{where}: '{key}' is {type(value).__name__}, expected an integer")
+    if minimum is not None and value < minimum:
+        raise KitError(f"{where}: '{key}' is negative ({value})")
+    return value
+
+
+def _list(d: dict, key: str, where: str) -> list:
+    value = d.get(key, [])
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise KitError(f"{where}: '{key}' is {type(value).__name__}, expected a list")
+    return list(value)
+
+
+def _pool_id(seg: dict, where: str) -> tuple[int, int]:
+    pool = seg.get("segment_pool_id", DEFAULT_POOL)
+    if (
+        not isinstance(pool, list | tuple)
+        or len(pool) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in pool)
+    ):
+        raise KitError(f"{where}: 'segment_pool_id' is {pool!r}, expected two integers")
+    return (pool[0], pool[1])
+
+
+def _frames(d: dict) -> list:
+    frames = d.get("frames")
+    return frames if isinstance(frames, list) else []
+
+
+def _parse_block(b: Any, offset_address: int, where: str) -> Block:
+    if not isinstance(b, dict):
+        raise KitError(f"{where}: is {type(b).__name__}, expected a dict")
+    size = _int(b, "size", where)
+    state = b.get("state")
+    if state not in BLOCK_STATES:
+        raise KitError(f"{where}: unknown block state {state!r}")
+    address = _int(b, "address", where, default=offset_address)
+    requested = b.get("requested_size", size)
+    if isinstance(requested, bool) or not isinstance(requested, int):
+        requested = size
+    return Block(address, size, requested, state, _frames(b))
+
+
+def _parse_segment(s: Any, where: str) -> Segment:
+    if not isinstance(s, dict):
+        raise KitError(f"{where}: is {type(s).__name__}, expected a dict")
+    address = _int(s, "address", where)
+    total = _int(s, "total_size", where)
+    blocks = []
+    cursor = address
+    for j, b in enumerate(_list(s, "blocks", where)):
+        block = _parse_block(b, cursor, f"{where} block {j}")
+        if block.address != cursor:
+            raise KitError(f"{where} block {j}: starts at {block.address:#x}, expected {cursor:#x}")
+        cursor += block.size
+        blocks.append(block)
+    if blocks and cursor != address + total:
+        raise KitError(f"{where}: blocks cover {cursor - address} bytes of a {total}-byte segment")
+    allocated = sum(b.size for b in blocks if b.state == "active_allocated")
+    active = allocated + sum(b.size for b in blocks if b.state == "active_pending_free")
+    segment_type = s.get("segment_type")
+    if segment_type not in ("small", "large"):
+        segment_type = "small" if total <= 2 * 1024 * 1024 else "large"
+    return Segment(
+        device=_int(s, "device", where, default=0),
+        address=address,
+        total_size=total,
+        allocated_size=_int(s, "allocated_size", where, default=allocated),
+        active_size=_int(s, "active_size", where, default=active),
+        requested_size=_int(s, "requested_size", where, default=0),
+        stream=_int(s, "stream", where, default=DEFAULT_STREAM, minimum=None),
+        segment_type=segment_type,
+        segment_pool_id=_pool_id(s, where),
+        is_expandable=bool(s.get("is_expandable", False)),
+        blocks=tuple(blocks),
+        frames=_frames(s),
+    )
+
+
+def _optional_int(d: dict, key: str, where: str) -> int | None:
+    if d.get(key) is None:
+        return None
+    return _int(d, key, where, minimum=None)
+
+
+def _parse_trace_entry(e: Any, device: int, where: str) -> TraceEntry:
+    if not isinstance(e, dict):
+        raise KitError(f"{where}: is {type(e).__name__}, expected a dict")
+    action = e.get("action")
+    if action not in TRACE_ACTIONS:
+        raise KitError(f"{where}: unknown action {action!r}")
+    return TraceEntry(
+        device=device,
+        action=action,
+        addr=_int(e, "addr", where, default=0),
+        size=_int(e, "size", where, default=0),
+        stream=_int(e, "stream", where, default=DEFAULT_STREAM, minimum=None),
+        time_us=_optional_int(e, "time_us", where),
+        frames=_frames(e),
+        device_free=_optional_int(e, "device_free", where),
+        compile_context=e.get("compile_context"),
+        user_metadata=e.get("user_metadata"),
+    )
+
+
+class Snapshot:
+    """A normalised allocator snapshot; `raw` is the dict it was read from."""
+
+    def __init__(self, raw: Any, *, origin: str = "in-memory dict", live: bool = False) -> None:
+        if not isinstance(raw, dict):
+            raise KitError(f"{origin}: not a snapshot (top level is {type(raw).__name__}, expected a dict)")
+        if "segments" not in raw:
+            raise KitError(f"{origin}: not a snapshot (no 'segments' key)")
+        if not isinstance(raw["segments"], list | tuple):
+            raise KitError(f"{origin}: not a snapshot ('segments' is {type(raw['segments']).__name__})")
+        traces = raw.get("device_traces", [])
+        if traces is not None and not (
+            isinstance(traces, list | tuple) and all(isinstance(t, list | tuple) for t in traces)
+        ):
+            raise KitError(f"{origin}: 'device_traces' is not a list of lists")
+        kit_meta = raw.get("kit", {})
+        if not isinstance(kit_meta, dict):
+            raise KitError(f"{origin}: 'kit' is {type(kit_meta).__name__}, expected a dict")
+        self.raw = raw
+        self.origin = origin
+        self.live = live
+        self.segments: tuple[Segment, ...] = tuple(
+            _parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(raw["segments"])
+        )
+
+    @property
+    def kit(self) -> dict:
+        """The kit's own metadata: stream, pool and graph names, provenance."""
+        return self.raw.get("kit") or {}
+
+    @property
+    def provenance(self) -> dict | None:
+        prov = self.kit.get("provenance")
+        return prov if isinstance(prov, dict) else None
+
+    @property
+    def data_source(self) -> str:
+        """Which of the three data sources this snapshot is: live GPU, simulator or recorded."""
+        if self.live:
+            return "live GPU"
+        if self.kit.get("source") == "simulator":
+            return "simulator"
+        return "recorded"
+
+    @property
+    def source_label(self) -> str:
+        """One line naming where these numbers came from, for every table and figure."""
+        if self.live:
+            return "live GPU (this process's allocator)"
+        prov = self.provenance
+        if self.data_source == "simulator":
+            return f"simulator ({self.origin})"
+        if prov:
+            return (
+                f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, "
+                f"{prov.get('date', '?')} ({self.origin})"
+            )
+        return f"recorded snapshot ({self.origin})"
+
+    @cached_property
+    def traces(self) -> dict[int, tuple[TraceEntry, ...]]:
+        """Trace entries per device; empty when history was not recorded."""
+        out = {}
+        for device, entries in enumerate(self.raw.get("device_traces") or []):
+            out[device] = tuple(
+                _parse_trace_entry(e, device, f"{self.origin}: trace {device} entry {i}")
+                for i, e in enumerate(entries)
+            )
+        return out
+
+    @property
+    def trace(self) -> tuple[TraceEntry, ...]:
+        """All devices' trace entries, device by device."""
+        return tuple(e for entries in self.traces.values() for e in entries)
+
+    @property
+    def has_trace(self) -> bool:
+        return any(self.raw.get("device_traces") or [])
+
+    @property
+    def stream_names(self) -> dict[int, str]:
+        """Names the snapshot itself gives its streams (its `kit` key)."""
+        names = self.kit.get("streams") or {}
+        return {sid: name for name, sid in names.items() if isinstance(sid, int)}
+
+    @property
+    def pool_names(self) -> dict[tuple[int, int], str]:
+        names = self.kit.get("pools") or {}
+        return {
+            tuple(pid): name
+            for name, pid in names.items()
+            if isinstance(pid, list | tuple) and len(pid) == 2
+        }
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {self.origin}: {len(self.segments)} segments, {len(self.trace)} trace entries>"

@@ -1,0 +1,201 @@
+"""Segment-by-stream tables: where a snapshot's memory sits, per pool and stream.
+
+The caching allocator hands a free block only to a request on the stream the
+block's segment belongs to, so the natural unit for reading a snapshot is the
+group of segments sharing a (segment_pool_id, stream) pair. `segment_table`
+makes one row per group; `diff_tables` sets two such tables side by side.
+
+Column contract (DESIGN.md): `pool` (two ints), `stream` (int), `segments`,
+`reserved`, `allocated`, `active`, `free`, `largest_free` (bytes). The kit adds
+`device`, `pool_label` and `stream_label`.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+
+import pandas as pd
+
+from kit.snapshot import DEFAULT_POOL, DEFAULT_STREAM, Snapshot, load_snapshot
+
+FIGURES = ("segments", "reserved", "allocated", "active", "free", "largest_free")
+BYTE_COLUMNS = ("reserved", "allocated", "active", "free", "largest_free")
+KEY = ("device", "pool", "stream")
+
+
+def pool_label(pool: tuple[int, int], names: Mapping | None = None) -> str:
+    """A short, stable name for a pool id: named if the caller named it."""
+    if names and tuple(pool) in names:
+        return names[tuple(pool)]
+    if tuple(pool) == DEFAULT_POOL:
+        return "default pool"
+    a, b = pool
+    if a == 0:
+        return f"graph pool {b}"  # from torch.cuda.graph_pool_handle()
+    return f"private pool {a}"  # a capture's own pool
+
+
+def _letters(i: int) -> str:
+    out = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        out = string.ascii_uppercase[r] + out
+    return out
+
+
+def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:
+    """Short names for the snapshot's streams: given names first, then A, B, ...
+
+    Letters follow the order in which the trace first uses each stream (its
+    creation order, as far as the allocator saw it), then ascending id.
+    """
+    names = {**snapshot.stream_names, **(names or {})}
+    order: dict[int, None] = {}
+    for e in snapshot.trace:
+        order.setdefault(e.stream, None)
+    for sid in sorted({s.stream for s in snapshot.segments}):
+        order.setdefault(sid, None)
+    labels: dict[int, str] = {}
+    letter = 0
+    for sid in order:
+        if sid in names:
+            labels[sid] = names[sid]
+        elif sid == DEFAULT_STREAM:
+            labels[sid] = "default stream"
+        else:
+            labels[sid] = f"stream {_letters(letter)}"
+            letter += 1
+    return labels
+
+
+def segment_frame(snapshot: Snapshot) -> pd.DataFrame:
+    """One row per segment, with its free bytes and largest free block."""
+    rows = [
+        (
+            s.device,
+            s.segment_pool_id,
+            s.stream,
+            s.address,
+            s.total_size,
+            s.allocated_size,
+            s.active_size,
+            s.free_size,
+            s.largest_free,
+            s.segment_type,
+        )
+        for s in snapshot.segments
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "device",
+            "pool",
+            "stream",
+            "address",
+            "reserved",
+            "allocated",
+            "active",
+            "free",
+            "largest_free",
+            "segment_type",
+        ],
+    )
+
+
+def segment_table(
+    snapshot: Snapshot | str | dict,
+    *,
+    stream_names: Mapping[int, str] | None = None,
+    pool_names: Mapping[tuple[int, int], str] | None = None,
+) -> pd.DataFrame:
+    """One row per (device, pool, stream) group of segments, largest first within a pool."""
+    snapshot = load_snapshot(snapshot)
+    frame = segment_frame(snapshot)
+    columns = ["device", "pool", "stream", *FIGURES, "pool_label", "stream_label"]
+    if frame.empty:
+        table = pd.DataFrame(columns=columns)
+    else:
+        table = (
+            frame.groupby(list(KEY), sort=True)
+            .agg(
+                segments=("address", "size"),
+                reserved=("reserved", "sum"),
+                allocated=("allocated", "sum"),
+                active=("active", "sum"),
+                free=("free", "sum"),
+                largest_free=("largest_free", "max"),
+            )
+            .reset_index()
+        )
+    pools = {**snapshot.pool_names, **(pool_names or {})}
+    labels = stream_labels(snapshot, stream_names)
+    table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]
+    table["stream_label"] = [labels.get(s, str(s)) for s in table["stream"]]
+    table = table[columns].astype({c: "int64" for c in ("device", "stream", *FIGURES)})
+    table.attrs["source"] = snapshot.source_label
+    return table
+
+
+def diff_tables(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """Each group's change from `before` to `after`.
+
+    Figures hold the change (after minus before); `<figure>_before` and
+    `<figure>_after` hold both sides. `status` is `changed`, `same`, `added`
+    (only after) or `removed` (only before).
+    """
+    key = list(KEY)
+    merged = before.merge(after, on=key, how="outer", suffixes=("_before", "_after"), indicator=True)
+    out = merged[key].copy()
+    for label in ("pool_label", "stream_label"):
+        out[label] = merged[f"{label}_after"].fillna(merged[f"{label}_before"])
+    for fig in FIGURES:
+        b = merged[f"{fig}_before"].fillna(0).astype("int64")
+        a = merged[f"{fig}_after"].fillna(0).astype("int64")
+        out[fig] = a - b
+        out[f"{fig}_before"] = b
+        out[f"{fig}_after"] = a
+    changed = (out[list(FIGURES)] != 0).any(axis=1)
+    status = pd.Series("same", index=out.index)
+    status[changed] = "changed"
+    status[merged["_merge"] == "left_only"] = "removed"
+    status[merged["_merge"] == "right_only"] = "added"
+    out.insert(3, "status", status)
+    out.attrs["source"] = f"before: {before.attrs.get('source', '?')}; after: {after.attrs.get('source', '?')}"
+    return out.sort_values(key).reset_index(drop=True)
+
+
+def table_records(table: pd.DataFrame) -> list[dict]:
+    """Rows as plain JSON-ready dicts, bytes exact, pool as [a, b]."""
+    records = []
+    for row in table.to_dict(orient="records"):
+        rec = {}
+        for k, v in row.items():
+            if k == "pool":
+                rec[k] = [int(v[0]), int(v[1])]
+            elif hasattr(v, "item"):
+                rec[k] = v.item()
+            else:
+                rec[k] = v
+        records.append(rec)
+    return records
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes, binary units: 5.18 GiB, 20.0 MiB, -2.0 MiB."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def style_table(table: pd.DataFrame):
+    """A pandas Styler that renders byte columns human-readable, with its source as caption."""
+    byte_cols = [c for c in table.columns if c.split("_before")[0].split("_after")[0] in BYTE_COLUMNS]
+    styler = table.style.format({c: format_bytes for c in byte_cols}).hide(axis="index")
+    source = table.attrs.get("source")
+    return styler.set_caption(f"source: {source}") if source else styler

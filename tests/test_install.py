@@ -1,0 +1,53 @@
+"""The install contract: pins in pyproject.toml and environment.yml agree."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject_pins() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += extra
+    return dict(r.split("==") for r in reqs)
+
+
+def _environment_pins() -> tuple[str, dict[str, str]]:
+    text = (ROOT / "environment.yml").read_text()
+    python = re.search(r"^\s*-\s*python=(\S+)", text, re.M).group(1)
+    pins = dict(re.findall(r"^\s*-\s*([A-Za-z0-9_.\-]+)==(\S+)\s*$", text, re.M))
+    return python, pins
+
+
+def test_every_requirement_is_pinned_exactly():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"]) + [r for e in project["optional-dependencies"].values() for r in e]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[\w.]+", r) for r in reqs), reqs
+
+
+def test_environment_yml_matches_pyproject():
+    python, env_pins = _environment_pins()
+    assert env_pins == _pyproject_pins()
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    low = re.search(r">=(\d+\.\d+)", requires).group(1)
+    assert tuple(map(int, python.split("."))) >= tuple(map(int, low.split(".")))
+
+
+def test_named_packages_are_there():
+    pins = _pyproject_pins()
+    for name in ("torch", "jupyterlab", "ipywidgets", "plotly", "pandas", "vllm"):
+        assert name in pins
+
+
+def test_vllm_and_torch_installed_at_their_pins():
+    from importlib.metadata import version
+
+    pins = _pyproject_pins()
+    assert version("vllm") == pins["vllm"]
+    assert version("torch").split("+")[0] == pins["torch"]
+    import vllm.distributed.parallel_state  # noqa: F401 - imports without a GPU

@@ -1,0 +1,131 @@
+"""Segment-by-stream tables and diffs, on synthetic snapshots and the recorded fixtures."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+
+from kit import diff_tables, format_bytes, load_snapshot, segment_table, style_table
+from kit.snapshot import safe_unpickle
+
+from .conftest import MIB, RECORDED
+
+
+def run_kit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=300)
+
+
+def independent_grouping(raw: dict) -> dict:
+    """The (pool, stream) figures computed straight from the raw dict, without the kit."""
+    groups = collections.defaultdict(lambda: collections.Counter())
+    largest = collections.defaultdict(int)
+    for s in raw["segments"]:
+        key = (tuple(s["segment_pool_id"]), s["stream"])
+        g = groups[key]
+        g["segments"] += 1
+        g["reserved"] += s["total_size"]
+        g["allocated"] += s["allocated_size"]
+        g["active"] += s["active_size"]
+        for b in s["blocks"]:
+            if b["state"] == "inactive":
+                g["free"] += b["size"]
+                largest[key] = max(largest[key], b["size"])
+    return {k: dict(v, largest_free=largest[k]) for k, v in groups.items()}
+
+
+def test_table_json_matches_independent_grouping(recorded_path):
+    done = run_kit("table", str(recorded_path), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    expected = independent_grouping(safe_unpickle(recorded_path.read_bytes()))
+    got = {
+        (tuple(r["pool"]), r["stream"]): {k: r[k] for k in ("segments", "reserved", "allocated", "active", "free", "largest_free")}
+        for r in rows
+    }
+    assert got == {k: {f: v.get(f, 0) for f in got[k]} for k, v in expected.items()}
+    assert all(isinstance(r["pool"], list) and len(r["pool"]) == 2 for r in rows)
+
+
+def test_synthetic_table(synthetic):
+    table = segment_table(synthetic)
+    assert list(table.columns[:9]) == ["device", "pool", "stream", "segments", "reserved", "allocated", "active", "free", "largest_free"]
+    by_stream = table.set_index("stream")
+    assert by_stream.loc[9, "segments"] == 2
+    assert by_stream.loc[9, "reserved"] == 34 * MIB
+    assert by_stream.loc[9, "free"] == 32 * MIB - 512
+    assert by_stream.loc[9, "largest_free"] == 30 * MIB
+    assert by_stream.loc[9, "active"] - by_stream.loc[9, "allocated"] == 512
+    assert by_stream.loc[0, "pool_label"] == "default pool"
+    assert by_stream.loc[7, "pool_label"] == "graph pool 1"
+    assert {by_stream.loc[7, "stream_label"], by_stream.loc[9, "stream_label"]} == {"stream A", "stream B"}
+
+
+def test_names_override_labels(synthetic):
+    table = segment_table(synthetic, stream_names={9: "replay graphs stream"}, pool_names={(0, 1): "global pool"})
+    row = table[table["stream"] == 9].iloc[0]
+    assert (row["stream_label"], row["pool_label"]) == ("replay graphs stream", "global pool")
+
+
+def test_diff_marks_added_removed_and_changed(synthetic):
+    before = segment_table(synthetic)
+    after_raw = json.loads(json.dumps(synthetic))
+    after_raw["segments"] = after_raw["segments"][:2]  # stream 9 vanishes
+    after_raw["segments"][1]["blocks"][1]["state"] = "active_allocated"
+    after_raw["segments"][1]["allocated_size"] = after_raw["segments"][1]["active_size"] = 20 * MIB
+    diff = diff_tables(before, segment_table(after_raw)).set_index("stream")
+    assert diff.loc[9, "status"] == "removed"
+    assert diff.loc[9, "reserved"] == -34 * MIB
+    assert diff.loc[7, "status"] == "changed"
+    assert diff.loc[7, "allocated"] == 12 * MIB and diff.loc[7, "free"] == -12 * MIB
+    assert diff.loc[0, "status"] == "same"
+    back = diff_tables(segment_table(after_raw), before).set_index("stream")
+    assert back.loc[9, "status"] == "added"
+
+
+def test_styler_renders_bytes_readably(synthetic):
+    html = style_table(segment_table(synthetic)).to_html()
+    assert "34.00 MiB" in html and "source: recorded snapshot" in html
+    assert format_bytes(5.18 * 1024**3) == "5.18 GiB" and format_bytes(-2 * MIB) == "-2.00 MiB"
+
+
+def _graph_pool_groups(name: str):
+    snap = load_snapshot(RECORDED[name])
+    pool = tuple(snap.kit["pools"]["global graph pool"])
+    table = segment_table(snap)
+    return snap, pool, table[table["pool"] == pool]
+
+
+def _segments_added_by(snap, capture: dict, pool) -> list[int]:
+    """Graph-pool segments whose segment_alloc falls inside the capture's trace window."""
+    pool_addresses = {s.address for s in snap.segments if s.segment_pool_id == pool}
+    window = snap.traces[0][capture["trace_begin"] : capture["trace_end"]]
+    return [e.size for e in window if e.action == "segment_alloc" and e.addr in pool_addresses]
+
+
+def test_fixture_two_streams_strands_the_replay_capture():
+    snap, pool, groups = _graph_pool_groups("two_streams")
+    streams = snap.kit["streams"]
+    assert len(groups) == 2
+    assert set(groups["stream"]) == {streams["model graphs stream"], streams["replay graphs stream"]}
+    replay = groups[groups["stream"] == streams["replay graphs stream"]].iloc[0]
+    assert replay["stream_label"] == "replay graphs stream"
+    assert replay["reserved"] > 0 and replay["free"] > 0.5 * replay["reserved"]
+    replay_capture = snap.kit["captures"][1]
+    assert sum(_segments_added_by(snap, replay_capture, pool)) == replay["reserved"]
+
+
+def test_fixture_shared_stream_adds_no_graph_pool_segment():
+    snap, pool, groups = _graph_pool_groups("shared_stream")
+    assert len(groups) == 1
+    assert groups.iloc[0]["stream"] == snap.kit["streams"]["model graphs stream"]
+    model_capture, replay_capture = snap.kit["captures"]
+    assert _segments_added_by(snap, model_capture, pool)
+    assert _segments_added_by(snap, replay_capture, pool) == []
+
+
+def test_fixtures_differ_by_the_replay_streams_pool(tmp_path):
+    two = _graph_pool_groups("two_streams")[2]
+    shared = _graph_pool_groups("shared_stream")[2]
+    assert two["reserved"].sum() > shared["reserved"].sum()
