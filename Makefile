@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB_FLAGS ?=
+# Jupyter refuses to run as root unless told to; containers and CI machines often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: venv lab test walkthrough fixtures lint
 
@@ -17,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: venv
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_FLAGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_FLAGS)
 
 test: venv
 	$(PY) -m pytest

@@ -11,8 +11,8 @@ Every figure's title names its data source.
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
 import plotly.express as px
+import plotly.graph_objects as go
 
 from kit.snapshot import Snapshot, load_snapshot
 from kit.tables import format_bytes, pool_label, segment_table, stream_labels
@@ -33,7 +33,7 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
     """Stacked bars of allocated, pending-free and free MiB per (pool, stream) group."""
     snapshot = load_snapshot(snapshot)
     table = segment_table(snapshot, **names)
-    groups = [f"{p} / {s}" for p, s in zip(table["pool_label"], table["stream_label"])]
+    groups = [f"{p} / {s}" for p, s in zip(table["pool_label"], table["stream_label"], strict=True)]
     parts = {
         "allocated": table["allocated"],
         "pending free": table["active"] - table["allocated"],
@@ -90,7 +90,8 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
             bar["y"].append(row)
             bar["base"].append((b.address - s.address) / MIB)
             bar["x"].append(b.size / MIB)
-            bar["text"].append(f"{format_bytes(b.size)} {STATE_STYLE[b.state][0]} at +{format_bytes(b.address - s.address)}")
+            offset = format_bytes(b.address - s.address)
+            bar["text"].append(f"{format_bytes(b.size)} {STATE_STYLE[b.state][0]} at +{offset}")
     fig = go.Figure()
     for (sid, state), bar in sorted(bars.items(), key=lambda kv: (labels.get(kv[0][0], ""), kv[0][1])):
         name, opacity, pattern = STATE_STYLE[state]
@@ -103,8 +104,12 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
             base=bar["base"],
             hovertext=bar["text"],
             hovertemplate="%{y}<br>%{hovertext}<extra></extra>",
-            marker=dict(color=colour.get(sid, "grey"), opacity=opacity, pattern_shape=pattern,
-                        line=dict(width=0.5, color="white")),
+            marker=dict(
+                color=colour.get(sid, "grey"),
+                opacity=opacity,
+                pattern_shape=pattern,
+                line=dict(width=0.5, color="white"),
+            ),
         )
     title = "Segment map: blocks of each segment, coloured by stream"
     if dropped:

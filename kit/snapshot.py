@@ -360,8 +360,7 @@ class Snapshot:
         out = {}
         for device, entries in enumerate(self.raw.get("device_traces") or []):
             out[device] = tuple(
-                _parse_trace_entry(e, device, f"{self.origin}: trace {device} entry {i}")
-                for i, e in enumerate(entries)
+                _parse_trace_entry(e, device, f"{self.origin}: trace {device} entry {i}") for i, e in enumerate(entries)
             )
         return out
 
@@ -383,11 +382,7 @@ class Snapshot:
     @property
     def pool_names(self) -> dict[tuple[int, int], str]:
         names = self.kit.get("pools") or {}
-        return {
-            tuple(pid): name
-            for name, pid in names.items()
-            if isinstance(pid, list | tuple) and len(pid) == 2
-        }
+        return {tuple(pid): name for name, pid in names.items() if isinstance(pid, list | tuple) and len(pid) == 2}
 
     def __repr__(self) -> str:
         return f"<Snapshot {self.origin}: {len(self.segments)} segments, {len(self.trace)} trace entries>"

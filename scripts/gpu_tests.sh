@@ -3,4 +3,4 @@
 # Usage: scripts/gpu_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 -m pytest -m gpu -p no:cacheprovider "$@"
+exec python3 -m pytest -m gpu -p no:cacheprovider tests/gpu "$@"

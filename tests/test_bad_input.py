@@ -66,8 +66,17 @@ def _bad_inputs(tmp_path, recorded):
 
 @pytest.mark.parametrize(
     "case",
-    ["empty", "truncated", "corrupt", "not-a-snapshot", "unreadable-json", "json-not-a-snapshot", "binary-garbage",
-     "missing", "folder"],
+    [
+        "empty",
+        "truncated",
+        "corrupt",
+        "not-a-snapshot",
+        "unreadable-json",
+        "json-not-a-snapshot",
+        "binary-garbage",
+        "missing",
+        "folder",
+    ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, case):
     from .conftest import RECORDED
@@ -91,7 +100,7 @@ def test_report_failure_leaves_previous_file_intact(tmp_path):
     bad.write_bytes(b"\x80\x05garbage")
     assert run_kit("report", str(bad), "-o", str(out)).returncode == 2
     assert out.read_text() == "the good report"
-    assert [p.name for p in tmp_path.iterdir()] == sorted(["report.html", "bad.pickle"]) or len(list(tmp_path.iterdir())) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pickle", "report.html"]
 
 
 def test_unknown_command_is_a_usage_error():

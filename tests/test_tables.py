@@ -9,6 +9,7 @@ import sys
 
 from kit import diff_tables, format_bytes, load_snapshot, segment_table, style_table
 from kit.snapshot import safe_unpickle
+from kit.tables import FIGURES
 
 from .conftest import MIB, RECORDED
 
@@ -40,17 +41,14 @@ def test_table_json_matches_independent_grouping(recorded_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     expected = independent_grouping(safe_unpickle(recorded_path.read_bytes()))
-    got = {
-        (tuple(r["pool"]), r["stream"]): {k: r[k] for k in ("segments", "reserved", "allocated", "active", "free", "largest_free")}
-        for r in rows
-    }
+    got = {(tuple(r["pool"]), r["stream"]): {k: r[k] for k in FIGURES} for r in rows}
     assert got == {k: {f: v.get(f, 0) for f in got[k]} for k, v in expected.items()}
     assert all(isinstance(r["pool"], list) and len(r["pool"]) == 2 for r in rows)
 
 
 def test_synthetic_table(synthetic):
     table = segment_table(synthetic)
-    assert list(table.columns[:9]) == ["device", "pool", "stream", "segments", "reserved", "allocated", "active", "free", "largest_free"]
+    assert list(table.columns[:9]) == ["device", "pool", "stream", *FIGURES]
     by_stream = table.set_index("stream")
     assert by_stream.loc[9, "segments"] == 2
     assert by_stream.loc[9, "reserved"] == 34 * MIB

@@ -1,0 +1,141 @@
+"""The two-capture experiment: the PR's root cause in a dozen lines of torch.
+
+A model-like graph (real matmuls, intermediates freed as it goes) is captured
+into a `graph_pool_handle()` pool, then a smaller "replay" graph is captured
+into the same pool, either on a new stream (what vLLM 0.33's
+`graph_capture()` does for every capture) or on the first capture's stream
+(what PR 63155 does for the decoder replay graphs). The returned snapshot
+carries a `kit` key naming the streams, the pool, the graphs, and the trace
+index range of each capture. Needs CUDA; `scripts/record_fixtures.py` records
+it for machines without one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+from kit.snapshot import Snapshot, load_snapshot
+
+
+def forward(x, layers):
+    """A decoder-shaped forward: per layer an MLP with a residual and a norm."""
+    import torch.nn.functional as F
+
+    h = x
+    for w_up, w_down in layers:
+        a = F.gelu(h @ w_up)  # 4x-wide intermediate, freed after the layer
+        h = F.layer_norm(h + a @ w_down, h.shape[-1:])
+    return h
+
+
+def _trace_length() -> int:
+    import torch
+
+    return len(torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()])
+
+
+def capture(name: str, pool, stream, x, layers, captures: list[dict]):
+    """Warm up on `stream`, then capture `forward` into `pool` on it; log the trace window."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        forward(x, layers)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    begin = _trace_length()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = forward(x, layers)
+    torch.cuda.synchronize()
+    captures.append(
+        {
+            "graph": name,
+            "stream": stream.cuda_stream,
+            "pool": list(pool),
+            "trace_begin": begin,
+            "trace_end": _trace_length(),
+        }
+    )
+    return graph, out
+
+
+def run_two_captures(
+    shared_stream: bool, *, hidden: int = 2048, tokens: int = 1024, replay_tokens: int = 512, layers: int = 4
+) -> dict[str, Any]:
+    """Capture the model graph and then the replay graph; return the snapshot dict.
+
+    Memory history is recorded from the first allocation to the snapshot, and
+    the graphs are kept alive until the snapshot is taken.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError("the two-capture experiment needs CUDA; load a recorded fixture instead")
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        dev = torch.device("cuda")
+        gen = torch.Generator(device=dev).manual_seed(0)
+        weights = [
+            (
+                torch.randn(hidden, 4 * hidden, device=dev, dtype=torch.bfloat16, generator=gen) / hidden**0.5,
+                torch.randn(4 * hidden, hidden, device=dev, dtype=torch.bfloat16, generator=gen) / (4 * hidden) ** 0.5,
+            )
+            for _ in range(layers)
+        ]
+        x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+        x_replay = torch.randn(replay_tokens, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+        pool = torch.cuda.graph_pool_handle()
+        model_stream = torch.cuda.Stream()
+        replay_stream = model_stream if shared_stream else torch.cuda.Stream()
+        captures: list[dict] = []
+        graphs = [
+            capture("model graph", pool, model_stream, x, weights, captures),
+            capture("replay graph", pool, replay_stream, x_replay, weights[: max(1, layers // 2)], captures),
+        ]
+        for g, _ in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    streams = {"model graphs stream": model_stream.cuda_stream}
+    if not shared_stream:
+        streams["replay graphs stream"] = replay_stream.cuda_stream
+    snap["kit"] = {
+        "streams": streams,
+        "pools": {"global graph pool": list(pool)},
+        "graphs": {c["graph"]: c["pool"] for c in captures},
+        "captures": captures,
+        "workload": {
+            "hidden": hidden,
+            "tokens": tokens,
+            "replay_tokens": replay_tokens,
+            "layers": layers,
+            "dtype": "bfloat16",
+        },
+    }
+    del graphs  # the snapshot was taken while they lived; now their pool may go
+    return snap
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+RECORDED = {False: "two_streams.pickle", True: "shared_stream.pickle"}
+
+
+def default_source() -> str:
+    """`live GPU` where this process has CUDA, else `recorded` (the H200 fixtures)."""
+    import torch
+
+    return "live GPU" if torch.cuda.is_available() else "recorded"
+
+
+def two_captures(shared_stream: bool, source: str | None = None) -> Snapshot:
+    """The two-capture experiment from `source`: run live, or its H200 recording."""
+    source = source or default_source()
+    if source == "live GPU":
+        label = f"two-capture experiment, replay on {'shared' if shared_stream else 'new'} stream"
+        return Snapshot(run_two_captures(shared_stream), origin=label, live=True)
+    if source == "recorded":
+        return load_snapshot(FIXTURES / RECORDED[shared_stream])
+    raise KitError(f"unknown data source {source!r}: use 'live GPU' or 'recorded'")
