@@ -39,7 +39,8 @@ def cmd_table(args: argparse.Namespace) -> None:
 def cmd_diff(args: argparse.Namespace) -> None:
     from kit.tables import diff_tables, segment_table
 
-    _print_table(diff_tables(segment_table(args.before), segment_table(args.after)), args.json)
+    by = "label" if args.by_label else "stream"
+    _print_table(diff_tables(segment_table(args.before), segment_table(args.after), by=by), args.json)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -62,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--by-label",
+        action="store_true",
+        help="match groups by stream name, not id (snapshots of two different processes)",
+    )
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("report", help="self-contained HTML page of tables and figures")

@@ -34,14 +34,15 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
     snapshot = load_snapshot(snapshot)
     table = segment_table(snapshot, **names)
     groups = [f"{p} / {s}" for p, s in zip(table["pool_label"], table["stream_label"], strict=True)]
-    parts = {
-        "allocated": table["allocated"],
-        "pending free": table["active"] - table["allocated"],
-        "free": table["free"],
+    parts = {  # name -> (bytes per group, colour)
+        "allocated": (table["allocated"], "#34495e"),
+        "pending free": (table["active"] - table["allocated"], "#e67e22"),
+        "free": (table["free"], "#aed6f1"),
     }
     fig = go.Figure()
-    for name, values in parts.items():
+    for name, (values, colour) in parts.items():
         fig.add_bar(
+            marker_color=colour,
             y=groups,
             x=values / MIB,
             name=name,

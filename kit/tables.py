@@ -138,18 +138,26 @@ def segment_table(
     return table
 
 
-def diff_tables(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream") -> pd.DataFrame:
     """Each group's change from `before` to `after`.
+
+    Groups match on (device, pool, stream) by default: two snapshots of one
+    process. Stream ids differ between processes, so to compare two runs
+    match on the streams' names instead (`by="label"`).
 
     Figures hold the change (after minus before); `<figure>_before` and
     `<figure>_after` hold both sides. `status` is `changed`, `same`, `added`
     (only after) or `removed` (only before).
     """
-    key = list(KEY)
+    if by not in ("stream", "label"):
+        raise ValueError(f"by must be 'stream' or 'label', not {by!r}")
+    key = ["device", "pool", "stream" if by == "stream" else "stream_label"]
     merged = before.merge(after, on=key, how="outer", suffixes=("_before", "_after"), indicator=True)
     out = merged[key].copy()
-    for label in ("pool_label", "stream_label"):
-        out[label] = merged[f"{label}_after"].fillna(merged[f"{label}_before"])
+    other = "stream_label" if by == "stream" else "stream"
+    out[other] = merged[f"{other}_after"].fillna(merged[f"{other}_before"])
+    out["pool_label"] = merged["pool_label_after"].fillna(merged["pool_label_before"])
+    out = out[["device", "pool", "stream", "pool_label", "stream_label"]]
     for fig in FIGURES:
         b = merged[f"{fig}_before"].fillna(0).astype("int64")
         a = merged[f"{fig}_after"].fillna(0).astype("int64")
@@ -162,6 +170,7 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     status[merged["_merge"] == "left_only"] = "removed"
     status[merged["_merge"] == "right_only"] = "added"
     out.insert(3, "status", status)
+    out["stream"] = out["stream"].astype("int64")
     out.attrs["source"] = f"before: {before.attrs.get('source', '?')}; after: {after.attrs.get('source', '?')}"
     return out.sort_values(key).reset_index(drop=True)
 

@@ -44,7 +44,7 @@ from IPython.display import display
 import kit
 from kit.demo import default_source, two_captures
 
-pio.renderers.default = "plotly_mimetype+notebook"  # figures also render in exported HTML, offline
+pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
 print(f"data source: {SOURCE}")
 
@@ -69,7 +69,7 @@ kit.style_table(kit.segment_table(new_stream))
 # stream, and could not be used. The same, as bars:
 
 # %%
-kit.group_bar_figure(new_stream).show()  # also loads plotly.js once, before the widgets below
+kit.group_bar_figure(new_stream).show()
 
 # %%
 kit.style_table(kit.segment_table(shared_stream))
@@ -77,16 +77,23 @@ kit.style_table(kit.segment_table(shared_stream))
 # %% [markdown]
 # On the shared stream the pool has **one** group: the replay capture fit into blocks the
 # model capture had freed. What did sharing save? The diff below goes from the new-stream
-# run to the shared-stream run, group by group.
+# run to the shared-stream run, group by group. The two runs are separate processes whose
+# stream ids differ, so groups are matched by stream name (`by="label"`).
 
 # %%
-diff = kit.diff_tables(kit.segment_table(new_stream), kit.segment_table(shared_stream))
+diff = kit.diff_tables(kit.segment_table(new_stream), kit.segment_table(shared_stream), by="label")
 graph_pool = tuple(new_stream.kit["pools"]["global graph pool"])
 in_pool = diff[diff["pool"] == graph_pool]
 saved = -in_pool["reserved"].sum()
 print(f"graph pool reserved: {kit.format_bytes(in_pool['reserved_before'].sum())} on two streams, "
       f"{kit.format_bytes(in_pool['reserved_after'].sum())} on one; sharing saves {kit.format_bytes(saved)}")
-kit.style_table(in_pool[["pool_label", "stream_label", "status", "segments", "reserved", "allocated", "free"]])
+kit.style_table(diff[["pool_label", "stream_label", "status", "segments", "reserved", "allocated", "free"]])
+
+# %% [markdown]
+# The graph pool is not the only cost. The default pool has a group on the replay graphs'
+# stream too: the cuBLAS workspace the warm-up's first matmul allocated on that new stream
+# (cuBLAS keeps one per stream). A stream of its own costs the replay capture its own
+# workspace as well as its own pool segments.
 
 # %% [markdown]
 # ## Look for yourself

@@ -127,3 +127,26 @@ def test_fixtures_differ_by_the_replay_streams_pool(tmp_path):
     two = _graph_pool_groups("two_streams")[2]
     shared = _graph_pool_groups("shared_stream")[2]
     assert two["reserved"].sum() > shared["reserved"].sum()
+
+
+def test_diff_by_label_matches_streams_across_processes():
+    two = segment_table(load_snapshot(RECORDED["two_streams"]))
+    shared = segment_table(load_snapshot(RECORDED["shared_stream"]))
+    by_id = diff_tables(two, shared)
+    assert set(by_id["status"]) == {"added", "removed", "same"}  # different processes, different stream ids
+    diff = diff_tables(two, shared, by="label").set_index(["pool_label", "stream_label"])
+    assert diff.loc[("global graph pool", "replay graphs stream"), "status"] == "removed"
+    replay_reserved = two[two["stream_label"] == "replay graphs stream"]
+    assert diff.loc[("global graph pool", "replay graphs stream"), "reserved"] == -replay_reserved[
+        replay_reserved["pool_label"] == "global graph pool"
+    ]["reserved"].sum()
+    assert diff.loc[("global graph pool", "model graphs stream"), "reserved"] == 0
+    assert diff.loc[("default pool", "default stream"), "status"] == "same"
+
+
+def test_cli_diff_by_label_json():
+    done = run_kit("diff", str(RECORDED["two_streams"]), str(RECORDED["shared_stream"]), "--by-label", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {(r["pool_label"], r["stream_label"]): r for r in json.loads(done.stdout)}
+    assert rows[("global graph pool", "replay graphs stream")]["status"] == "removed"
+    assert rows[("global graph pool", "replay graphs stream")]["reserved"] < 0
