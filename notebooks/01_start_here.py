@@ -85,8 +85,10 @@ diff = kit.diff_tables(kit.segment_table(new_stream), kit.segment_table(shared_s
 graph_pool = tuple(new_stream.kit["pools"]["global graph pool"])
 in_pool = diff[diff["pool"] == graph_pool]
 saved = -in_pool["reserved"].sum()
-print(f"graph pool reserved: {kit.format_bytes(in_pool['reserved_before'].sum())} on two streams, "
-      f"{kit.format_bytes(in_pool['reserved_after'].sum())} on one; sharing saves {kit.format_bytes(saved)}")
+print(
+    f"graph pool reserved: {kit.format_bytes(in_pool['reserved_before'].sum())} on two streams, "
+    f"{kit.format_bytes(in_pool['reserved_after'].sum())} on one; sharing saves {kit.format_bytes(saved)}"
+)
 kit.style_table(diff[["pool_label", "stream_label", "status", "segments", "reserved", "allocated", "free"]])
 
 # %% [markdown]

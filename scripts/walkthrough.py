@@ -50,7 +50,9 @@ def with_plotlyjs(page: str) -> str:
 def run_notebook(source: Path, out_dir: Path, timeout: int) -> Path:
     """Execute one notebook; write the executed .ipynb and its .html to `out_dir`."""
     nb = jupytext.read(source)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+    ).execute()
     inline_plotly(nb)
     html, _ = HTMLExporter().from_notebook_node(nb)
     html = with_plotlyjs(html)
