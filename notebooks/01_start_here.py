@@ -38,6 +38,7 @@
 
 # %%
 import ipywidgets as widgets
+import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
 
@@ -104,20 +105,22 @@ kit.style_table(diff[["pool_label", "stream_label", "status", "segments", "reser
 
 # %%
 choice = widgets.ToggleButtons(options=["new stream (vLLM 0.33)", "shared stream (PR 63155)"])
-out = widgets.Output()
+figures = {kit.group_bar_figure: go.FigureWidget(), kit.segment_map_figure: go.FigureWidget()}
 
 
 def show(change=None):
     snap = shared_stream if choice.value.startswith("shared") else new_stream
-    out.clear_output(wait=True)
-    with out:
-        kit.group_bar_figure(snap).show()
-        kit.segment_map_figure(snap).show()
+    for make, widget in figures.items():
+        fig = make(snap)
+        with widget.batch_update():
+            widget.data = []
+            widget.add_traces(fig.data)
+            widget.layout = fig.layout
 
 
 choice.observe(show, names="value")
 show()
-display(widgets.VBox([choice, out]))
+display(widgets.VBox([choice, *figures.values()]))
 
 # %% [markdown]
 # **What it shows.** A second stream in one graph pool is a second set of segments: its
