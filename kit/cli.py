@@ -1,6 +1,7 @@
 """The `python -m kit` command line.
 
-Commands (contract in DESIGN.md): `table`, `diff` and `report`. Every command
+Commands (contract in DESIGN.md): `table`, `diff`, `report`, `sim` and
+`run-workload`. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -50,6 +51,45 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}")
 
 
+def _write_snapshot(snap: dict, path: str, as_json: bool) -> None:
+    import pickle
+
+    from kit.fileio import atomic_write
+
+    with atomic_write(path, "w" if as_json else "wb") as f:
+        if as_json:
+            json.dump(snap, f)
+        else:
+            pickle.dump(snap, f)
+
+
+def cmd_sim(args: argparse.Namespace) -> None:
+    from kit.simulator import recorded_segment_addresses, simulate
+    from kit.snapshot import load_snapshot
+    from kit.tables import segment_table
+    from kit.workload import load_workload
+
+    ops = load_workload(args.workload)
+    addresses = None
+    if args.addresses_from:
+        addresses = recorded_segment_addresses(load_snapshot(args.addresses_from).raw)
+    snap = simulate(ops, addresses=addresses).snapshot()
+    if args.output:
+        _write_snapshot(snap, args.output, args.json)
+        print(f"wrote {args.output}")
+    else:
+        _print_table(segment_table(snap), args.json)
+
+
+def cmd_run_workload(args: argparse.Namespace) -> None:
+    from kit.gpu import run_on_gpu
+    from kit.workload import load_workload
+
+    snap = run_on_gpu(load_workload(args.workload))
+    _write_snapshot(snap, args.output, args.json)
+    print(f"wrote {args.output}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kit", description="CUDA-graph memory investigation kit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("snapshot")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("sim", help="run a workload on the allocator simulator")
+    p.add_argument("workload", help="workload JSON, format version 1")
+    p.add_argument("--addresses-from", metavar="SNAPSHOT", help="take segment addresses from a recording")
+    p.add_argument("-o", "--output", help="write the snapshot here (default: print its table)")
+    p.add_argument("--json", action="store_true", help="JSON instead of pickle (or table rows as JSON)")
+    p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("run-workload", help="run a workload on this process's real GPU allocator")
+    p.add_argument("workload")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--json", action="store_true", help="write JSON instead of pickle")
+    p.set_defaults(func=cmd_run_workload)
     return parser
 
 

@@ -27,7 +27,10 @@ def test_every_notebook_is_paired_and_output_free():
 def test_walkthrough_runs_every_notebook_on_cpu(tmp_path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "walkthrough.py"), "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=1800, env={"CUDA_VISIBLE_DEVICES": "", **__import__("os").environ},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={"CUDA_VISIBLE_DEVICES": "", **__import__("os").environ},
     )
     assert done.returncode == 0, done.stderr[-5000:]
     for source in SOURCES:

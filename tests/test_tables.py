@@ -137,9 +137,10 @@ def test_diff_by_label_matches_streams_across_processes():
     diff = diff_tables(two, shared, by="label").set_index(["pool_label", "stream_label"])
     assert diff.loc[("global graph pool", "replay graphs stream"), "status"] == "removed"
     replay_reserved = two[two["stream_label"] == "replay graphs stream"]
-    assert diff.loc[("global graph pool", "replay graphs stream"), "reserved"] == -replay_reserved[
-        replay_reserved["pool_label"] == "global graph pool"
-    ]["reserved"].sum()
+    assert (
+        diff.loc[("global graph pool", "replay graphs stream"), "reserved"]
+        == -replay_reserved[replay_reserved["pool_label"] == "global graph pool"]["reserved"].sum()
+    )
     assert diff.loc[("global graph pool", "model graphs stream"), "reserved"] == 0
     assert diff.loc[("default pool", "default stream"), "status"] == "same"
 

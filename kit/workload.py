@@ -1,0 +1,297 @@
+"""Workloads: a sequence of allocator operations, run on the simulator or on a real GPU.
+
+Format version 1 (JSON; DESIGN.md):
+
+    {"version": 1, "ops": [
+      {"op": "alloc", "id": "t0", "bytes": 4096, "stream": "s1"},
+      {"op": "free", "id": "t0"},
+      {"op": "capture_begin", "graph": "g0", "pool": "p0", "stream": "s1"},
+      {"op": "capture_end", "graph": "g0"},
+      {"op": "empty_cache"}]}
+
+Streams are names; `default` is the device's default stream, any other name a
+new stream made on first use. Pools name `graph_pool_handle()` results; a
+null pool gives the capture a private pool. During a capture, allocations and
+frees happen on the capture's stream. Graphs stay alive to the end.
+
+`parse_workload` checks all of that before anything runs and raises a
+one-line `KitError` naming the op at fault. `generate_workload` makes seeded
+random workloads for the fidelity corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+
+DEFAULT = "default"
+MAX_BYTES = 1 << 40  # one request above 1 TiB is a typo, not a workload
+KEYS = {
+    "alloc": ({"op", "id", "bytes"}, {"stream"}),
+    "free": ({"op", "id"}, set()),
+    "capture_begin": ({"op", "graph", "stream"}, {"pool"}),
+    "capture_end": ({"op", "graph"}, set()),
+    "empty_cache": ({"op"}, set()),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One validated operation. `stream` is the stream it runs on, resolved."""
+
+    op: str
+    id: str | None = None
+    bytes: int = 0
+    stream: str = DEFAULT
+    graph: str | None = None
+    pool: str | None = None
+
+
+def _name(op: dict, key: str, where: str, *, optional: bool = False) -> str | None:
+    value = op.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise KitError(f"{where}: '{key}' must be a non-empty string, not {value!r}")
+    return value
+
+
+def parse_workload(data: Any, where: str = "workload") -> list[Op]:
+    """Validate a workload (a parsed JSON object) into a list of `Op`."""
+    if not isinstance(data, dict):
+        raise KitError(f"{where}: expected a JSON object with 'version' and 'ops'")
+    if data.get("version") != 1:
+        raise KitError(f"{where}: unsupported version {data.get('version')!r} (this kit reads version 1)")
+    raw_ops = data.get("ops")
+    if not isinstance(raw_ops, list):
+        raise KitError(f"{where}: 'ops' must be a list")
+    ops: list[Op] = []
+    live: dict[str, str] = {}  # id -> stream it was allocated on
+    freed: set[str] = set()
+    graphs: set[str] = set()
+    capture: Op | None = None
+    for i, op in enumerate(raw_ops):
+        at = f"{where}: op {i}"
+        if not isinstance(op, dict):
+            raise KitError(f"{at}: expected an object, not {type(op).__name__}")
+        kind = op.get("op")
+        if kind not in KEYS:
+            raise KitError(f"{at}: unknown op {kind!r} (expected one of {', '.join(KEYS)})")
+        at = f"{at} ({kind})"
+        required, optional = KEYS[kind]
+        if missing := required - op.keys():
+            raise KitError(f"{at}: missing {', '.join(sorted(missing))}")
+        if extra := op.keys() - required - optional:
+            raise KitError(f"{at}: unknown field {', '.join(sorted(extra))}")
+        if kind == "alloc":
+            tid = _name(op, "id", at)
+            size = op["bytes"]
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
+                raise KitError(f"{at}: 'bytes' must be an integer from 1 to {MAX_BYTES}, not {size!r}")
+            stream = _name(op, "stream", at, optional=True) or (capture.stream if capture else DEFAULT)
+            if capture and stream != capture.stream:
+                raise KitError(
+                    f"{at}: allocates on stream '{stream}' during capture of '{capture.graph}' "
+                    f"on stream '{capture.stream}'"
+                )
+            if tid in live:
+                raise KitError(f"{at}: id '{tid}' is already allocated")
+            live[tid] = stream
+            freed.discard(tid)
+            ops.append(Op("alloc", id=tid, bytes=size, stream=stream))
+        elif kind == "free":
+            tid = _name(op, "id", at)
+            if tid in freed:
+                raise KitError(f"{at}: double free of id '{tid}'")
+            if tid not in live:
+                raise KitError(f"{at}: unknown id '{tid}'")
+            if capture and live[tid] != capture.stream:
+                raise KitError(
+                    f"{at}: frees '{tid}' of stream '{live[tid]}' during capture of "
+                    f"'{capture.graph}' on stream '{capture.stream}'"
+                )
+            freed.add(tid)
+            ops.append(Op("free", id=tid, stream=live.pop(tid)))
+        elif kind == "capture_begin":
+            graph = _name(op, "graph", at)
+            stream = _name(op, "stream", at)
+            pool = _name(op, "pool", at, optional=True)
+            if capture:
+                raise KitError(f"{at}: capture of '{capture.graph}' is still underway")
+            if graph in graphs:
+                raise KitError(f"{at}: graph '{graph}' was already captured")
+            if stream == DEFAULT:
+                raise KitError(f"{at}: cannot capture on the default stream")
+            graphs.add(graph)
+            capture = Op("capture_begin", graph=graph, pool=pool, stream=stream)
+            ops.append(capture)
+        elif kind == "capture_end":
+            graph = _name(op, "graph", at)
+            if capture is None or capture.graph != graph:
+                raise KitError(f"{at}: no capture of '{graph}' is underway")
+            ops.append(Op("capture_end", graph=graph, stream=capture.stream))
+            capture = None
+        else:
+            if capture:
+                raise KitError(f"{at}: empty_cache during capture of '{capture.graph}'")
+            ops.append(Op("empty_cache"))
+    if capture:
+        raise KitError(f"{where}: capture of '{capture.graph}' has no capture_end")
+    return ops
+
+
+def load_workload(path: str | os.PathLike) -> list[Op]:
+    """Read and validate a workload file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise KitError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitError(f"{path}: cannot read ({e})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise KitError(
+            f"{path}: not readable JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
+    return parse_workload(data, str(path))
+
+
+def dump_ops(ops: list[Op]) -> dict:
+    """The version-1 JSON object of `ops` (streams always explicit)."""
+    out = []
+    for op in ops:
+        if op.op == "alloc":
+            out.append({"op": "alloc", "id": op.id, "bytes": op.bytes, "stream": op.stream})
+        elif op.op == "free":
+            out.append({"op": "free", "id": op.id})
+        elif op.op == "capture_begin":
+            out.append({"op": "capture_begin", "graph": op.graph, "pool": op.pool, "stream": op.stream})
+        elif op.op == "capture_end":
+            out.append({"op": "capture_end", "graph": op.graph})
+        else:
+            out.append({"op": "empty_cache"})
+    return {"version": 1, "ops": out}
+
+
+# Sizes on and around every boundary of the allocator (ALLOCATOR.md: Sizes).
+MIB = 1024 * 1024
+BOUNDARY_SIZES = [
+    1,
+    511,
+    512,
+    513,
+    4096,
+    MIB - 1,
+    MIB,
+    MIB + 1,
+    2 * MIB,
+    10 * MIB - 512,
+    10 * MIB,
+    10 * MIB + 1,
+    20 * MIB,
+    20 * MIB + 1,
+]
+
+
+def _random_size(rng: random.Random) -> int:
+    r = rng.random()
+    if r < 0.25:
+        return rng.choice(BOUNDARY_SIZES)
+    if r < 0.6:
+        return rng.randint(1, MIB)
+    if r < 0.9:
+        return rng.randint(MIB, 12 * MIB)
+    return rng.randint(12 * MIB, 64 * MIB)
+
+
+def generate_workload(
+    seed: int, n_ops: int = 200, *, n_streams: int = 3, n_pools: int = 2, max_live_bytes: int = 4 << 30
+) -> dict:
+    """A seeded random version-1 workload.
+
+    It mixes allocations across streams, frees in and out of captures, captures
+    into shared and private pools, and `empty_cache`, with sizes around every
+    allocator boundary; live bytes stay under `max_live_bytes`.
+    """
+    rng = random.Random(seed)
+    streams = [DEFAULT] + [f"s{i}" for i in range(1, n_streams)]
+    pools = [f"p{i}" for i in range(n_pools)]
+    ops: list[dict] = []
+    live: dict[str, tuple[str, int]] = {}
+    live_bytes = 0
+    capture: dict | None = None
+    next_id = graph_id = 0
+    while len(ops) < n_ops:
+        r = rng.random()
+        if capture and (r < 0.08 or len(ops) >= n_ops - 1):
+            ops.append({"op": "capture_end", "graph": capture["graph"]})
+            capture = None
+        elif not capture and r < 0.06 and len(ops) < n_ops - 4:
+            stream = rng.choice(streams[1:] or ["s1"])
+            pool = rng.choice([*pools, None])
+            capture = {"op": "capture_begin", "graph": f"g{graph_id}", "pool": pool, "stream": stream}
+            graph_id += 1
+            ops.append(capture)
+        elif not capture and r < 0.09:
+            ops.append({"op": "empty_cache"})
+        elif r < 0.55 or not live:
+            size = _random_size(rng)
+            if live_bytes + size > max_live_bytes:
+                continue
+            stream = capture["stream"] if capture else rng.choice(streams)
+            tid = f"t{next_id}"
+            next_id += 1
+            live[tid] = (stream, size)
+            live_bytes += size
+            ops.append({"op": "alloc", "id": tid, "bytes": size, "stream": stream})
+        else:
+            choices = [t for t, (s, _) in live.items() if not capture or s == capture["stream"]]
+            if not choices:
+                continue
+            tid = rng.choice(choices)
+            live_bytes -= live.pop(tid)[1]
+            ops.append({"op": "free", "id": tid})
+    if capture:
+        ops.append({"op": "capture_end", "graph": capture["graph"]})
+    return {"version": 1, "ops": ops}
+
+
+def pr_scenario(
+    shared_stream: bool, *, layers: int = 4, tokens: int = 1024, replay_tokens: int = 512, hidden: int = 2048
+) -> dict:
+    """The PR's story as a workload: model capture, then replay capture into the same pool.
+
+    Each layer allocates a 4x-wide intermediate and a new hidden state and frees
+    the intermediate and the old hidden state, like a decoder forward.
+    """
+    ops: list[dict] = []
+    n = 0
+
+    def forward(prefix: str, rows: int, n_layers: int, stream: str) -> None:
+        nonlocal n
+        h = f"{prefix}x"
+        ops.append({"op": "alloc", "id": h, "bytes": rows * hidden * 2, "stream": stream})
+        for layer in range(n_layers):
+            a, h2 = f"{prefix}a{layer}", f"{prefix}h{layer}"
+            ops.append({"op": "alloc", "id": a, "bytes": rows * 4 * hidden * 2, "stream": stream})
+            ops.append({"op": "alloc", "id": h2, "bytes": rows * hidden * 2, "stream": stream})
+            ops.append({"op": "free", "id": a})
+            ops.append({"op": "free", "id": h})
+            h = h2
+
+    replay_stream = "model_stream" if shared_stream else "replay_stream"
+    ops.append({"op": "capture_begin", "graph": "model graph", "pool": "global pool", "stream": "model_stream"})
+    forward("m", tokens, layers, "model_stream")
+    ops.append({"op": "capture_end", "graph": "model graph"})
+    ops.append({"op": "capture_begin", "graph": "replay graph", "pool": "global pool", "stream": replay_stream})
+    forward("r", replay_tokens, max(1, layers // 2), replay_stream)
+    ops.append({"op": "capture_end", "graph": "replay graph"})
+    return {"version": 1, "ops": ops}
