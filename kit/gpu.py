@@ -46,9 +46,9 @@ def run_on_gpu(ops: list[Op]) -> dict:
                     pools[op.pool] = torch.cuda.graph_pool_handle()
                 torch.cuda.set_stream(stream(op.stream))
                 graph.capture_begin(pool=pools[op.pool] if op.pool is not None else None)
-                graph_pools[op.graph] = tuple(graph.pool())
             elif op.op == "capture_end":
                 graphs[op.graph].capture_end()
+                graph_pools[op.graph] = tuple(graphs[op.graph].pool())  # known only once captured
                 torch.cuda.set_stream(streams[DEFAULT])
             else:
                 torch.cuda.empty_cache()
