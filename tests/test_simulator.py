@@ -1,0 +1,156 @@
+"""The allocator simulator: its rules, its snapshots, and its fidelity to the H200 recordings."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from kit import load_snapshot, segment_table
+from kit.simulator import (
+    CachingAllocatorSim,
+    get_allocation_size,
+    recorded_segment_addresses,
+    round_size,
+    simulate,
+)
+from kit.workload import load_workload, parse_workload, pr_scenario
+
+from .conftest import MIB
+from .test_tables import run_kit
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+WORKLOADS = sorted(p for p in CORPUS.glob("*.json") if p.name != "PROVENANCE.json")
+
+
+def canonical(raw: dict) -> list[tuple]:
+    """Segments and blocks by what the allocator decided, streams by workload name."""
+    names = {sid: name for name, sid in raw["kit"]["streams"].items()}
+    out = []
+    for s in sorted(raw["segments"], key=lambda s: s["address"]):
+        blocks = tuple(
+            (
+                b["address"] - s["address"],
+                b["size"],
+                b["state"],
+                b["requested_size"] if b["state"] == "active_allocated" else None,
+            )
+            for b in s["blocks"]
+        )
+        out.append(
+            (s["address"], s["total_size"], s["segment_type"], tuple(s["segment_pool_id"]), names[s["stream"]], blocks)
+        )
+    return out
+
+
+def test_corpus_is_large_enough_and_has_provenance():
+    assert len(WORKLOADS) >= 60
+    prov = json.loads((CORPUS / "PROVENANCE.json").read_text())
+    assert prov["gpu"].startswith("NVIDIA") and prov["command"].startswith("python scripts/record_corpus.py")
+    assert {f"{w.stem}.pickle" for w in WORKLOADS} <= set(prov["files"])
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda p: p.stem)
+def test_simulator_matches_the_real_allocator(workload):
+    recorded = load_snapshot(workload.with_suffix(".pickle")).raw
+    sim = simulate(load_workload(workload), addresses=recorded_segment_addresses(recorded)).snapshot()
+    assert canonical(sim) == canonical(recorded)
+    assert sim["kit"]["pools"] == recorded["kit"]["pools"]
+    assert sim["kit"]["graphs"] == recorded["kit"]["graphs"]
+
+
+def test_cli_sim_addresses_from_writes_a_matching_snapshot(tmp_path):
+    workload = CORPUS / "pr_two_streams.json"
+    recorded = workload.with_suffix(".pickle")
+    out = tmp_path / "sim.pickle"
+    done = run_kit("sim", str(workload), "--addresses-from", str(recorded), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    sim = load_snapshot(out)
+    assert sim.data_source == "simulator"
+    assert canonical(sim.raw) == canonical(load_snapshot(recorded).raw)
+    as_json = tmp_path / "sim.json"
+    assert run_kit("sim", str(workload), "-o", str(as_json), "--json").returncode == 0
+    assert canonical(json.loads(as_json.read_text())) != []
+
+
+def test_rounding_and_segment_sizes():
+    assert [round_size(n) for n in (1, 511, 512, 513, 4096)] == [512, 512, 512, 1024, 4096]
+    assert get_allocation_size(MIB) == 2 * MIB
+    assert get_allocation_size(MIB + 512) == 20 * MIB
+    assert get_allocation_size(10 * MIB - 512) == 20 * MIB
+    assert get_allocation_size(10 * MIB) == 10 * MIB
+    assert get_allocation_size(10 * MIB + 512) == 12 * MIB
+
+
+def _ops(*ops):
+    return parse_workload({"version": 1, "ops": list(ops)})
+
+
+def test_no_reuse_across_streams_and_decisions_say_why():
+    ops = _ops(
+        {"op": "alloc", "id": "a", "bytes": 4 * MIB, "stream": "s1"},
+        {"op": "free", "id": "a"},
+        {"op": "alloc", "id": "b", "bytes": 4 * MIB, "stream": "s2"},
+        {"op": "alloc", "id": "c", "bytes": 4 * MIB, "stream": "s1"},
+    )
+    sim = simulate(ops, explain=True)
+    first, on_s2, on_s1 = sim.decisions
+    assert on_s2.outcome == "new_segment" and on_s2.segment_size == 20 * MIB
+    assert [r[4] for r in on_s2.refused] == ["other stream"]
+    assert on_s1.outcome == "reused" and on_s1.block == first.block
+    assert len(sim.segments) == 2
+
+
+def test_split_merge_and_empty_cache():
+    ops = _ops(
+        {"op": "alloc", "id": "a", "bytes": 3 * MIB},
+        {"op": "alloc", "id": "b", "bytes": 3 * MIB},
+        {"op": "free", "id": "a"},
+        {"op": "empty_cache"},
+        {"op": "free", "id": "b"},
+    )
+    sim = CachingAllocatorSim().run(ops[:4])
+    assert len(sim.segments) == 1  # one 20 MiB segment, split: not released while b lives
+    sim.run(ops[4:])
+    (seg,) = sim.snapshot()["segments"]
+    assert [(b["size"], b["state"]) for b in seg["blocks"]] == [(20 * MIB, "inactive")]  # merged back
+    sim.run(_ops({"op": "empty_cache"}))
+    assert sim.snapshot()["segments"] == []
+
+
+def test_graph_pools_survive_empty_cache_and_ids_follow_torch():
+    ops = _ops(
+        {"op": "capture_begin", "graph": "g0", "pool": "p", "stream": "s1"},
+        {"op": "alloc", "id": "a", "bytes": 4 * MIB},
+        {"op": "free", "id": "a"},
+        {"op": "capture_end", "graph": "g0"},
+        {"op": "capture_begin", "graph": "g1", "pool": None, "stream": "s1"},
+        {"op": "capture_end", "graph": "g1"},
+        {"op": "empty_cache"},
+    )
+    snap = simulate(ops).snapshot()
+    assert snap["kit"]["graphs"] == {"g0": [0, 1], "g1": [1, 0]}
+    pools = {tuple(s["segment_pool_id"]) for s in snap["segments"]}
+    assert (0, 1) in pools  # the graph pool's free segment stays
+    rng = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert [b["requested_size"] for b in rng] == [8, 8]  # the first capture's RNG state, default pool
+
+
+def test_pr_scenario_in_the_simulator():
+    two = segment_table(simulate(parse_workload(pr_scenario(False))).snapshot())
+    shared = segment_table(simulate(parse_workload(pr_scenario(True))).snapshot())
+    assert len(two[two["pool"] == (0, 1)]) == 2
+    assert len(shared[shared["pool"] == (0, 1)]) == 1
+    assert two["reserved"].sum() - shared["reserved"].sum() == 20 * MIB
+
+
+def test_pytorch_memory_viz_reads_simulated_snapshots():
+    from torch.cuda import _memory_viz
+
+    snap = simulate(parse_workload(pr_scenario(False))).snapshot()
+    summary = _memory_viz.segsum(snap)
+    assert "segment" in summary.lower() or "total" in summary.lower()
+    assert _memory_viz.trace(snap)  # walks device_traces action by action
+    pickle.loads(pickle.dumps(snap))
