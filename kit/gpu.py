@@ -9,6 +9,8 @@ with memory history recorded from a clean allocator. The snapshot gets the same
 
 from __future__ import annotations
 
+import datetime
+
 from kit.errors import KitError
 from kit.workload import DEFAULT, Op
 
@@ -59,6 +61,13 @@ def run_on_gpu(ops: list[Op]) -> dict:
         torch.cuda.set_stream(streams[DEFAULT])
     snap["kit"] = {
         "source": "live GPU",
+        "provenance": {
+            "gpu": torch.cuda.get_device_name(),
+            "torch": str(torch.__version__),  # a TorchVersion would pickle as a global
+            "cuda": torch.version.cuda,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m kit run-workload",
+        },
         "streams": {name: s.cuda_stream for name, s in streams.items()},
         "pools": {name: list(pid) for name, pid in pools.items()},
         "graphs": {g: list(pid) for g, pid in graph_pools.items()},

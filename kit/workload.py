@@ -213,13 +213,21 @@ def _random_size(rng: random.Random) -> int:
 
 
 def generate_workload(
-    seed: int, n_ops: int = 200, *, n_streams: int = 3, n_pools: int = 2, max_live_bytes: int = 4 << 30
+    seed: int,
+    n_ops: int = 200,
+    *,
+    n_streams: int = 3,
+    n_pools: int = 2,
+    max_live_bytes: int = 4 << 30,
+    capture_rate: float = 0.06,
 ) -> dict:
     """A seeded random version-1 workload.
 
     It mixes allocations across streams, frees in and out of captures, captures
     into shared and private pools, and `empty_cache`, with sizes around every
-    allocator boundary; live bytes stay under `max_live_bytes`.
+    allocator boundary; live bytes stay under `max_live_bytes`. A share
+    `capture_rate` of the ops outside a capture begins one; graph pools are
+    never released, so long workloads meant for a real GPU want a low rate.
     """
     rng = random.Random(seed)
     streams = [DEFAULT] + [f"s{i}" for i in range(1, n_streams)]
@@ -234,13 +242,13 @@ def generate_workload(
         if capture and (r < 0.08 or len(ops) >= n_ops - 1):
             ops.append({"op": "capture_end", "graph": capture["graph"]})
             capture = None
-        elif not capture and r < 0.06 and len(ops) < n_ops - 4:
+        elif not capture and r < capture_rate and len(ops) < n_ops - 4:
             stream = rng.choice(streams[1:] or ["s1"])
             pool = rng.choice([*pools, None])
             capture = {"op": "capture_begin", "graph": f"g{graph_id}", "pool": pool, "stream": stream}
             graph_id += 1
             ops.append(capture)
-        elif not capture and r < 0.09:
+        elif not capture and r < capture_rate + 0.03:
             ops.append({"op": "empty_cache"})
         elif r < 0.55 or not live:
             size = _random_size(rng)

@@ -154,3 +154,15 @@ def test_pytorch_memory_viz_reads_simulated_snapshots():
     assert "segment" in summary.lower() or "total" in summary.lower()
     assert _memory_viz.trace(snap)  # walks device_traces action by action
     pickle.loads(pickle.dumps(snap))
+
+
+def test_corpus_workloads_are_what_the_recorder_generates():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from record_corpus import workloads
+
+    expected = workloads(len([w for w in WORKLOADS if w.stem.startswith("random_")]))
+    assert {w.stem for w in WORKLOADS} == set(expected)
+    for w in WORKLOADS:
+        assert json.loads(w.read_text()) == expected[w.stem], w.name
