@@ -65,7 +65,7 @@ def run_on_gpu(ops: list[Op]) -> dict:
             "gpu": torch.cuda.get_device_name(),
             "torch": str(torch.__version__),  # a TorchVersion would pickle as a global
             "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": "python -m kit run-workload",
         },
         "streams": {name: s.cuda_stream for name, s in streams.items()},
