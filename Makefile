@@ -31,6 +31,7 @@ lint: venv
 walkthrough: venv
 	$(PY) scripts/walkthrough.py --out build
 
-# Re-record the real-GPU fixtures (needs a CUDA GPU).
+# Re-record the real-GPU fixtures and the simulator's fidelity corpus (needs a CUDA GPU).
 fixtures:
 	$(PYTHON) scripts/record_fixtures.py --out tests/fixtures
+	$(PYTHON) scripts/record_corpus.py --out tests/fixtures/corpus

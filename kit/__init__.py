@@ -5,6 +5,8 @@ The public API, by idea:
 - tables: `segment_table`, `diff_tables`, `style_table`, `format_bytes`
 - pictures: `group_bar_figure`, `segment_map_figure` (plotly, imported on use)
 - report: `write_report`
+- simulator: `CachingAllocatorSim`, `simulate`, `Decision`
+- workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
 - errors: `KitError`
 
 Plotly is imported only when a picture is asked for, so the kit's tables load
@@ -13,10 +15,20 @@ on a machine (such as the GPU machine) that has pandas but no plotly.
 
 from kit.errors import KitError
 from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
+from kit.simulator import CachingAllocatorSim, Decision, simulate
 from kit.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.workload import generate_workload, load_workload, parse_workload, pr_scenario
 
 __all__ = [
     "Block",
+    "CachingAllocatorSim",
+    "Decision",
+    "generate_workload",
+    "load_workload",
+    "parse_workload",
+    "pr_scenario",
+    "run_on_gpu",
+    "simulate",
     "KitError",
     "Segment",
     "Snapshot",
@@ -37,6 +49,10 @@ def __getattr__(name: str):
         from kit import pictures
 
         return getattr(pictures, name)
+    if name == "run_on_gpu":
+        from kit.gpu import run_on_gpu
+
+        return run_on_gpu
     if name == "write_report":
         from kit.report import write_report
 

@@ -61,6 +61,16 @@ def test_simulator_matches_the_real_allocator(workload):
     assert sim["kit"]["graphs"] == recorded["kit"]["graphs"]
 
 
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda p: p.stem)
+def test_sim_command_replays_every_recording(workload, tmp_path, capsys):
+    from kit.cli import main
+
+    out = tmp_path / "sim.pickle"
+    recorded = workload.with_suffix(".pickle")
+    assert main(["sim", str(workload), "--addresses-from", str(recorded), "-o", str(out)]) == 0
+    assert canonical(load_snapshot(out).raw) == canonical(load_snapshot(recorded).raw)
+
+
 def test_cli_sim_addresses_from_writes_a_matching_snapshot(tmp_path):
     workload = CORPUS / "pr_two_streams.json"
     recorded = workload.with_suffix(".pickle")
