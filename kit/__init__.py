@@ -14,8 +14,8 @@ on a machine (such as the GPU machine) that has pandas but no plotly.
 """
 
 from kit.errors import KitError
-from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
 from kit.simulator import CachingAllocatorSim, Decision, simulate
+from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
 from kit.tables import diff_tables, format_bytes, segment_table, style_table
 from kit.workload import generate_workload, load_workload, parse_workload, pr_scenario
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ruff_check_is_clean():
     done = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "kit", "tests", "scripts", "notebooks"],
+        [sys.executable, "-m", "ruff", "check", "kit", "tests", "scripts", "benchmarks", "notebooks"],
         cwd=ROOT,
         capture_output=True,
         text=True,
