@@ -1,7 +1,7 @@
 """The `python -m kit` command line.
 
-Commands (contract in DESIGN.md): `table`, `diff`, `report`, `sim` and
-`run-workload`. Every command
+Commands (contract in DESIGN.md): `table`, `diff`, `reuse`, `report`, `sim`
+and `run-workload`. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -42,6 +42,24 @@ def cmd_diff(args: argparse.Namespace) -> None:
 
     by = "label" if args.by_label else "stream"
     _print_table(diff_tables(segment_table(args.before), segment_table(args.after), by=by), args.json)
+
+
+def cmd_reuse(args: argparse.Namespace) -> None:
+    from kit.trace import reuse_table, stranding_verdicts
+
+    table = reuse_table(args.snapshot)
+    if args.json:
+        from kit.tables import table_records
+
+        json.dump(table_records(table), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    print(f"source: {table.attrs['source']}")
+    print(table.to_string(index=False))
+    for line in stranding_verdicts(args.snapshot) or ["no stranded segments"]:
+        print(line)
+    for line in table.attrs["mismatches"]:
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -109,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="match groups by stream name, not id (snapshots of two different processes)",
     )
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("reuse", help="per (pool, stream): allocations reused, new segments, stranded bytes")
+    p.add_argument("snapshot", help="snapshot with a trace (record_memory_history)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_reuse)
 
     p = sub.add_parser("report", help="self-contained HTML page of tables and figures")
     p.add_argument("snapshot")

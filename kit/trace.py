@@ -1,0 +1,280 @@
+"""Trace analysis: how each allocation was served, and which memory a stream stranded.
+
+A snapshot's trace lists allocator events but names no pool, and usually starts
+mid-process. `replay_trace` rewinds the final snapshot to the trace's first
+entry (segments and active blocks), walks the trace forward again, and checks
+that the walk ends at the snapshot; any difference is reported in
+`TraceReplay.mismatches`, never ignored.
+
+Walking forward it classifies every `alloc`:
+- `reused`: served from a cached free block of its stream;
+- `new_segment`: needed a new segment (the `segment_alloc` just before it);
+- `stranded`: needed a new segment although a free block at least as large
+  sat in the same pool and size class on another stream, the case PR 63155 is
+  about. The row names that block and its stream.
+
+Free blocks are not in the trace, but they need not be: the allocator merges
+free neighbours, so the free blocks of a segment are exactly the gaps between
+its active blocks. An allocation takes the low end of the gap that starts at
+its address, and the whole gap when the rest is too small to split off.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
+from kit.snapshot import Snapshot, load_snapshot
+from kit.tables import pool_label, stream_labels
+
+REUSE_COLUMNS = ("allocs", "reused", "new_segments", "new_segment_bytes", "stranded_bytes")
+
+
+class _Segment:
+    __slots__ = ("address", "size", "pool", "stream", "small", "starts", "sizes")
+
+    def __init__(self, address, size, pool, stream, small):
+        self.address, self.size, self.pool, self.stream, self.small = address, size, pool, stream, small
+        self.starts: list[int] = []  # active block addresses, sorted
+        self.sizes: dict[int, int] = {}
+
+    def gap_at(self, address: int) -> int:
+        """Size of the free block starting at `address`: up to the next active block."""
+        i = bisect_right(self.starts, address)
+        end = self.starts[i] if i < len(self.starts) else self.address + self.size
+        return end - address
+
+    def largest_gap(self) -> tuple[int, int]:
+        best, at, cursor = 0, 0, self.address
+        for start in self.starts:
+            if start - cursor > best:
+                best, at = start - cursor, cursor
+            cursor = start + self.sizes[start]
+        if self.address + self.size - cursor > best:
+            best, at = self.address + self.size - cursor, cursor
+        return best, at
+
+    def activate(self, address: int, size: int) -> None:
+        insort(self.starts, address)
+        self.sizes[address] = size
+
+    def release(self, address: int) -> None:
+        del self.starts[bisect_left(self.starts, address)]
+        del self.sizes[address]
+
+
+@dataclass
+class TraceReplay:
+    """The result of walking a trace: one row per alloc, and what did not add up."""
+
+    allocs: pd.DataFrame
+    mismatches: list[str] = field(default_factory=list)
+    rewound_segments: int = 0
+
+
+def _segment_of(segments: dict[int, _Segment], starts: list[int], address: int) -> _Segment | None:
+    i = bisect_right(starts, address) - 1
+    if i >= 0:
+        seg = segments[starts[i]]
+        if address < seg.address + seg.size:
+            return seg
+    return None
+
+
+def _initial_state(snap: Snapshot, entries) -> tuple[dict[int, _Segment], int]:
+    """Rewind the final snapshot backwards through the trace to its first entry."""
+    segments = {}
+    for s in snap.segments:
+        seg = _Segment(s.address, s.total_size, s.segment_pool_id, s.stream, s.segment_type == "small")
+        for b in s.blocks:
+            if b.state != "inactive":
+                seg.activate(b.address, b.size)
+        segments[s.address] = seg
+    pools = {s.address: (s.segment_pool_id, s.segment_type == "small") for s in snap.segments}
+    for e in reversed(entries):
+        if e.action == "segment_alloc":
+            segments.pop(e.addr, None)
+        elif e.action == "segment_free":
+            pool, small = pools.get(e.addr, ((0, 0), e.size <= 2 * K_SMALL_SIZE))
+            segments[e.addr] = _Segment(e.addr, e.size, pool, e.stream, small)
+        elif e.action == "alloc":
+            seg = _segment_of(segments, sorted(segments), e.addr)
+            if seg is not None and e.addr in seg.sizes:
+                seg.release(e.addr)
+        elif e.action == "free_completed":
+            seg = _segment_of(segments, sorted(segments), e.addr)
+            if seg is not None and e.addr not in seg.sizes:
+                seg.activate(e.addr, round_size(e.size))  # its exact size is not in the trace
+    return segments, len(segments)
+
+
+def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceReplay:
+    """Walk the snapshot's trace from its rewound start; classify every alloc."""
+    snap = load_snapshot(snapshot)
+    entries = snap.traces.get(device, ())
+    if not entries:
+        from kit.errors import KitError
+
+        raise KitError(f"{snap.origin}: no trace recorded (record with torch.cuda.memory._record_memory_history)")
+    segments, rewound = _initial_state(snap, entries)
+    starts = sorted(segments)
+    # A segment's pool is in the snapshot only for the segment there now. Addresses come
+    # back after a segment_free, so an earlier segment at the same address, one freed
+    # within the trace, is taken as the default pool's (graph pools are not freed while
+    # their graphs live).
+    final = {s.address: (s.segment_pool_id, s.segment_type == "small") for s in snap.segments}
+    freed_later = set()
+    last_alloc: dict[int, int] = {}
+    for i, e in enumerate(entries):
+        if e.action == "segment_alloc":
+            last_alloc[e.addr] = i
+        elif e.action == "segment_free" and e.addr in last_alloc:
+            freed_later.add(last_alloc[e.addr])
+    rows = []
+    last_segment_alloc = None
+    for i, e in enumerate(entries):
+        if e.action == "segment_alloc":
+            known = final.get(e.addr) if i not in freed_later else None
+            pool, small = known or ((0, 0), e.size <= 2 * K_SMALL_SIZE)
+            segments[e.addr] = _Segment(e.addr, e.size, pool, e.stream, small)
+            insort(starts, e.addr)
+            last_segment_alloc = e.addr
+            continue
+        if e.action == "segment_free":
+            if segments.pop(e.addr, None) is not None:
+                del starts[bisect_left(starts, e.addr)]
+            continue
+        if e.action == "free_completed":
+            seg = _segment_of(segments, starts, e.addr)
+            if seg is not None and e.addr in seg.sizes:
+                seg.release(e.addr)
+            continue
+        if e.action != "alloc":
+            continue
+        seg = _segment_of(segments, starts, e.addr)
+        if seg is None:
+            continue
+        rounded = round_size(e.size)
+        gap = seg.gap_at(e.addr)
+        rest = gap - rounded
+        splits = rest >= K_MIN_BLOCK_SIZE if seg.small else rest > K_SMALL_SIZE
+        seg.activate(e.addr, rounded if splits else gap)
+        row = {
+            "index": i,
+            "time_us": e.time_us,
+            "addr": e.addr,
+            "size": e.size,
+            "stream": e.stream,
+            "pool": seg.pool,
+            "served": "reused",
+            "segment_bytes": 0,
+            "other_block": None,
+            "other_block_size": 0,
+            "other_stream": None,
+            "frames": e.frames[:3],
+        }
+        if last_segment_alloc == e.addr:
+            row["served"] = "new_segment"
+            row["segment_bytes"] = seg.size
+            other = _free_elsewhere(segments, seg, rounded)
+            if other:
+                row["served"] = "stranded"
+                row["other_block"], row["other_block_size"], row["other_stream"] = other
+        last_segment_alloc = None
+        rows.append(row)
+    allocs = pd.DataFrame(
+        rows,
+        columns=[
+            "index",
+            "time_us",
+            "addr",
+            "size",
+            "stream",
+            "pool",
+            "served",
+            "segment_bytes",
+            "other_block",
+            "other_block_size",
+            "other_stream",
+            "frames",
+        ],
+    )
+    return TraceReplay(allocs, _compare_with_snapshot(snap, segments), rewound)
+
+
+def _free_elsewhere(segments: dict[int, _Segment], new: _Segment, rounded: int) -> tuple[int, int, int] | None:
+    """The largest free block of the same pool and size class on another stream, if it fits."""
+    best = None
+    for seg in segments.values():
+        if seg is new or seg.pool != new.pool or seg.small != new.small or seg.stream == new.stream:
+            continue
+        size, at = seg.largest_gap()
+        if size >= rounded and (best is None or size > best[1]):
+            best = (at, size, seg.stream)
+    return best
+
+
+def _compare_with_snapshot(snap: Snapshot, segments: dict[int, _Segment]) -> list[str]:
+    want = {
+        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"}) for s in snap.segments
+    }
+    got = {a: (s.size, dict(s.sizes)) for a, s in segments.items()}
+    out = []
+    for address in sorted(want.keys() | got.keys()):
+        if address not in got:
+            out.append(f"segment {address:#x} is in the snapshot but not in the replayed trace")
+        elif address not in want:
+            out.append(f"segment {address:#x} is in the replayed trace but not in the snapshot")
+        elif want[address] != got[address]:
+            out.append(f"segment {address:#x}: blocks differ between the replayed trace and the snapshot")
+    return out
+
+
+def reuse_table(snapshot: Snapshot | str | dict) -> pd.DataFrame:
+    """Per (pool, stream) group: allocs, reused, new segments, their bytes, and the stranded bytes."""
+    snap = load_snapshot(snapshot)
+    replay = replay_trace(snap)
+    a = replay.allocs
+    a = a.assign(
+        reused=a["served"] == "reused",
+        new=a["served"] != "reused",
+        new_bytes=a["segment_bytes"],
+        stranded_bytes=a["segment_bytes"].where(a["served"] == "stranded", 0),
+    )
+    table = (
+        a.groupby(["pool", "stream"], sort=True)
+        .agg(
+            allocs=("index", "size"),
+            reused=("reused", "sum"),
+            new_segments=("new", "sum"),
+            new_segment_bytes=("new_bytes", "sum"),
+            stranded_bytes=("stranded_bytes", "sum"),
+        )
+        .reset_index()
+    )
+    labels = stream_labels(snap)
+    pools = snap.pool_names
+    table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]
+    table["stream_label"] = [labels.get(s, str(s)) for s in table["stream"]]
+    table = table.astype({c: "int64" for c in ("stream", *REUSE_COLUMNS)})
+    table.attrs["source"] = snap.source_label
+    table.attrs["mismatches"] = replay.mismatches
+    return table
+
+
+def stranding_verdicts(snapshot: Snapshot | str | dict) -> list[str]:
+    """One line per (pool, stream) group that made segments while another stream's fitting block sat free."""
+    snap = load_snapshot(snapshot)
+    a = replay_trace(snap).allocs
+    labels = stream_labels(snap)
+    out = []
+    for (pool, stream), rows in a[a["served"] == "stranded"].groupby(["pool", "stream"], sort=True):
+        others = ", ".join(sorted({labels.get(s, str(s)) for s in rows["other_stream"]}))
+        out.append(
+            f"pool {pool_label(pool, snap.pool_names)} {tuple(pool)}: {rows['segment_bytes'].sum() / 2**20:.2f} MiB "
+            f"of new segments on {labels.get(stream, str(stream))} while a fitting free block sat on {others}"
+        )
+    return out
