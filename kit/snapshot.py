@@ -27,7 +27,7 @@ import pickle
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kit.errors import KitError
 
@@ -90,15 +90,16 @@ class Segment:
         return max(sizes, default=0)
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEntry:
+class TraceEntry(NamedTuple):
+    """One allocator event. A NamedTuple: traces run to millions of entries."""
+
     device: int
     action: str
     addr: int
     size: int
     stream: int
     time_us: int | None
-    frames: list = field(default_factory=list, repr=False)
+    frames: list = []  # noqa: RUF012 - never mutated; a NamedTuple default
     device_free: int | None = None
     compile_context: Any = None
     user_metadata: Any = None
@@ -275,7 +276,39 @@ def _optional_int(d: dict, key: str, where: str) -> int | None:
     return _int(d, key, where, minimum=None)
 
 
-def _parse_trace_entry(e: Any, device: int, where: str) -> TraceEntry:
+_ACTIONS = frozenset(TRACE_ACTIONS)
+
+
+def _parse_trace_entry(e: Any, device: int, origin: str, index: int) -> TraceEntry:
+    if type(e) is dict:  # the fast path: a well-formed entry, checked field by field
+        action, addr, size = e.get("action"), e.get("addr", 0), e.get("size", 0)
+        stream, time_us, frames = e.get("stream", DEFAULT_STREAM), e.get("time_us"), e.get("frames")
+        if (
+            action in _ACTIONS
+            and type(addr) is int
+            and type(size) is int
+            and type(stream) is int
+            and addr >= 0
+            and size >= 0
+            and (time_us is None or type(time_us) is int)
+            and "device_free" not in e
+        ):
+            return TraceEntry(
+                device,
+                action,
+                addr,
+                size,
+                stream,
+                time_us,
+                frames if type(frames) is list else [],
+                None,
+                e.get("compile_context"),
+                e.get("user_metadata"),
+            )
+    return _parse_trace_entry_checked(e, device, f"{origin}: trace {device} entry {index}")
+
+
+def _parse_trace_entry_checked(e: Any, device: int, where: str) -> TraceEntry:
     if not isinstance(e, dict):
         raise KitError(f"{where}: is {type(e).__name__}, expected a dict")
     action = e.get("action")
@@ -359,9 +392,7 @@ class Snapshot:
         """Trace entries per device; empty when history was not recorded."""
         out = {}
         for device, entries in enumerate(self.raw.get("device_traces") or []):
-            out[device] = tuple(
-                _parse_trace_entry(e, device, f"{self.origin}: trace {device} entry {i}") for i, e in enumerate(entries)
-            )
+            out[device] = tuple(_parse_trace_entry(e, device, self.origin, i) for i, e in enumerate(entries))
         return out
 
     @property

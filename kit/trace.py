@@ -93,19 +93,22 @@ def _initial_state(snap: Snapshot, entries) -> tuple[dict[int, _Segment], int]:
             if b.state != "inactive":
                 seg.activate(b.address, b.size)
         segments[s.address] = seg
-    pools = {s.address: (s.segment_pool_id, s.segment_type == "small") for s in snap.segments}
+    starts = sorted(segments)
     for e in reversed(entries):
         if e.action == "segment_alloc":
-            segments.pop(e.addr, None)
+            if segments.pop(e.addr, None) is not None:
+                del starts[bisect_left(starts, e.addr)]
         elif e.action == "segment_free":
-            pool, small = pools.get(e.addr, ((0, 0), e.size <= 2 * K_SMALL_SIZE))
-            segments[e.addr] = _Segment(e.addr, e.size, pool, e.stream, small)
+            # A segment freed within the trace belonged to the default pool (graph
+            # pools are not freed while their graphs live).
+            segments[e.addr] = _Segment(e.addr, e.size, (0, 0), e.stream, e.size <= 2 * K_SMALL_SIZE)
+            insort(starts, e.addr)
         elif e.action == "alloc":
-            seg = _segment_of(segments, sorted(segments), e.addr)
+            seg = _segment_of(segments, starts, e.addr)
             if seg is not None and e.addr in seg.sizes:
                 seg.release(e.addr)
         elif e.action == "free_completed":
-            seg = _segment_of(segments, sorted(segments), e.addr)
+            seg = _segment_of(segments, starts, e.addr)
             if seg is not None and e.addr not in seg.sizes:
                 seg.activate(e.addr, round_size(e.size))  # its exact size is not in the trace
     return segments, len(segments)

@@ -74,6 +74,6 @@ def test_reuse_needs_a_trace(tmp_path):
     assert done.returncode == 2 and "no trace recorded" in done.stderr
 
 
-@pytest.mark.parametrize("workload", sorted(CORPUS.glob("random_00*.pickle")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("workload", sorted(CORPUS.glob("*.pickle")), ids=lambda p: p.stem)
 def test_forward_walk_ends_at_the_snapshot(workload):
     assert replay_trace(workload).mismatches == []
