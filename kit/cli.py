@@ -62,6 +62,35 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
+def cmd_what_if(args: argparse.Namespace) -> None:
+    from kit.whatif import what_if
+
+    mapping = {}
+    for item in args.map:
+        source, sep, target = item.partition("=")
+        if not sep or not source or not target:
+            raise KitError(f"--map {item!r}: expected FROM=TO, two stream names")
+        mapping[source] = target
+    result = what_if(args.snapshot, mapping)
+    if args.json:
+        from kit.tables import table_records
+
+        out = {
+            "predicted": table_records(result.predicted),
+            "baseline": table_records(result.baseline),
+            "saved": [{"pool": list(p), "bytes": b} for p, b in result.saved.items()],
+            "corrections": result.corrections,
+        }
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    _print_table(result.predicted, False)
+    for pool, saved in result.saved.items():
+        print(f"pool {pool}: {saved} bytes saved")
+    for line in result.corrections:
+        print(f"correction: {line}")
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from kit.report import write_report
 
@@ -132,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("snapshot", help="snapshot with a trace (record_memory_history)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reuse)
+
+    p = sub.add_parser("what-if", help="predict the table had some streams been others (needs capture windows)")
+    p.add_argument("snapshot")
+    p.add_argument("--map", action="append", required=True, metavar="FROM=TO", help="stream name mapping")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_what_if)
 
     p = sub.add_parser("report", help="self-contained HTML page of tables and figures")
     p.add_argument("snapshot")

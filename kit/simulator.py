@@ -100,7 +100,9 @@ class Decision:
 class CachingAllocatorSim:
     """The caching allocator of one device, driven op by op."""
 
-    def __init__(self, *, addresses: Iterable[int] | None = None, explain: bool = False) -> None:
+    def __init__(
+        self, *, addresses: Iterable[int] | None = None, explain: bool = False, rng_state: bool = True
+    ) -> None:
         self._addresses: Iterator[int] | None = iter(addresses) if addresses is not None else None
         self._next_address = FIRST_ADDRESS
         self.explain = explain
@@ -117,7 +119,7 @@ class CachingAllocatorSim:
         self.capture: tuple[str, tuple[int, int]] | None = None  # (stream, pool) while capturing
         self._uuid = 1  # graph_pool_handle() counter: (0, n)
         self._uid = 1  # private pool counter: (n, 0)
-        self._rng_registered = False
+        self._rng_registered = not rng_state  # False: a replayed trace holds those allocations
         self._op_index = 0
 
     # -- ids ---------------------------------------------------------------

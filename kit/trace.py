@@ -71,6 +71,7 @@ class TraceReplay:
     """The result of walking a trace: one row per alloc, and what did not add up."""
 
     allocs: pd.DataFrame
+    new_segments: pd.DataFrame  # one row per segment_alloc: index, addr, size, pool, stream
     mismatches: list[str] = field(default_factory=list)
     rewound_segments: int = 0
 
@@ -137,6 +138,7 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
         elif e.action == "segment_free" and e.addr in last_alloc:
             freed_later.add(last_alloc[e.addr])
     rows = []
+    made = []
     last_segment_alloc = None
     for i, e in enumerate(entries):
         if e.action == "segment_alloc":
@@ -145,6 +147,7 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
             segments[e.addr] = _Segment(e.addr, e.size, pool, e.stream, small)
             insort(starts, e.addr)
             last_segment_alloc = e.addr
+            made.append((i, e.addr, e.size, pool, e.stream))
             continue
         if e.action == "segment_free":
             if segments.pop(e.addr, None) is not None:
@@ -205,7 +208,38 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
             "frames",
         ],
     )
-    return TraceReplay(allocs, _compare_with_snapshot(snap, segments), rewound)
+    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
+    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, segments), rewound)
+
+
+def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | None = None) -> pd.DataFrame:
+    """Segments and bytes each capture added, per (pool, stream) group.
+
+    `windows` are dicts with `graph`, `trace_begin` and `trace_end` (trace
+    indices); by default the snapshot's own `kit.captures`.
+    """
+    snap = load_snapshot(snapshot)
+    windows = windows if windows is not None else snap.kit.get("captures") or []
+    made = replay_trace(snap).new_segments
+    labels = stream_labels(snap)
+    rows = []
+    for w in windows:
+        inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] < w["trace_end"])]
+        for (pool, stream), group in inside.groupby(["pool", "stream"], sort=True):
+            rows.append(
+                {
+                    "graph": w["graph"],
+                    "pool": pool,
+                    "stream": int(stream),
+                    "pool_label": pool_label(pool, snap.pool_names),
+                    "stream_label": labels.get(stream, str(stream)),
+                    "segments": len(group),
+                    "bytes": int(group["size"].sum()),
+                }
+            )
+    table = pd.DataFrame(rows, columns=["graph", "pool", "stream", "pool_label", "stream_label", "segments", "bytes"])
+    table.attrs["source"] = snap.source_label
+    return table
 
 
 def _free_elsewhere(segments: dict[int, _Segment], new: _Segment, rounded: int) -> tuple[int, int, int] | None:

@@ -77,3 +77,45 @@ def test_reuse_needs_a_trace(tmp_path):
 @pytest.mark.parametrize("workload", sorted(CORPUS.glob("*.pickle")), ids=lambda p: p.stem)
 def test_forward_walk_ends_at_the_snapshot(workload):
     assert replay_trace(workload).mismatches == []
+
+
+def test_capture_attribution_names_each_captures_segments():
+    from kit.trace import capture_attribution
+
+    table = capture_attribution(RECORDED["two_streams"])
+    replay = table[table["graph"] == "replay graph"]
+    assert list(replay["pool"]) == [(0, 1)]
+    assert replay.iloc[0]["stream_label"] == "replay graphs stream"
+    assert replay.iloc[0]["bytes"] == 42 * 2**20
+    shared = capture_attribution(RECORDED["shared_stream"])
+    assert shared[(shared["graph"] == "replay graph") & (shared["pool"] == (0, 1))].empty
+
+
+def test_what_if_from_separate_streams_predicts_the_shared_recording():
+    from kit.tables import segment_table
+    from kit.whatif import what_if
+
+    result = what_if(RECORDED["two_streams"], {"replay graphs stream": "model graphs stream"})
+    shared = segment_table(load_snapshot(RECORDED["shared_stream"]))
+    predicted_pool = result.predicted[result.predicted["pool"] == (0, 1)]
+    assert predicted_pool["reserved"].sum() == shared[shared["pool"] == (0, 1)]["reserved"].sum()
+    assert predicted_pool["allocated"].sum() == shared[shared["pool"] == (0, 1)]["allocated"].sum()
+    assert result.saved[(0, 1)] == 42 * 2**20
+    # the default pool differs by the replay stream's cuBLAS workspace, and the output says so
+    (correction,) = result.corrections
+    assert "33554432 bytes" in correction and "cuBLAS" in correction
+    predicted_default = result.predicted[result.predicted["pool"] == (0, 0)]["reserved"].sum()
+    assert predicted_default - shared[shared["pool"] == (0, 0)]["reserved"].sum() == 33554432
+
+
+def test_what_if_cli_and_bad_mapping():
+    done = run_kit(
+        "what-if", str(RECORDED["two_streams"]), "--map", "replay graphs stream=model graphs stream", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert {tuple(s["pool"]): s["bytes"] for s in out["saved"]}[(0, 1)] == 42 * 2**20
+    done = run_kit("what-if", str(RECORDED["two_streams"]), "--map", "nope=model graphs stream")
+    assert done.returncode == 2 and "no stream named 'nope'" in done.stderr
+    done = run_kit("what-if", str(RECORDED["two_streams"]), "--map", "oops")
+    assert done.returncode == 2 and "expected FROM=TO" in done.stderr

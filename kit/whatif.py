@@ -1,0 +1,149 @@
+"""What-if: what a recorded process would have reserved with its streams mapped differently.
+
+`what_if(snapshot, {"replay graphs stream": "model graphs stream"})` turns the
+snapshot's trace back into a workload (allocations, frees, the captures in the
+snapshot's `kit.captures` windows, and an `empty_cache` for each run of
+`segment_free`), moves the mapped streams' operations onto their targets, and
+runs both the original and the mapped workload on the simulator. The result is
+the predicted segment table, the bytes saved per pool, and named corrections
+for what the trace cannot know a shared-stream run would do differently.
+
+It needs a trace recorded from an empty allocator and the capture windows
+that the kit's recorders write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kit.errors import KitError
+from kit.simulator import CachingAllocatorSim
+from kit.snapshot import DEFAULT_POOL, Snapshot, load_snapshot
+from kit.tables import segment_table
+from kit.trace import replay_trace
+from kit.workload import DEFAULT, parse_workload
+
+
+@dataclass
+class WhatIf:
+    baseline: pd.DataFrame  # the simulator's table of the trace as recorded
+    predicted: pd.DataFrame  # the same with the streams mapped
+    saved: dict[tuple[int, int], int]  # reserved bytes saved per pool
+    corrections: list[str] = field(default_factory=list)
+
+
+def _stream_names(snap: Snapshot) -> dict[int, str]:
+    names = {0: DEFAULT}
+    names.update({sid: name for sid, name in snap.stream_names.items() if sid != 0})
+    return names
+
+
+def trace_to_workload(snap: Snapshot, stream_map: Mapping[str, str] | None = None) -> dict:
+    """The snapshot's trace as a version-1 workload, with streams renamed by `stream_map`."""
+    stream_map = dict(stream_map or {})
+    replay = replay_trace(snap)
+    if replay.rewound_segments:
+        raise KitError(f"{snap.origin}: what-if needs a trace recorded from an empty allocator")
+    captures = snap.kit.get("captures")
+    if not captures:
+        raise KitError(f"{snap.origin}: no capture windows in the snapshot's kit key")
+    names = _stream_names(snap)
+    pool_names = {tuple(pid): name for name, pid in (snap.kit.get("pools") or {}).items()}
+
+    def stream(sid: int) -> str:
+        name = names.get(sid, f"stream {sid}")
+        return stream_map.get(name, name)
+
+    # A window opens before torch.cuda.graph empties the cache and registers the RNG
+    # state; the capture itself starts at the window's first graph-pool allocation.
+    pool_of_alloc = dict(zip(replay.allocs["index"], replay.allocs["pool"], strict=True))
+    begins, ends = {}, {}
+    for c in captures:
+        window = [
+            i for i in range(c["trace_begin"], c["trace_end"]) if pool_of_alloc.get(i, DEFAULT_POOL) == tuple(c["pool"])
+        ]
+        start = window[0] if window else c["trace_end"]
+        begins[start] = c
+        ends.setdefault(c["trace_end"], []).append(c)
+    entries = snap.traces[0]
+    ops: list[dict] = []
+    ids: dict[int, str] = {}
+    capture_stream = None
+    for i, e in enumerate(entries):
+        for c in ends.pop(i, []):
+            ops.append({"op": "capture_end", "graph": c["graph"]})
+            capture_stream = None
+        if i in begins:
+            c = begins[i]
+            capture_stream = stream(c["stream"])
+            ops.append(
+                {
+                    "op": "capture_begin",
+                    "graph": c["graph"],
+                    "pool": pool_names.get(tuple(c["pool"])),
+                    "stream": capture_stream,
+                }
+            )
+        if e.action == "alloc":
+            ids[e.addr] = f"a{i}"
+            ops.append({"op": "alloc", "id": f"a{i}", "bytes": e.size, "stream": capture_stream or stream(e.stream)})
+        elif e.action == "free_completed" and e.addr in ids:
+            ops.append({"op": "free", "id": ids.pop(e.addr)})
+        elif e.action == "segment_free" and capture_stream is None and (not ops or ops[-1]["op"] != "empty_cache"):
+            ops.append({"op": "empty_cache"})
+    for c in (c for cs in ends.values() for c in cs):
+        ops.append({"op": "capture_end", "graph": c["graph"]})
+    return {"version": 1, "ops": ops}
+
+
+def _simulate(workload: dict, origin: str) -> Snapshot:
+    sim = CachingAllocatorSim(rng_state=False)  # the trace holds the RNG allocations already
+    return Snapshot(sim.run(parse_workload(workload, origin)).snapshot(), origin=origin)
+
+
+def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping[str, str]) -> WhatIf:
+    """Predict the segment table had the mapped streams been their targets."""
+    snap = load_snapshot(snapshot)
+    names = set(_stream_names(snap).values())
+    for name in (*stream_map.keys(), *stream_map.values()):
+        if name not in names:
+            raise KitError(f"{snap.origin}: no stream named {name!r} (streams: {', '.join(sorted(names))})")
+    baseline = segment_table(_simulate(trace_to_workload(snap), f"{snap.origin} as recorded"))
+    predicted = segment_table(_simulate(trace_to_workload(snap, stream_map), f"{snap.origin} with streams mapped"))
+    saved = {
+        pool: int(
+            baseline[baseline["pool"] == pool]["reserved"].sum()
+            - predicted[predicted["pool"] == pool]["reserved"].sum()
+        )
+        for pool in sorted(set(baseline["pool"]) | set(predicted["pool"]))
+    }
+    corrections = []
+    recorded = segment_table(snap)
+    for pool in sorted(set(recorded["pool"])):
+        want = recorded[recorded["pool"] == pool]["reserved"].sum()
+        got = baseline[baseline["pool"] == pool]["reserved"].sum()
+        if want != got:
+            corrections.append(f"simulated {pool} reserves {got - want:+d} bytes against the recording")
+    kept = _kept_on_mapped_streams(snap, stream_map)
+    if kept:
+        corrections.append(
+            f"default pool: {kept} bytes allocated on the mapped streams outside captures and never freed "
+            "(per-stream caches such as cuBLAS workspaces); a shared-stream run may reuse the target "
+            "stream's instead, reserving up to that much less than predicted"
+        )
+    return WhatIf(baseline, predicted, saved, corrections)
+
+
+def _kept_on_mapped_streams(snap: Snapshot, stream_map: Mapping[str, str]) -> int:
+    names = _stream_names(snap)
+    mapped = {sid for sid, name in names.items() if name in stream_map}
+    return sum(
+        b.requested_size
+        for s in snap.segments
+        if s.segment_pool_id == DEFAULT_POOL and s.stream in mapped
+        for b in s.blocks
+        if b.state == "active_allocated"
+    )
