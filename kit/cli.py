@@ -45,7 +45,7 @@ def cmd_diff(args: argparse.Namespace) -> None:
 
 
 def cmd_reuse(args: argparse.Namespace) -> None:
-    from kit.trace import reuse_table, stranding_verdicts
+    from kit.trace import reuse_table, stranding_report
 
     table = reuse_table(args.snapshot)
     if args.json:
@@ -56,8 +56,11 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         return
     print(f"source: {table.attrs['source']}")
     print(table.to_string(index=False))
-    for line in stranding_verdicts(args.snapshot) or ["no stranded segments"]:
-        print(line)
+    report = stranding_report(args.snapshot)
+    if report.empty:
+        print("no stranded segments")
+    for verdict, frames in zip(report["verdict"], report["frames"], strict=True):
+        print(verdict + (f"\n    first stranded allocation: {frames}" if frames else ""))
     for line in table.attrs["mismatches"]:
         print(f"warning: {line}", file=sys.stderr)
 

@@ -28,7 +28,7 @@ import pandas as pd
 
 from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
 from kit.snapshot import Snapshot, load_snapshot
-from kit.tables import pool_label, stream_labels
+from kit.tables import format_bytes, pool_label, segment_table, stream_labels
 
 REUSE_COLUMNS = ("allocs", "reused", "new_segments", "new_segment_bytes", "stranded_bytes")
 
@@ -302,16 +302,59 @@ def reuse_table(snapshot: Snapshot | str | dict) -> pd.DataFrame:
     return table
 
 
-def stranding_verdicts(snapshot: Snapshot | str | dict) -> list[str]:
-    """One line per (pool, stream) group that made segments while another stream's fitting block sat free."""
+def _frame_line(frames: list) -> str:
+    return " < ".join(
+        f"{f.get('name', '?')} ({str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line', '?')})"
+        for f in frames[:3]
+        if isinstance(f, dict)
+    )
+
+
+def stranding_report(snapshot: Snapshot | str | dict) -> pd.DataFrame:
+    """Every (pool, stream) group that made segments while a fitting free block sat on another stream.
+
+    Columns: `pool`, `stream`, `stranded_bytes` (its new segments' bytes),
+    `reserved` (the group's bytes at the end), `other_streams`, `other_free`
+    (free bytes at the end on those streams, same pool), `frames` (the first
+    stack frames of the first stranded allocation, when recorded) and
+    `verdict`, one line.
+    """
     snap = load_snapshot(snapshot)
     a = replay_trace(snap).allocs
     labels = stream_labels(snap)
-    out = []
-    for (pool, stream), rows in a[a["served"] == "stranded"].groupby(["pool", "stream"], sort=True):
-        others = ", ".join(sorted({labels.get(s, str(s)) for s in rows["other_stream"]}))
-        out.append(
-            f"pool {pool_label(pool, snap.pool_names)} {tuple(pool)}: {rows['segment_bytes'].sum() / 2**20:.2f} MiB "
-            f"of new segments on {labels.get(stream, str(stream))} while a fitting free block sat on {others}"
+    end = segment_table(snap).set_index(["pool", "stream"])
+    rows = []
+    for (pool, stream), group in a[a["served"] == "stranded"].groupby(["pool", "stream"], sort=True):
+        others = sorted(set(group["other_stream"]))
+        other_free = sum(int(end["free"].get((pool, o), 0)) for o in others)
+        reserved = int(end["reserved"].get((pool, stream), 0))
+        name = labels.get(stream, str(stream))
+        other_names = ", ".join(labels.get(o, str(o)) for o in others)
+        verdict = (
+            f"pool {pool_label(pool, snap.pool_names)} {tuple(pool)}: {format_bytes(reserved)} reserved on {name} "
+            f"while {format_bytes(other_free)} sat free on {other_names} "
+            f"({format_bytes(group['segment_bytes'].sum())} of its new segments had a fitting free block there)"
         )
-    return out
+        rows.append(
+            {
+                "pool": pool,
+                "stream": int(stream),
+                "stranded_bytes": int(group["segment_bytes"].sum()),
+                "reserved": reserved,
+                "other_streams": others,
+                "other_free": other_free,
+                "frames": _frame_line(group["frames"].iloc[0]),
+                "verdict": verdict,
+            }
+        )
+    table = pd.DataFrame(
+        rows,
+        columns=["pool", "stream", "stranded_bytes", "reserved", "other_streams", "other_free", "frames", "verdict"],
+    )
+    table.attrs["source"] = snap.source_label
+    return table
+
+
+def stranding_verdicts(snapshot: Snapshot | str | dict) -> list[str]:
+    """The one-line verdicts of `stranding_report`."""
+    return list(stranding_report(snapshot)["verdict"])

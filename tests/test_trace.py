@@ -62,7 +62,13 @@ def test_reuse_on_a_trace_that_starts_mid_process():
 
 def test_stranding_verdict_names_both_streams():
     (verdict,) = [v for v in stranding_verdicts(RECORDED["two_streams"]) if "graph pool" in v]
-    assert "replay graphs stream" in verdict and "model graphs stream" in verdict and "42.00 MiB" in verdict
+    assert "42.00 MiB reserved on replay graphs stream" in verdict
+    assert "62.00 MiB sat free on model graphs stream" in verdict
+    from kit.trace import stranding_report
+
+    report = stranding_report(RECORDED["two_streams"])
+    row = report[report["pool"] == (0, 1)].iloc[0]
+    assert row["stranded_bytes"] == 42 * 2**20 and "forward" in row["frames"]  # demo.forward made them
 
 
 def test_reuse_needs_a_trace(tmp_path):
