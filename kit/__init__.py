@@ -6,6 +6,7 @@ The public API, by idea:
 - pictures: `group_bar_figure`, `segment_map_figure` (plotly, imported on use)
 - report: `write_report`
 - simulator: `CachingAllocatorSim`, `simulate`, `Decision`
+- trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`, `what_if`
 - workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
 - errors: `KitError`
 
@@ -17,6 +18,8 @@ from kit.errors import KitError
 from kit.simulator import CachingAllocatorSim, Decision, simulate
 from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
 from kit.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.trace import capture_attribution, replay_trace, reuse_table, stranding_report
+from kit.whatif import what_if
 from kit.workload import generate_workload, load_workload, parse_workload, pr_scenario
 
 __all__ = [
@@ -33,6 +36,11 @@ __all__ = [
     "Segment",
     "Snapshot",
     "TraceEntry",
+    "capture_attribution",
+    "replay_trace",
+    "reuse_table",
+    "stranding_report",
+    "what_if",
     "diff_tables",
     "format_bytes",
     "group_bar_figure",
