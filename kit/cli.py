@@ -45,9 +45,12 @@ def cmd_diff(args: argparse.Namespace) -> None:
 
 
 def cmd_reuse(args: argparse.Namespace) -> None:
-    from kit.trace import reuse_table, stranding_report
+    from kit.snapshot import load_snapshot
+    from kit.trace import replay_trace, reuse_table, stranding_report
 
-    table = reuse_table(args.snapshot)
+    snap = load_snapshot(args.snapshot)
+    replay = replay_trace(snap)
+    table = reuse_table(snap, replay)
     if args.json:
         from kit.tables import table_records
 
@@ -56,7 +59,7 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         return
     print(f"source: {table.attrs['source']}")
     print(table.to_string(index=False))
-    report = stranding_report(args.snapshot)
+    report = stranding_report(snap, replay)
     if report.empty:
         print("no stranded segments")
     for verdict, frames in zip(report["verdict"], report["frames"], strict=True):

@@ -270,10 +270,13 @@ def _compare_with_snapshot(snap: Snapshot, segments: dict[int, _Segment]) -> lis
     return out
 
 
-def reuse_table(snapshot: Snapshot | str | dict) -> pd.DataFrame:
-    """Per (pool, stream) group: allocs, reused, new segments, their bytes, and the stranded bytes."""
+def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
+    """Per (pool, stream) group: allocs, reused, new segments, their bytes, and the stranded bytes.
+
+    Pass `replay` (from `replay_trace` of the same snapshot) to skip walking the trace again.
+    """
     snap = load_snapshot(snapshot)
-    replay = replay_trace(snap)
+    replay = replay or replay_trace(snap)
     a = replay.allocs
     a = a.assign(
         reused=a["served"] == "reused",
@@ -310,7 +313,7 @@ def _frame_line(frames: list) -> str:
     )
 
 
-def stranding_report(snapshot: Snapshot | str | dict) -> pd.DataFrame:
+def stranding_report(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
     """Every (pool, stream) group that made segments while a fitting free block sat on another stream.
 
     Columns: `pool`, `stream`, `stranded_bytes` (its new segments' bytes),
@@ -320,7 +323,7 @@ def stranding_report(snapshot: Snapshot | str | dict) -> pd.DataFrame:
     `verdict`, one line.
     """
     snap = load_snapshot(snapshot)
-    a = replay_trace(snap).allocs
+    a = (replay or replay_trace(snap)).allocs
     labels = stream_labels(snap)
     end = segment_table(snap).set_index(["pool", "stream"])
     rows = []

@@ -23,7 +23,7 @@ from kit.errors import KitError
 from kit.simulator import CachingAllocatorSim
 from kit.snapshot import DEFAULT_POOL, Snapshot, load_snapshot
 from kit.tables import segment_table
-from kit.trace import replay_trace
+from kit.trace import TraceReplay, replay_trace
 from kit.workload import DEFAULT, parse_workload
 
 
@@ -41,10 +41,12 @@ def _stream_names(snap: Snapshot) -> dict[int, str]:
     return names
 
 
-def trace_to_workload(snap: Snapshot, stream_map: Mapping[str, str] | None = None) -> dict:
+def trace_to_workload(
+    snap: Snapshot, stream_map: Mapping[str, str] | None = None, replay: TraceReplay | None = None
+) -> dict:
     """The snapshot's trace as a version-1 workload, with streams renamed by `stream_map`."""
     stream_map = dict(stream_map or {})
-    replay = replay_trace(snap)
+    replay = replay or replay_trace(snap)
     if replay.rewound_segments:
         raise KitError(f"{snap.origin}: what-if needs a trace recorded from an empty allocator")
     captures = snap.kit.get("captures")
@@ -111,8 +113,10 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping[str, str]) -> W
     for name in (*stream_map.keys(), *stream_map.values()):
         if name not in names:
             raise KitError(f"{snap.origin}: no stream named {name!r} (streams: {', '.join(sorted(names))})")
-    baseline = segment_table(_simulate(trace_to_workload(snap), f"{snap.origin} as recorded"))
-    predicted = segment_table(_simulate(trace_to_workload(snap, stream_map), f"{snap.origin} with streams mapped"))
+    replay = replay_trace(snap)
+    baseline = segment_table(_simulate(trace_to_workload(snap, None, replay), f"{snap.origin} as recorded"))
+    mapped = trace_to_workload(snap, stream_map, replay)
+    predicted = segment_table(_simulate(mapped, f"{snap.origin} with streams mapped"))
     saved = {
         pool: int(
             baseline[baseline["pool"] == pool]["reserved"].sum()
