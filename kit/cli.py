@@ -16,17 +16,15 @@ from kit.errors import KitError
 
 
 def _print_table(table, as_json: bool) -> None:
-    from kit.tables import format_bytes, table_records
+    from kit.tables import byte_columns, format_bytes, table_records
 
     if as_json:
         json.dump(table_records(table), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
     shown = table.copy()
-    for col in shown.columns:
-        base = col.removesuffix("_before").removesuffix("_after")
-        if base in ("reserved", "allocated", "active", "free", "largest_free"):
-            shown[col] = shown[col].map(format_bytes)
+    for col in byte_columns(shown):
+        shown[col] = shown[col].map(format_bytes)
     print(f"source: {table.attrs.get('source', '?')}")
     print(shown.to_string(index=False))
 
@@ -52,10 +50,7 @@ def cmd_reuse(args: argparse.Namespace) -> None:
     replay = replay_trace(snap)
     table = reuse_table(snap, replay)
     if args.json:
-        from kit.tables import table_records
-
-        json.dump(table_records(table), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        _print_table(table, True)
         return
     print(f"source: {table.attrs['source']}")
     print(table.to_string(index=False))

@@ -62,16 +62,15 @@ def get_allocation_size(size: int) -> int:
 
 
 class Block:
-    __slots__ = ("address", "size", "requested", "stream", "pool", "small", "segment", "prev", "next", "allocated")
+    __slots__ = ("address", "size", "requested", "stream", "pool", "small", "prev", "next", "allocated")
 
-    def __init__(self, address, size, stream, pool, small, segment):
+    def __init__(self, address, size, stream, pool, small):
         self.address = address
         self.size = size
         self.requested = size
         self.stream = stream
         self.pool = pool
         self.small = small
-        self.segment = segment  # address of the segment's first block
         self.prev = None
         self.next = None
         self.allocated = False
@@ -194,14 +193,14 @@ class CachingAllocatorSim:
         if block is None:
             new_segment = get_allocation_size(rounded)
             address = self._cuda_malloc(new_segment)
-            block = Block(address, new_segment, stream, pool, small, address)
+            block = Block(address, new_segment, stream, pool, small)
             self.blocks[address] = block
             self.segments[address] = block
             self.trace.append(("segment_alloc", address, new_segment, stream))
         remaining = block.size - rounded
         split = remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE
         if split:
-            rest = Block(block.address + rounded, remaining, stream, pool, small, block.segment)
+            rest = Block(block.address + rounded, remaining, stream, pool, small)
             rest.prev, rest.next = block, block.next
             if block.next:
                 block.next.prev = rest

@@ -395,7 +395,7 @@ class Snapshot:
             out[device] = tuple(_parse_trace_entry(e, device, self.origin, i) for i, e in enumerate(entries))
         return out
 
-    @property
+    @cached_property
     def trace(self) -> tuple[TraceEntry, ...]:
         """All devices' trace entries, device by device."""
         return tuple(e for entries in self.traces.values() for e in entries)

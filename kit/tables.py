@@ -202,9 +202,13 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def byte_columns(table: pd.DataFrame) -> list[str]:
+    """The columns that hold bytes, `_before` and `_after` ones of a diff included."""
+    return [c for c in table.columns if c.removesuffix("_before").removesuffix("_after") in BYTE_COLUMNS]
+
+
 def style_table(table: pd.DataFrame):
     """A pandas Styler that renders byte columns human-readable, with its source as caption."""
-    byte_cols = [c for c in table.columns if c.split("_before")[0].split("_after")[0] in BYTE_COLUMNS]
-    styler = table.style.format({c: format_bytes for c in byte_cols}).hide(axis="index")
+    styler = table.style.format({c: format_bytes for c in byte_columns(table)}).hide(axis="index")
     source = table.attrs.get("source")
     return styler.set_caption(f"source: {source}") if source else styler
