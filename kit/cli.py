@@ -1,7 +1,7 @@
 """The `python -m kit` command line.
 
 Commands (contract in DESIGN.md): `table`, `diff`, `reuse`, `report`, `sim`
-and `run-workload`. Every command
+and `run-workload`; `what-if` and `demo` (the replica's experiments) besides. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -138,6 +138,32 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}")
 
 
+def cmd_demo(args: argparse.Namespace) -> None:
+    from kit.replica.scenarios import SCENARIOS, describe, run_all, summarize
+
+    if args.live:
+        import tempfile
+
+        out = args.out or tempfile.mkdtemp(prefix="kit-replica-")
+        summaries = run_all(args.preset, out)
+        print(f"snapshots in {out}")
+    else:
+        from kit.demo import FIXTURES
+
+        summaries = {}
+        for name in SCENARIOS:
+            path = FIXTURES / "replica" / f"{args.preset}_{name}.pickle"
+            if path.exists():
+                summaries[name] = summarize(str(path))
+        if not summaries:
+            raise KitError(f"no recorded replica fixtures for preset {args.preset!r}; run with --live on a GPU")
+    for summary in summaries.values():
+        print("\n".join(describe(summary)))
+    if "unpatched" in summaries and "patched" in summaries:
+        saved = summaries["unpatched"]["graph_pool_reserved"] - summaries["patched"]["graph_pool_reserved"]
+        print(f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kit", description="CUDA-graph memory investigation kit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -186,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--json", action="store_true", help="write JSON instead of pickle")
     p.set_defaults(func=cmd_run_workload)
+
+    p = sub.add_parser("demo", help="the replica's experiments: unpatched, patched, early aux (live needs CUDA)")
+    p.add_argument("--live", action="store_true", help="run them on this GPU, each in a fresh process")
+    p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
+    p.add_argument("--out", help="folder for the live snapshots (default: a new temporary folder)")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -1,0 +1,78 @@
+"""In-process patches: PR 63155 applied to running code, and taken back.
+
+A `Patch` is a set of attribute replacements (module functions, methods)
+applied together and reverted together: if one replacement fails, those
+already made are undone before the error propagates, and `revert()` puts
+back every original object. `kit.patch.replica` applies the PR to the kit's
+replica; each module here owns one target and keeps at most one patch of it
+applied at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kit.errors import KitError
+
+Replacement = tuple[Any, str, Callable[..., Any]]
+
+
+class Patch:
+    """Attribute replacements applied and reverted as one; a context manager too."""
+
+    def __init__(self, name: str, replacements: list[Replacement]) -> None:
+        self.name = name
+        self.replacements = replacements
+        self.originals: list[tuple[Any, str, Any]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.originals)
+
+    def apply(self) -> Patch:
+        with self._lock:
+            if self.applied:
+                return self
+            for owner, attr, _ in self.replacements:
+                if not hasattr(owner, attr):
+                    raise KitError(f"{self.name}: {_qualname(owner)} has no attribute {attr!r}; nothing was patched")
+            try:
+                for owner, attr, new in self.replacements:
+                    original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
+                    setattr(owner, attr, new)
+                    self.originals.append((owner, attr, original))
+            except BaseException:
+                self._restore()
+                raise
+        return self
+
+    def revert(self) -> None:
+        with self._lock:
+            self._restore()
+
+    def _restore(self) -> None:
+        while self.originals:
+            owner, attr, original = self.originals.pop()
+            setattr(owner, attr, original)
+
+    def targets(self) -> list[str]:
+        """Where each replacement goes, as `module.qualname.attr`."""
+        return [f"{_qualname(owner)}.{attr}" for owner, attr, _ in self.replacements]
+
+    def __enter__(self) -> Patch:
+        return self.apply()
+
+    def __exit__(self, *exc: object) -> None:
+        self.revert()
+
+    def __repr__(self) -> str:
+        return f"<Patch {self.name}: {'applied' if self.applied else 'not applied'}>"
+
+
+def _qualname(owner: Any) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return getattr(owner, "__name__", repr(owner))

@@ -1,0 +1,49 @@
+"""`CudaGraphManager`: one graph per capture size, largest first, in the global pool.
+
+As in vLLM's `vllm/v1/worker/gpu/cudagraph_utils.py`, `capture()` enters
+`graph_capture()` (so every manager gets a new stream) and, per size, builds
+the forward with `create_forward_fn`, warms it up eagerly, then runs it in
+PIECEWISE mode, which the model's `BreakableCUDAGraphWrapper` captures. All
+managers share one graph pool, `get_global_graph_pool()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kit.replica.forward_context import CUDAGraphMode
+from kit.replica.parallel_state import graph_capture
+
+CreateForwardFn = Callable[[int, bool], Callable[[CUDAGraphMode], None]]
+_global_graph_pool = None
+
+
+def get_global_graph_pool():
+    """The one graph pool every manager captures into (vLLM's platform-global pool)."""
+    global _global_graph_pool
+    if _global_graph_pool is None:
+        _global_graph_pool = torch.cuda.graph_pool_handle()
+    return _global_graph_pool
+
+
+class CudaGraphManager:
+    def __init__(self, device: torch.device, capture_sizes: list[int], name: str) -> None:
+        self.device = device
+        self.name = name  # what the capture recorder calls this manager's captures
+        self.capture_sizes = sorted(set(capture_sizes), reverse=True)
+        self.pool = get_global_graph_pool() if torch.cuda.is_available() else None
+        self.graphs_captured = False
+
+    def capture(self, create_forward_fn: CreateForwardFn, progress_bar_desc: str = "Capturing CUDA graphs") -> None:
+        """Capture every size on a new stream (vLLM 0.33)."""
+        with graph_capture(device=self.device):
+            self._capture_sizes(create_forward_fn)
+
+    def _capture_sizes(self, create_forward_fn: CreateForwardFn) -> None:
+        # Largest first: smaller graphs then fit in the blocks the larger ones freed.
+        for num_tokens in self.capture_sizes:
+            create_forward_fn(num_tokens, True)(CUDAGraphMode.NONE)  # warm-up
+            create_forward_fn(num_tokens, False)(CUDAGraphMode.PIECEWISE)
+        self.graphs_captured = True

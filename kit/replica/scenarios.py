@@ -1,0 +1,192 @@
+"""The replica's four experiments, each in a fresh process, and their figures.
+
+- `unpatched`: vLLM 0.33, the replay graphs on a stream of their own;
+- `patched`: PR 63155, the replay graphs on the model graphs' stream;
+- `early_aux_pr`: an aux hidden state before the replay layers, under the PR
+  (which then keeps the replay graphs on their own stream);
+- `early_aux_shared`: the same model with the replay graphs forced to share,
+  the case the PR's exception exists for.
+
+`run_scenario` captures with the capture recorder and checks the graphs
+against eager execution; the snapshot it returns carries the scenario, the
+config and the check in its `kit` key. `summarize` reads the figures back
+from such a snapshot, live or recorded, so the CPU tests assert the same
+numbers the GPU printed. Run one scenario here with
+`python -m kit.replica.scenarios NAME --preset small -o OUT.pickle`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import pickle
+import sys
+
+from kit.errors import KitError
+
+SCENARIOS = {
+    "unpatched": (None, False, "vLLM 0.33: replay graphs on a new stream"),
+    "patched": ("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
+    "early_aux_pr": ("pr", True, "early aux under PR 63155: replay graphs keep their own stream"),
+    "early_aux_shared": ("share", True, "early aux forced onto the model graphs' stream"),
+}
+EARLY_AUX_LAYER = 1
+
+
+def scenario_config(name: str, preset: str):
+    from kit.replica.model import PRESETS
+
+    if name not in SCENARIOS:
+        raise KitError(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
+    if preset not in PRESETS:
+        raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+    config = PRESETS[preset]
+    if SCENARIOS[name][1]:
+        config = dataclasses.replace(
+            config, aux_hidden_state_layers=(EARLY_AUX_LAYER, *config.aux_hidden_state_layers)
+        )
+    return config
+
+
+def run_scenario(name: str, preset: str = "small") -> dict:
+    """Build the replica, capture it under the scenario's patch, check it; the snapshot dict."""
+    import torch
+
+    from kit.capture import CaptureRecorder
+    from kit.patch import replica as replica_patch
+    from kit.replica.model_runner import GPUModelRunner
+    from kit.safety import check_equivalence
+
+    config = scenario_config(name, preset)
+    policy, _, description = SCENARIOS[name]
+    runner = GPUModelRunner(config)
+    torch.cuda.synchronize()
+    patch = replica_patch.patched(policy) if policy else contextlib.nullcontext()
+    with patch, CaptureRecorder() as recorder:
+        runner.capture_model()
+    equivalence = check_equivalence(runner)
+    raw = recorder.snapshot.raw
+    raw["kit"]["scenario"] = {
+        "name": name,
+        "preset": preset,
+        "policy": policy or "unpatched",
+        "description": description,
+        "config": dataclasses.asdict(config),
+        "has_early_aux": runner.model.replay_layers.has_early_aux(),
+    }
+    raw["kit"]["equivalence"] = equivalence.to_records()
+    raw["kit"]["provenance"]["command"] = f"python -m kit.replica.scenarios {name} --preset {preset}"
+    return raw
+
+
+def summarize(snapshot) -> dict:
+    """The figures of one scenario's snapshot: graph-pool groups, replay captures' additions, the check."""
+    from kit.capture import capture_table
+    from kit.snapshot import load_snapshot
+    from kit.tables import segment_table
+    from kit.trace import capture_attribution
+
+    snap = load_snapshot(snapshot)
+    meta = snap.kit
+    pool = tuple(meta["pools"]["global graph pool"])
+    streams = meta["streams"]
+    table = segment_table(snap)
+    in_pool = table[table["pool"] == pool]
+
+    def group(stream_name: str) -> dict | None:
+        rows = in_pool[in_pool["stream"] == streams.get(stream_name, -1)]
+        if rows.empty:
+            return None
+        return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
+
+    replay_windows = [c for c in meta["captures"] if c["manager"] == "replay graphs"]
+    added = capture_attribution(snap, replay_windows)
+    added = added[added["pool"] == pool] if not added.empty else added
+    by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
+    equivalence = meta.get("equivalence", [])
+    captures = capture_table(snap)
+    replay_streams = set(captures[captures["manager"] == "replay graphs"]["stream_label"])
+    return {
+        "scenario": meta.get("scenario", {}).get("name"),
+        "policy": meta.get("scenario", {}).get("policy"),
+        "source": snap.source_label,
+        "graph_pool_reserved": int(in_pool["reserved"].sum()),
+        "model_group": group("model graphs stream"),
+        "replay_group": group("replay graphs stream"),
+        "replay_capture_stream": sorted(replay_streams),
+        "replay_added_pool_bytes": int(added["bytes"].sum()) if len(added) else 0,
+        "replay_added_by_stream": {k: int(v) for k, v in dict(by_stream).items()},
+        "bit_exact": all(r["bit_exact"] for r in equivalence) if equivalence else None,
+        "max_abs_diff": max((r["max_abs_diff"] for r in equivalence), default=None),
+    }
+
+
+def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
+    """Each scenario in a fresh process (its allocator starts empty); their summaries."""
+    import subprocess
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for name in names:
+        path = out_dir / f"{preset}_{name}.pickle"
+        done = subprocess.run(
+            [sys.executable, "-m", "kit.replica.scenarios", name, "--preset", preset, "-o", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            raise KitError(f"scenario {name} ({preset}) failed: {lines[-1]}")
+        summaries[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return summaries
+
+
+def describe(summary: dict) -> list[str]:
+    """The figures of one scenario as lines for a terminal."""
+    from kit.tables import format_bytes
+
+    lines = [f"{summary['scenario']} (policy {summary['policy']}): {summary['source']}"]
+    for label in ("model_group", "replay_group"):
+        g = summary[label]
+        name = label.replace("_group", " graphs stream").replace("_", " ")
+        if g is None:
+            lines.append(f"  graph pool, {name}: no segments")
+        else:
+            lines.append(
+                f"  graph pool, {name}: {g['segments']} segments, reserved {format_bytes(g['reserved'])}, "
+                f"allocated {format_bytes(g['allocated'])}, free {format_bytes(g['free'])}"
+            )
+    added = ", ".join(f"{k} {format_bytes(v)}" for k, v in summary["replay_added_by_stream"].items()) or "nothing"
+    lines.append(f"  replay captures ran on: {', '.join(summary['replay_capture_stream'])}")
+    lines.append(f"  graph-pool segments the replay captures added: {added}")
+    lines.append(f"  graph pool reserved in all: {format_bytes(summary['graph_pool_reserved'])}")
+    verdict = "bit-exact" if summary["bit_exact"] else f"DIFFERS, largest difference {summary['max_abs_diff']:.4g}"
+    lines.append(f"  graphs vs eager: {verdict}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one replica scenario on this GPU.")
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("-o", "--output", required=True, help="snapshot pickle to write")
+    args = parser.parse_args(argv)
+    from kit.fileio import atomic_write
+
+    try:
+        raw = run_scenario(args.scenario, args.preset)
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    with atomic_write(args.output, "wb") as f:
+        pickle.dump(raw, f)
+    print(json.dumps(summarize(raw)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

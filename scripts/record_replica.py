@@ -1,0 +1,77 @@
+"""Record the replica's experiments on a CUDA GPU as fixtures the CPU tests replay.
+
+    python scripts/record_replica.py --out tests/fixtures/replica
+
+Runs every scenario of `kit.replica.scenarios` at the small preset and the
+unpatched and patched ones at the large preset, each in a fresh process.
+Stack frames are cut to the innermost few per entry to keep the files small;
+everything else is the allocator's snapshot as torch returned it, with the
+capture windows, the scenario and the graph-versus-eager check in its `kit`
+key. `PROVENANCE.json` lists each file with its provenance, figures and sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kit.replica.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
+from kit.snapshot import load_snapshot, safe_unpickle  # noqa: E402
+
+RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
+COMMAND = "python scripts/record_replica.py --out tests/fixtures/replica"
+KEEP_FRAMES = 6
+
+
+def trim_frames(raw: dict) -> None:
+    for seg in raw["segments"]:
+        seg["frames"] = seg.get("frames", [])[:KEEP_FRAMES]
+        for block in seg["blocks"]:
+            block["frames"] = block.get("frames", [])[:KEEP_FRAMES]
+    for trace in raw.get("device_traces") or []:
+        for entry in trace:
+            entry["frames"] = entry.get("frames", [])[:KEEP_FRAMES]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("tests/fixtures/replica"))
+    parser.add_argument("--preset", choices=sorted(RUNS), action="append", help="only these presets")
+    args = parser.parse_args()
+    manifest = {}
+    for preset in args.preset or RUNS:
+        for name, summary in run_all(preset, args.out, RUNS[preset]).items():
+            path = args.out / f"{preset}_{name}.pickle"
+            raw = safe_unpickle(path.read_bytes(), str(path))
+            trim_frames(raw)
+            raw["kit"]["provenance"]["command"] = COMMAND
+            data = pickle.dumps(raw)
+            load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            again = summarize(raw)
+            assert again == summary | {"source": again["source"]}, "trimming frames changed the figures"
+            print("\n".join(describe(summary)), flush=True)
+            manifest[path.name] = {
+                **raw["kit"]["provenance"],
+                "scenario": raw["kit"]["scenario"],
+                "figures": summary,
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+    out = args.out / "PROVENANCE.json"
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(previous | manifest, indent=1) + "\n")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The replica on a real GPU: root cause, fix and the early-aux exception, live."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.replica.scenarios import run_all
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return run_all("small", tmp_path_factory.mktemp("replica"))
+
+
+def test_unpatched_replay_graphs_strand_a_mostly_free_group(small):
+    s = small["unpatched"]
+    assert s["replay_group"] is not None
+    assert s["replay_group"]["free"] > 0.5 * s["replay_group"]["reserved"]
+    assert s["bit_exact"]
+
+
+def test_patched_replay_graphs_add_no_graph_pool_segment(small):
+    s = small["patched"]
+    assert s["replay_group"] is None
+    assert s["replay_added_pool_bytes"] == 0
+    assert s["replay_capture_stream"] == ["model graphs stream"]
+    assert s["graph_pool_reserved"] < small["unpatched"]["graph_pool_reserved"]
+    assert s["bit_exact"]
+
+
+def test_early_aux_keeps_its_stream_under_the_pr_and_corrupts_when_forced(small):
+    assert small["early_aux_pr"]["replay_group"] is not None
+    assert small["early_aux_pr"]["bit_exact"]
+    forced = small["early_aux_shared"]
+    assert forced["replay_group"] is None
+    assert forced["bit_exact"] is False and forced["max_abs_diff"] > 0
