@@ -8,13 +8,21 @@ The public API, by idea:
 - simulator: `CachingAllocatorSim`, `simulate`, `Decision`
 - trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`, `what_if`
 - workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
+- capture recorder: `CaptureRecorder`, `capture_table`
+- safety: `check_equivalence`, `Equivalence` (graphs against eager)
 - errors: `KitError`
+
+Subpackages, imported on use (they need torch): `kit.replica`, the vLLM-shaped
+runner that reproduces the PR's story on any CUDA GPU; `kit.patch.replica`,
+PR 63155 applied to it in-process (`apply`, `revert`, `patched`).
 
 Plotly is imported only when a picture is asked for, so the kit's tables load
 on a machine (such as the GPU machine) that has pandas but no plotly.
 """
 
+from kit.capture import CaptureRecorder, capture_table
 from kit.errors import KitError
+from kit.safety import Equivalence, check_equivalence
 from kit.simulator import CachingAllocatorSim, Decision, simulate
 from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
 from kit.tables import diff_tables, format_bytes, segment_table, style_table
@@ -24,6 +32,10 @@ from kit.workload import generate_workload, load_workload, parse_workload, pr_sc
 
 __all__ = [
     "Block",
+    "CaptureRecorder",
+    "Equivalence",
+    "capture_table",
+    "check_equivalence",
     "CachingAllocatorSim",
     "Decision",
     "generate_workload",

@@ -1,0 +1,272 @@
+"""The replica, its PR patch and the capture recorder, on the CPU and from the H200 recordings.
+
+The GPU paths (capture, replay, the live recorder) run in tests/gpu/test_replica.py
+on the H200 (`scripts/gpu_tests.sh`); the figures they printed are recorded in
+tests/fixtures/replica by `scripts/record_replica.py` and asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+import kit.patch.replica as replica_patch
+from kit import KitError
+from kit.capture import _caller_label, capture_table, manager_name
+from kit.patch import Patch
+from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils, decoder_replay, model, parallel_state
+from kit.replica.model_runner import GPUModelRunner as Runner
+from kit.replica.scenarios import SCENARIOS, summarize
+from tests.conftest import FIXTURES
+
+REPLICA = FIXTURES / "replica"
+TINY = ReplicaConfig(
+    hidden_size=64, num_layers=4, decoder_replay_start=2, aux_hidden_state_layers=(3,), vocab_size=97,
+    cudagraph_capture_sizes=(8, 16),
+)
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, dict]:
+    return {p.stem: summarize(str(p)) for p in sorted(REPLICA.glob("*.pickle"))}
+
+
+# --- the replica on the CPU -------------------------------------------------
+
+
+def test_replica_builds_and_runs_eagerly_on_cpu():
+    runner = GPUModelRunner(TINY, device="cpu")
+    ids = torch.arange(16) % TINY.vocab_size
+    out, aux = runner.run(ids, use_cudagraph=False)
+    assert out.shape == (16, 64) and len(aux) == 1
+    # The replay layers ran on the last half of the rows only: the first half's output is zero.
+    assert torch.count_nonzero(out[:8]) == 0 and torch.count_nonzero(out[8:]) > 0
+    again, _ = runner.run(ids, use_cudagraph=False)
+    assert torch.equal(out, again)
+
+
+def test_replica_gpu_paths_say_they_need_cuda():
+    runner = GPUModelRunner(TINY, device="cpu")
+    with pytest.raises(KitError, match="needs CUDA"):
+        runner.capture_model()
+    with pytest.raises(KitError, match="no graphs captured"):
+        runner.run(torch.arange(8), use_cudagraph=True)
+    with pytest.raises(KitError, match="capture size"):
+        runner.run(torch.arange(10), use_cudagraph=False)
+
+
+def test_has_early_aux_is_an_aux_layer_before_the_replay_start():
+    assert not Runner(TINY, "cpu").model.replay_layers.has_early_aux()
+    early = ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": (1, 3)})
+    assert Runner(early, "cpu").model.replay_layers.has_early_aux()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("decoder_replay_start", 0), ("aux_hidden_state_layers", (9,)), ("cudagraph_capture_sizes", (7,)), ("dtype", "x")],
+)
+def test_bad_replica_config_is_refused(field, value):
+    with pytest.raises(KitError):
+        ReplicaConfig(**{**TINY.__dict__, field: value})
+
+
+# --- the patch --------------------------------------------------------------
+
+
+def originals() -> list:
+    return [
+        parallel_state.graph_capture,
+        cudagraph_utils.graph_capture,
+        cudagraph_utils.CudaGraphManager.capture,
+        Runner.capture_model,
+        model.DeepseekV41ModelState.capture_inner_cudagraphs,
+        decoder_replay.DecoderReplayCudaGraphManager.capture_replay_graphs,
+    ]
+
+
+def test_patch_replaces_every_target_and_revert_restores_the_originals():
+    before = originals()
+    patch = replica_patch.apply()
+    try:
+        after = originals()
+        assert all(a is not b for a, b in zip(after, before, strict=True))
+        assert cudagraph_utils.graph_capture is parallel_state.graph_capture is replica_patch.graph_capture
+        assert replica_patch.apply("share") is patch and originals() == after  # applying twice wraps once
+    finally:
+        replica_patch.revert()
+    assert originals() == before and not replica_patch.is_applied()
+    replica_patch.revert()  # a second revert is harmless
+    assert originals() == before
+
+
+def test_patched_block_reverts_after_an_exception():
+    before = originals()
+    with pytest.raises(RuntimeError, match="inside"), replica_patch.patched("separate"):
+        assert originals() != before
+        raise RuntimeError("inside")
+    assert originals() == before
+
+
+def test_a_patch_that_fails_midway_leaves_nothing_patched():
+    class Owner:
+        first = staticmethod(lambda: "first")
+
+        def __setattr__(self, name, value):
+            if name == "second":
+                raise RuntimeError("read-only")
+            object.__setattr__(self, name, value)
+
+    owner = Owner()
+    object.__setattr__(owner, "second", "second")
+    original = owner.first
+    with pytest.raises(RuntimeError, match="read-only"):
+        Patch("test", [(owner, "first", "new"), (owner, "second", "new")]).apply()
+    assert owner.first is original and owner.second == "second"
+    with pytest.raises(KitError, match="no attribute 'missing'"):
+        Patch("test", [(owner, "first", "new"), (owner, "missing", "new")]).apply()
+    assert owner.first is original
+
+
+def test_unknown_policy_is_refused_before_patching():
+    before = originals()
+    with pytest.raises(KitError, match="unknown stream policy"):
+        replica_patch.apply("sometimes")
+    assert originals() == before
+
+
+class StandInReplayGraphs:
+    """Stands in for the CUDA-only replay graph manager: records the stream it is handed."""
+
+    graphs_captured = False
+
+    def capture_replay_graphs(self, prepare, stream=None):
+        self.stream = stream
+
+
+@pytest.mark.parametrize(
+    "policy,early_aux,shared",
+    [("pr", False, True), ("pr", True, False), ("share", True, True), ("separate", False, False)],
+)
+def test_patched_capture_inner_cudagraphs_hands_the_stream_on_by_policy(policy, early_aux, shared):
+    aux = (1, 3) if early_aux else (3,)
+    runner = Runner(ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": aux}), "cpu")
+    runner.model_state.replay_cudagraphs = stand_in = StandInReplayGraphs()
+    model_stream = object()  # stands in for the model graphs' CUDA stream
+    with replica_patch.patched(policy):
+        runner.model_state.capture_inner_cudagraphs(stream=model_stream)
+    assert (stand_in.stream is model_stream) is shared
+    assert shared or stand_in.stream is None
+
+
+# --- the capture recorder's labels -------------------------------------------
+
+
+def test_manager_names_from_name_or_class():
+    assert manager_name(types.SimpleNamespace(name="replay graphs")) == "replay graphs"
+
+    class DecoderReplayCudaGraphManager:
+        pass
+
+    class ModelCudaGraphManager:
+        pass
+
+    assert manager_name(DecoderReplayCudaGraphManager()) == "decoder replay graphs"
+    assert manager_name(ModelCudaGraphManager()) == "model graphs"
+
+
+def test_caller_label_finds_the_manager_and_size_on_the_stack():
+    class EagleCudaGraphManager:
+        def capture(self):
+            num_tokens = 64  # noqa: F841 - read off the frame by the recorder
+            return begin()
+
+    def begin():
+        return hook()
+
+    def hook():  # capture_begin's wrapper calls the recorder, which looks from two frames up
+        return _caller_label()
+
+    assert EagleCudaGraphManager().capture() == ("eagle graphs", 64)
+    assert hook() is None
+
+
+# --- the H200 recordings ----------------------------------------------------
+
+
+def test_every_scenario_is_recorded_with_provenance():
+    manifest = json.loads((REPLICA / "PROVENANCE.json").read_text())
+    expected = {f"small_{n}.pickle" for n in SCENARIOS} | {"large_unpatched.pickle", "large_patched.pickle"}
+    assert expected <= set(manifest)
+    for name in expected:
+        prov = manifest[name]
+        assert prov["gpu"].startswith("NVIDIA") and prov["torch"] and prov["date"]
+        assert prov["command"] == "python scripts/record_replica.py --out tests/fixtures/replica"
+
+
+@pytest.mark.parametrize("preset", ["small", "large"])
+def test_unpatched_replay_graphs_get_a_mostly_free_group_of_their_own(recorded, preset):
+    s = recorded[f"{preset}_unpatched"]
+    assert s["replay_capture_stream"] == ["replay graphs stream"]
+    group = s["replay_group"]
+    assert group is not None and group["reserved"] > 0
+    assert group["free"] >= 0.9 * group["reserved"]
+    assert s["replay_added_by_stream"] == {"replay graphs stream": group["reserved"]}
+
+
+@pytest.mark.parametrize("preset", ["small", "large"])
+def test_patched_replay_graphs_add_no_graph_pool_segment_and_the_model_group_does_not_grow(recorded, preset):
+    unpatched, patched = recorded[f"{preset}_unpatched"], recorded[f"{preset}_patched"]
+    assert patched["replay_capture_stream"] == ["model graphs stream"]
+    assert patched["replay_group"] is None
+    assert patched["replay_added_pool_bytes"] == 0
+    assert patched["model_group"]["reserved"] == unpatched["model_group"]["reserved"]
+    saved = unpatched["graph_pool_reserved"] - patched["graph_pool_reserved"]
+    assert saved == unpatched["replay_group"]["reserved"]
+
+
+def test_graphs_equal_eager_except_early_aux_forced_to_share(recorded):
+    for name in ("small_unpatched", "small_patched", "small_early_aux_pr", "large_unpatched", "large_patched"):
+        assert recorded[name]["bit_exact"] is True, name
+        assert recorded[name]["max_abs_diff"] == 0
+    forced = recorded["small_early_aux_shared"]
+    assert forced["bit_exact"] is False and forced["max_abs_diff"] > 0
+    assert forced["replay_capture_stream"] == ["model graphs stream"]
+
+
+def test_early_aux_under_the_pr_keeps_the_replay_graphs_on_their_own_stream(recorded):
+    s = recorded["small_early_aux_pr"]
+    assert s["policy"] == "pr" and s["replay_capture_stream"] == ["replay graphs stream"]
+    assert s["replay_group"] is not None
+
+
+def test_large_preset_saves_hundreds_of_mib(recorded):
+    saved = recorded["large_unpatched"]["graph_pool_reserved"] - recorded["large_patched"]["graph_pool_reserved"]
+    assert saved > 256 * MIB
+
+
+def test_capture_table_labels_each_capture(recorded):
+    from kit.snapshot import load_snapshot
+
+    snap = load_snapshot(REPLICA / "small_unpatched.pickle")
+    table = capture_table(snap)
+    assert set(table["manager"]) == {"model graphs", "replay graphs"}
+    model_sizes = sorted(table[table["manager"] == "model graphs"]["size"])
+    assert model_sizes == [128, 256, 512]
+    assert sorted(table[table["manager"] == "replay graphs"]["size"]) == [64, 128, 256]
+    # Each breakable capture is two graph segments around the replay layers' eager break.
+    assert set(table[table["manager"] == "model graphs"]["graphs"]) == {2}
+    replay = table[table["manager"] == "replay graphs"]
+    assert replay["new_segment_bytes"].sum() == recorded["small_unpatched"]["replay_group"]["reserved"]
+
+
+def test_demo_command_prints_the_recorded_figures(capsys):
+    from kit.cli import main
+
+    assert main(["demo", "--preset", "large"]) == 0
+    out = capsys.readouterr().out
+    assert "graph pool saved by the patch: 0.713 GiB" in out
+    assert "recorded on NVIDIA H200" in out
