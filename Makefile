@@ -31,7 +31,8 @@ lint: venv
 walkthrough: venv
 	$(PY) scripts/walkthrough.py --out build
 
-# Re-record the real-GPU fixtures and the simulator's fidelity corpus (needs a CUDA GPU).
+# Re-record the real-GPU fixtures, the simulator's fidelity corpus and the replica's experiments (needs CUDA).
 fixtures:
 	$(PYTHON) scripts/record_fixtures.py --out tests/fixtures
 	$(PYTHON) scripts/record_corpus.py --out tests/fixtures/corpus
+	$(PYTHON) scripts/record_replica.py --out tests/fixtures/replica
