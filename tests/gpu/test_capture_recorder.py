@@ -1,0 +1,45 @@
+"""The capture recorder on plain torch code: `torch.cuda.graph` and raw `CUDAGraph` captures."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from kit import CaptureRecorder, KitError
+
+pytestmark = pytest.mark.gpu
+
+
+def test_recorder_sees_torch_cuda_graph_and_raw_captures_and_restores_torch():
+    begin, end = torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.capture_end
+    x = torch.randn(256, 256, device="cuda")
+    stream = torch.cuda.Stream()
+    pool = torch.cuda.graph_pool_handle()
+    with CaptureRecorder() as rec:
+        g1 = torch.cuda.CUDAGraph()
+        with rec.label("my graphs", 256), torch.cuda.graph(g1, pool=pool, stream=stream):
+            y = (x @ x).relu()
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            g2.capture_begin(pool=pool)
+            z = torch.empty(4 << 20, device="cuda")
+            g2.capture_end()
+    assert torch.cuda.CUDAGraph.capture_begin is begin and torch.cuda.CUDAGraph.capture_end is end
+    table = rec.captures()
+    assert list(table["manager"]) == ["my graphs", "unlabelled graphs"]
+    assert table["size"].iloc[0] == 256 and pd.isna(table["size"].iloc[1])
+    assert set(table["stream"]) == {stream.cuda_stream}
+    assert all(tuple(p) == tuple(pool) for p in table["pool"])
+    assert table["new_segment_bytes"].iloc[1] >= 4 << 20
+    assert "my graphs stream" in set(rec.table()["stream_label"])
+    del g1, g2, y, z
+
+
+def test_recorder_stops_cleanly_after_an_exception_inside_a_capture():
+    begin = torch.cuda.CUDAGraph.capture_begin
+    with pytest.raises(RuntimeError, match="inside"), CaptureRecorder():
+        raise RuntimeError("inside")
+    assert torch.cuda.CUDAGraph.capture_begin is begin
+    with pytest.raises(KitError, match="not recording"):
+        CaptureRecorder().stop()
