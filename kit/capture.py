@@ -11,9 +11,10 @@ or a name derived from its class, e.g. `DecoderReplayCudaGraphManager` ->
 segments of a breakable capture) form one capture.
 
 On stop, the recorder takes a snapshot whose `kit` key names each capture's
-stream ("model graphs stream") and pool, and lists the capture windows
-(trace index ranges), so `segment_table`, `capture_attribution` and the other
-analyses read it directly.
+stream ("model graphs stream") and pool, and lists one window (trace index
+range) per graph, so `segment_table`, `capture_attribution`, `what_if` and
+the other analyses read it directly; the gaps between a capture's graphs are
+its eager breaks.
 
     with CaptureRecorder() as rec:
         runner.capture_model()
@@ -42,16 +43,21 @@ _MANAGER_NAMES = {"ModelCudaGraphManager": "model graphs", "CudaGraphManager": "
 
 @dataclass
 class CaptureRecord:
-    """One capture: the graphs one manager captured for one size, back to back."""
+    """One CUDA graph captured: a whole capture, or one segment of a breakable one."""
 
     manager: str
     size: int | None
     stream: int
+    index: int  # the graph's place in its capture: 0, then 1 after the first eager break, ...
+    trace_begin: int
     pool: tuple[int, int] | None = None
-    graphs: int = 0
-    trace_begin: int = 0
-    trace_end: int = 0
+    trace_end: int | None = None
     thread: int = field(default=0, repr=False)
+
+    @property
+    def capture(self) -> str:
+        """The capture this graph belongs to: manager and size."""
+        return self.manager if self.size is None else f"{self.manager} {self.size}"
 
 
 def manager_name(obj: object) -> str:
@@ -196,12 +202,11 @@ class CaptureRecorder:
         thread = threading.get_ident()
         index = _trace_length(torch)
         with self._lock:
-            last = self.records[-1] if self.records else None
-            if last is not None and (last.manager, last.size, last.stream, last.thread) == (*label, stream, thread):
-                record = last  # the next segment of a breakable capture
-            else:
-                record = CaptureRecord(label[0], label[1], stream, trace_begin=index, thread=thread)
-                self.records.append(record)
+            mine = [r for r in self.records if r.thread == thread]
+            last = mine[-1] if mine else None
+            same = last is not None and (last.manager, last.size, last.stream) == (*label, stream)
+            record = CaptureRecord(*label, stream, last.index + 1 if same else 0, index, thread=thread)
+            self.records.append(record)
             self._open[id(graph)] = record
 
     def _on_end(self, graph) -> None:
@@ -212,13 +217,13 @@ class CaptureRecorder:
             record = self._open.pop(id(graph), None)
             if record is None:
                 return
-            record.graphs += 1
             record.pool = tuple(graph.pool())
             record.trace_end = index
 
     # --- results -------------------------------------------------------------
 
     def _kit_metadata(self, torch) -> dict:
+        finished = [r for r in self.records if r.trace_end is not None]
         streams: dict[str, int] = {}
         for r in self.records:
             if r.stream not in streams.values():
@@ -239,19 +244,20 @@ class CaptureRecorder:
             },
             "streams": streams,
             "pools": pool_names,
-            "graphs": {capture_name(r): list(r.pool) for r in self.records if r.pool is not None},
+            "graphs": {graph_name(r): list(r.pool) for r in finished},
             "captures": [
                 {
-                    "graph": capture_name(r),
+                    "graph": graph_name(r),
+                    "capture": r.capture,
                     "manager": r.manager,
                     "size": r.size,
+                    "index": r.index,
                     "stream": r.stream,
-                    "pool": list(r.pool) if r.pool is not None else None,
-                    "graphs": r.graphs,
+                    "pool": list(r.pool),
                     "trace_begin": r.trace_begin,
                     "trace_end": r.trace_end,
                 }
-                for r in self.records
+                for r in finished
             ],
         }
 
@@ -269,36 +275,47 @@ class CaptureRecorder:
         return segment_table(self._require_snapshot())
 
 
-def capture_name(record: CaptureRecord) -> str:
-    return record.manager if record.size is None else f"{record.manager} {record.size}"
+def graph_name(record: CaptureRecord) -> str:
+    return f"{record.capture} graph {record.index}"
 
 
 def capture_table(snapshot: Snapshot) -> pd.DataFrame:
-    """Per recorded capture: manager, size, stream, pool, graphs, and the segments and bytes it added."""
-    from kit.tables import stream_labels
-    from kit.trace import capture_attribution
+    """Per recorded capture: manager, size, stream, pool, graphs, eager breaks, and the segments it added.
 
-    captures = snapshot.kit.get("captures") or []
-    added = capture_attribution(snapshot, captures)
+    `new_segment_bytes` are the segments its graphs added to its pool;
+    `break_segment_bytes` those its eager breaks added elsewhere (the breaks
+    run outside the capture, so outside the graph pool).
+    """
+    from kit.tables import stream_labels
+    from kit.trace import replay_trace
+
+    graphs = snapshot.kit.get("captures") or []
+    made = replay_trace(snapshot).new_segments
     labels = stream_labels(snapshot)
     rows = []
-    for c in captures:
-        mine = added[added["graph"] == c["graph"]] if not added.empty else added
+    for name in dict.fromkeys(g.get("capture", g["graph"]) for g in graphs):
+        mine = [g for g in graphs if g.get("capture", g["graph"]) == name]
+        first, last, pool = mine[0], mine[-1], tuple(mine[0]["pool"])
+        inside = made[(made["index"] >= first["trace_begin"]) & (made["index"] < last["trace_end"])]
+        in_pool = inside["pool"].map(lambda p, pool=pool: tuple(p) == pool).astype(bool)
         rows.append(
             {
-                "manager": c.get("manager", c["graph"]),
-                "size": c.get("size"),
-                "stream": c["stream"],
-                "stream_label": labels.get(c["stream"], str(c["stream"])),
-                "pool": tuple(c["pool"]) if c.get("pool") is not None else None,
-                "graphs": c.get("graphs", 1),
-                "new_segments": int(mine["segments"].sum()) if len(mine) else 0,
-                "new_segment_bytes": int(mine["bytes"].sum()) if len(mine) else 0,
+                "manager": first.get("manager", name),
+                "size": first.get("size"),
+                "stream": first["stream"],
+                "stream_label": labels.get(first["stream"], str(first["stream"])),
+                "pool": pool,
+                "graphs": len(mine),
+                "eager_breaks": len(mine) - 1,
+                "new_segments": int(in_pool.sum()),
+                "new_segment_bytes": int(inside[in_pool]["size"].sum()),
+                "break_segment_bytes": int(inside[~in_pool]["size"].sum()),
+                "trace_begin": first["trace_begin"],
+                "trace_end": last["trace_end"],
             }
         )
-    table = pd.DataFrame(
-        rows,
-        columns=["manager", "size", "stream", "stream_label", "pool", "graphs", "new_segments", "new_segment_bytes"],
-    )
+    columns = ["manager", "size", "stream", "stream_label", "pool", "graphs", "eager_breaks", "new_segments"]
+    columns += ["new_segment_bytes", "break_segment_bytes", "trace_begin", "trace_end"]
+    table = pd.DataFrame(rows, columns=columns)
     table.attrs["source"] = snapshot.source_label
     return table

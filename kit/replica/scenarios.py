@@ -61,10 +61,11 @@ def run_scenario(name: str, preset: str = "small") -> dict:
 
     config = scenario_config(name, preset)
     policy, _, description = SCENARIOS[name]
-    runner = GPUModelRunner(config)
-    torch.cuda.synchronize()
     patch = replica_patch.patched(policy) if policy else contextlib.nullcontext()
+    # Recording from the first allocation, so the trace replays from an empty allocator (what-if needs that).
     with patch, CaptureRecorder() as recorder:
+        runner = GPUModelRunner(config)
+        torch.cuda.synchronize()
         runner.capture_model()
     equivalence = check_equivalence(runner)
     raw = recorder.snapshot.raw
@@ -102,6 +103,8 @@ def summarize(snapshot) -> dict:
         return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
 
     replay_windows = [c for c in meta["captures"] if c["manager"] == "replay graphs"]
+    if replay_windows:  # from the first replay graph to the last: its breaks too
+        replay_windows = [{**replay_windows[0], "trace_end": replay_windows[-1]["trace_end"]}]
     added = capture_attribution(snap, replay_windows)
     added = added[added["pool"] == pool] if not added.empty else added
     by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
