@@ -95,7 +95,7 @@ def _caller_label(max_depth: int = 60) -> tuple[str, int | None] | None:
             size = _size_in(local)
         owner = local.get("self")
         if owner is not None and _is_manager(owner):
-            return manager_name(owner), _size_in(local) if _size_in(local) is not None else size
+            return manager_name(owner), size
         frame = frame.f_back
     return None
 

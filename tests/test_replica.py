@@ -24,7 +24,11 @@ from tests.conftest import FIXTURES
 
 REPLICA = FIXTURES / "replica"
 TINY = ReplicaConfig(
-    hidden_size=64, num_layers=4, decoder_replay_start=2, aux_hidden_state_layers=(3,), vocab_size=97,
+    hidden_size=64,
+    num_layers=4,
+    decoder_replay_start=2,
+    aux_hidden_state_layers=(3,),
+    vocab_size=97,
     cudagraph_capture_sizes=(8, 16),
 )
 MIB = 1024 * 1024
@@ -192,6 +196,13 @@ def test_caller_label_finds_the_manager_and_size_on_the_stack():
 
     assert EagleCudaGraphManager().capture() == ("eagle graphs", 64)
     assert hook() is None
+
+    class ModelCudaGraphManager:  # vLLM's loop: `for desc in descs:`, the size in desc.num_tokens
+        def capture(self):
+            desc = types.SimpleNamespace(num_tokens=512)  # noqa: F841 - read off the frame
+            return begin()
+
+    assert ModelCudaGraphManager().capture() == ("model graphs", 512)
 
 
 # --- the H200 recordings ----------------------------------------------------

@@ -46,7 +46,6 @@ def graph_capture(device: torch.device, stream: torch.cuda.Stream | None = None)
 def capture(
     self: cudagraph_utils.CudaGraphManager,
     create_forward_fn: cudagraph_utils.CreateForwardFn,
-    progress_bar_desc: str = "Capturing CUDA graphs",
     stream: torch.cuda.Stream | None = None,
 ) -> None:
     """Capture every size on `stream`, or a new one; record it in `capture_stream`."""
@@ -70,9 +69,7 @@ def replay_stream(policy: str, has_early_aux: bool, stream: torch.cuda.Stream | 
     return None
 
 
-def capture_inner_cudagraphs(
-    self: model.DeepseekV41ModelState, stream: torch.cuda.Stream | None = None
-) -> None:
+def capture_inner_cudagraphs(self: model.DeepseekV41ModelState, stream: torch.cuda.Stream | None = None) -> None:
     if self.replay_cudagraphs is not None:
         shared = replay_stream(_state["policy"], self.replay_layers.has_early_aux(), stream)
         self.replay_cudagraphs.capture_replay_graphs(self._prepare_capture, stream=shared)
@@ -83,7 +80,7 @@ def capture_replay_graphs(
     prepare: Callable[[int], None],
     stream: torch.cuda.Stream | None = None,
 ) -> None:
-    self.capture(self._create_forward_fn(prepare), "Capturing decoder replay CUDA graphs", stream=stream)
+    self.capture(self._create_forward_fn(prepare), stream=stream)
     self.layers.replay_batch = None
 
 

@@ -36,7 +36,7 @@ class CudaGraphManager:
         self.pool = get_global_graph_pool() if torch.cuda.is_available() else None
         self.graphs_captured = False
 
-    def capture(self, create_forward_fn: CreateForwardFn, progress_bar_desc: str = "Capturing CUDA graphs") -> None:
+    def capture(self, create_forward_fn: CreateForwardFn) -> None:
         """Capture every size on a new stream (vLLM 0.33)."""
         with graph_capture(device=self.device):
             self._capture_sizes(create_forward_fn)

@@ -86,8 +86,7 @@ class DecoderReplayLayers:
         # The other rows' outputs stay zero; nothing reads them.
         num_tokens = hidden_states.shape[0]
         return tuple(
-            out.new_zeros((num_tokens, *out.shape[1:])).index_copy_(0, rows, out[: rows.numel()])
-            for out in row_outputs
+            out.new_zeros((num_tokens, *out.shape[1:])).index_copy_(0, rows, out[: rows.numel()]) for out in row_outputs
         )
 
 
@@ -105,7 +104,7 @@ class DecoderReplayCudaGraphManager(CudaGraphManager):
 
     def capture_replay_graphs(self, prepare: Callable[[int], None]) -> None:
         """Capture each size on the replay batch `prepare` sets on the layers."""
-        self.capture(self._create_forward_fn(prepare), "Capturing decoder replay CUDA graphs")
+        self.capture(self._create_forward_fn(prepare))
         self.layers.replay_batch = None
 
     def _create_forward_fn(self, prepare: Callable[[int], None]):

@@ -49,9 +49,7 @@ class GPUModelRunner:
         return forward_fn
 
     @torch.inference_mode()
-    def run(
-        self, input_ids: torch.Tensor, use_cudagraph: bool = True
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def run(self, input_ids: torch.Tensor, use_cudagraph: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The final hidden states and the aux hidden states, copied out of the graphs' memory."""
         num_tokens = input_ids.shape[0]
         if num_tokens not in self.config.cudagraph_capture_sizes:

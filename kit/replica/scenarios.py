@@ -44,9 +44,7 @@ def scenario_config(name: str, preset: str):
         raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
     config = PRESETS[preset]
     if SCENARIOS[name][1]:
-        config = dataclasses.replace(
-            config, aux_hidden_state_layers=(EARLY_AUX_LAYER, *config.aux_hidden_state_layers)
-        )
+        config = dataclasses.replace(config, aux_hidden_state_layers=(EARLY_AUX_LAYER, *config.aux_hidden_state_layers))
     return config
 
 
