@@ -63,7 +63,7 @@ class ReplicaConfig:
 
 PRESETS = {
     "small": ReplicaConfig(),
-    # DeepSeek-V3/V4's hidden size; capture sizes up to 8192 tokens.
+    # DeepSeek-V3's hidden size, standing in for V4.1's; capture sizes up to 8192 tokens.
     "large": ReplicaConfig(
         hidden_size=7168,
         num_layers=8,
