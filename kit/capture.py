@@ -31,6 +31,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 
 import pandas as pd
 
@@ -38,7 +39,13 @@ from kit.errors import KitError
 from kit.patch import Patch
 from kit.snapshot import Snapshot
 
-_MANAGER_NAMES = {"ModelCudaGraphManager": "model graphs", "CudaGraphManager": "model graphs"}
+# Display names where the one made from the class name would read badly; the
+# rest follow the class (DecoderReplayCudaGraphManager -> "decoder replay graphs").
+_MANAGER_NAMES = {
+    "CudaGraphManager": "model graphs",
+    "ModelCudaGraphManager": "model graphs",
+    "DFlashCudaGraphManager": "DFlash speculator graphs",
+}
 
 
 @dataclass
@@ -77,15 +84,20 @@ def _is_manager(obj: object) -> bool:
 
 
 def _size_in(frame_locals: dict) -> int | None:
-    if isinstance(frame_locals.get("num_tokens"), int):
-        return frame_locals["num_tokens"]
+    for name in ("num_tokens", "token_budget"):  # token_budget: vLLM's encoder graphs
+        if isinstance(frame_locals.get(name), int):
+            return frame_locals[name]
     size = getattr(frame_locals.get("desc"), "num_tokens", None)
     return size if isinstance(size, int) else None
 
 
-def _caller_label(max_depth: int = 60) -> tuple[str, int | None] | None:
-    """The innermost graph manager on the stack, and the capture size in its frame."""
-    frame = sys._getframe(2)
+def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tuple[str, int | None] | None:
+    """The innermost graph manager on the stack (from `frame`, else the caller's), and the capture size found there.
+
+    The size is the innermost `num_tokens` (or `desc.num_tokens`, or an encoder's
+    `token_budget`) at or below the manager's frame.
+    """
+    frame = frame if frame is not None else sys._getframe(1)
     size = None
     for _ in range(max_depth):
         if frame is None:
@@ -169,6 +181,7 @@ class CaptureRecorder:
             raw = torch.cuda.memory._snapshot()
             raw["kit"] = self._kit_metadata(torch)
             self.snapshot = Snapshot(raw, origin="capture recorder", live=True)
+            _last_recording[0] = raw
         finally:
             self._patch.revert()
             self._patch = None
@@ -197,7 +210,9 @@ class CaptureRecorder:
     def _on_begin(self, graph) -> None:
         import torch
 
-        label = getattr(self._labels, "current", None) or _caller_label() or ("unlabelled graphs", None)
+        label = (
+            getattr(self._labels, "current", None) or label_from_stack(sys._getframe(2)) or ("unlabelled graphs", None)
+        )
         stream = torch.cuda.current_stream().cuda_stream
         thread = threading.get_ident()
         index = _trace_length(torch)
@@ -273,6 +288,14 @@ class CaptureRecorder:
         from kit.tables import segment_table
 
         return segment_table(self._require_snapshot())
+
+
+_last_recording: list[dict | None] = [None]
+
+
+def last_recording() -> dict | None:
+    """The raw snapshot of the last recorder stopped in this process (what `kit.vllm` sends from a worker)."""
+    return _last_recording[0]
 
 
 def graph_name(record: CaptureRecord) -> str:

@@ -1,7 +1,8 @@
 """The `python -m kit` command line.
 
 Commands (contract in DESIGN.md): `table`, `diff`, `reuse`, `report`, `sim`
-and `run-workload`; `what-if` and `demo` (the replica's experiments) besides. Every command
+and `run-workload`; `what-if`, `demo` (the replica's experiments) and
+`vllm-patch` (what PR 63155 changes in the installed vLLM) besides. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -164,6 +165,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print(f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)")
 
 
+def cmd_vllm_patch(args: argparse.Namespace) -> None:
+    import logging
+
+    logging.disable(logging.WARNING)  # vLLM's import-time notices on a machine without a GPU
+    try:
+        import kit.patch.vllm as patch_vllm
+    finally:
+        logging.disable(logging.NOTSET)
+    text = patch_vllm.diff()
+    print(f"PR 63155 applies to the installed vLLM {patch_vllm._version()}" if args.check else text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kit", description="CUDA-graph memory investigation kit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
     p.add_argument("--out", help="folder for the live snapshots (default: a new temporary folder)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("vllm-patch", help="PR 63155's change to the installed vLLM, as a diff (installs nothing)")
+    p.add_argument("--check", action="store_true", help="only say whether it applies (exit 2 with the reason if not)")
+    p.set_defaults(func=cmd_vllm_patch)
     return parser
 
 

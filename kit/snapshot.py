@@ -375,9 +375,11 @@ class Snapshot:
     @property
     def source_label(self) -> str:
         """One line naming where these numbers came from, for every table and figure."""
-        if self.live:
-            return "live GPU (this process's allocator)"
         prov = self.provenance
+        if self.live:
+            if prov and isinstance(prov.get("rank"), int):
+                return f"live GPU (vLLM rank {prov['rank']}'s allocator, {prov.get('gpu', '?')})"
+            return "live GPU (this process's allocator)"
         if self.data_source == "simulator":
             return f"simulator ({self.origin})"
         if prov:

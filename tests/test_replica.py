@@ -15,7 +15,7 @@ import torch
 
 import kit.patch.replica as replica_patch
 from kit import KitError
-from kit.capture import _caller_label, capture_table, manager_name
+from kit.capture import capture_table, label_from_stack, manager_name
 from kit.patch import Patch
 from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils, decoder_replay, model, parallel_state
 from kit.replica.model_runner import GPUModelRunner as Runner
@@ -191,8 +191,8 @@ def test_caller_label_finds_the_manager_and_size_on_the_stack():
     def begin():
         return hook()
 
-    def hook():  # capture_begin's wrapper calls the recorder, which looks from two frames up
-        return _caller_label()
+    def hook():  # capture_begin's wrapper: the recorder looks from its caller up
+        return label_from_stack()
 
     assert EagleCudaGraphManager().capture() == ("eagle graphs", 64)
     assert hook() is None

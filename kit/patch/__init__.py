@@ -3,28 +3,33 @@
 A `Patch` is a set of attribute replacements (module functions, methods)
 applied together and reverted together: if one replacement fails, those
 already made are undone before the error propagates, and `revert()` puts
-back every original object. `kit.patch.replica` applies the PR to the kit's
-replica; each module here owns one target and keeps at most one patch of it
-applied at a time.
+back every original object (an attribute a class inherited, or one the
+patch added, is deleted again rather than left behind as a copy).
+`kit.patch.replica` applies the PR to the kit's replica and `kit.patch.vllm`
+to an installed vLLM, rewriting its functions with `kit.patch.source`; each
+module here owns one target and keeps at most one patch of it applied at a
+time.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kit.errors import KitError
 
 Replacement = tuple[Any, str, Callable[..., Any]]
+_ABSENT = object()  # an attribute the owner did not hold itself (inherited, or added by the patch)
 
 
 class Patch:
     """Attribute replacements applied and reverted as one; a context manager too."""
 
-    def __init__(self, name: str, replacements: list[Replacement]) -> None:
+    def __init__(self, name: str, replacements: list[Replacement], *, additions: Sequence[Replacement] = ()) -> None:
         self.name = name
         self.replacements = replacements
+        self.additions = list(additions)  # attributes the patch adds: they must not exist yet
         self.originals: list[tuple[Any, str, Any]] = []
         self._lock = threading.Lock()
 
@@ -39,9 +44,12 @@ class Patch:
             for owner, attr, _ in self.replacements:
                 if not hasattr(owner, attr):
                     raise KitError(f"{self.name}: {_qualname(owner)} has no attribute {attr!r}; nothing was patched")
+            for owner, attr, _ in self.additions:
+                if hasattr(owner, attr):
+                    raise KitError(f"{self.name}: {_qualname(owner)} already has {attr!r}; nothing was patched")
             try:
-                for owner, attr, new in self.replacements:
-                    original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
+                for owner, attr, new in [*self.replacements, *self.additions]:
+                    original = vars(owner).get(attr, _ABSENT)
                     setattr(owner, attr, new)
                     self.originals.append((owner, attr, original))
             except BaseException:
@@ -56,11 +64,14 @@ class Patch:
     def _restore(self) -> None:
         while self.originals:
             owner, attr, original = self.originals.pop()
-            setattr(owner, attr, original)
+            if original is _ABSENT:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
 
     def targets(self) -> list[str]:
-        """Where each replacement goes, as `module.qualname.attr`."""
-        return [f"{_qualname(owner)}.{attr}" for owner, attr, _ in self.replacements]
+        """Where each replacement and addition goes, as `module.qualname.attr`."""
+        return [f"{_qualname(owner)}.{attr}" for owner, attr, _ in [*self.replacements, *self.additions]]
 
     def __enter__(self) -> Patch:
         return self.apply()
