@@ -35,5 +35,10 @@ def test_walkthrough_runs_every_notebook_on_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-5000:]
     for source in SOURCES:
         html = (tmp_path / f"{source.stem}.html").read_text()
-        assert "data source: recorded" in html
-        assert "Traceback" not in html
+        assert "data source: recorded" in html, f"{source.name} names no data source"
+        executed = nbformat.read(tmp_path / f"{source.stem}.ipynb", as_version=4)
+        for cell in executed.cells:
+            for out in cell.get("outputs", []):
+                assert out.output_type != "error", f"{source.name}: {out.get('ename')}: {out.get('evalue')}"
+                text = out.get("text", "") if out.output_type == "stream" else ""
+                assert "Traceback" not in text, f"{source.name} printed a traceback:\n{text[-2000:]}"

@@ -1,0 +1,183 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # vLLM in-process: PR 63155 on the vLLM you have installed
+#
+# **The question.** The replica notebooks show the effect on a miniature. Does the PR's
+# change apply to the vLLM installed here, what exactly does it change, and which stream
+# does each of vLLM's own captures get once it is applied?
+#
+# `kit.patch.vllm` makes the PR's edits to the installed functions in this process: it
+# reads each function's source, changes the lines the PR changes, and keeps every other
+# line as installed. Nothing is rebuilt and nothing on disk changes; `revert()` puts the
+# originals back.
+
+# %%
+import importlib.util
+import inspect
+import logging
+import os
+
+import ipywidgets as widgets
+import torch
+from IPython.display import Code, display
+
+import kit
+from kit.demo import FIXTURES
+
+logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # e.g. "no vllm._C" on a machine without CUDA
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_CUDA = torch.cuda.is_available()
+MODEL = os.environ.get("KIT_VLLM_MODEL", "")  # a DeepSeek-V4.1 checkpoint, for the capture part
+print(f"vLLM installed: {HAS_VLLM}; CUDA: {HAS_CUDA}; model: {MODEL or '(KIT_VLLM_MODEL not set)'}")
+
+# %% [markdown]
+# ## 1. Apply the patch
+#
+# `apply()` checks every function it edits before it touches any: each must exist, have
+# vLLM 0.33.0's parameters, and contain the lines the PR edits. If one does not, it says
+# which in one line and patches nothing.
+
+# %%
+if HAS_VLLM:
+    import kit.patch.vllm
+
+    patch = kit.patch.vllm.apply()
+    print(patch)
+    display(patch.table())
+else:
+    patch = None
+    print("vLLM is not installed in this environment (`make venv` installs it): nothing to patch here")
+
+# %% [markdown]
+# ## 2. What it changed, function by function
+#
+# Each function is the installed one with the PR's lines: `graph_capture()` takes a
+# stream, `CudaGraphManager.capture()` records the one it used, the runner hands the
+# model graphs' stream to `capture_inner_cudagraphs()`, and DeepSeek-V4.1's model states
+# pass it on to the replay graphs unless aux hidden states come before the replay layers.
+
+# %%
+if patch is not None:
+    functions = [rw.where for rw in patch.rewrites]
+    pick = widgets.Dropdown(options=functions, description="function", layout={"width": "95%"})
+    shown = widgets.Output()
+
+    def show_diff(change=None):
+        rw = patch.rewrites[functions.index(pick.value)]
+        with shown:
+            shown.clear_output(wait=True)
+            display(Code(rw.diff(), language="diff"))
+
+    pick.observe(show_diff, names="value")
+    show_diff()
+    display(widgets.VBox([pick, shown]))
+
+# %% [markdown]
+# ## 3. It is live, and it comes off again
+#
+# The patched `graph_capture` is installed in `parallel_state` and in every loaded module
+# that imported it by name, so `CudaGraphManager.capture()` calls the new one.
+
+# %%
+if patch is not None:
+    from vllm.distributed import parallel_state
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    print("patched:  graph_capture", inspect.signature(parallel_state.graph_capture))
+    print("          installed in", patch.installed[f"{parallel_state.__name__}.graph_capture"])
+    print("          CudaGraphManager.capture", inspect.signature(cudagraph_utils.CudaGraphManager.capture))
+    patch.revert()
+    print("reverted: graph_capture", inspect.signature(parallel_state.graph_capture))
+    print("          CudaGraphManager.capture", inspect.signature(cudagraph_utils.CudaGraphManager.capture))
+    print("          patch applied:", kit.patch.vllm.is_applied())
+
+# %% [markdown]
+# ## 4. vLLM's own captures, on a GPU
+#
+# With a GPU, vLLM and a DeepSeek-V4.1 checkpoint (`KIT_VLLM_MODEL`), the next cell starts
+# `LLM(...)` in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the V2 model runner,
+# breakable PIECEWISE graphs with decoder replay graphs) inside a `CaptureRecorder`, with the
+# stream policy picked here applied during its capture:
+# - **installed**: vLLM as it is (every capture on a new stream);
+# - **pr**: the PR (replay graphs on the model graphs' stream, unless early aux);
+# - **share** / **separate**: the replay graphs always on the model graphs' stream, or never.
+#
+# Each policy needs a fresh kernel: the graph pool of a first `LLM` stays in the process.
+# Without all three, the cell says what is missing and shows the replica's H200 recording
+# of the same two captures instead.
+
+# %%
+policy = widgets.ToggleButtons(options=["installed", "pr", "share", "separate"], value="pr", description="policy")
+display(policy)
+
+# %%
+missing = [name for name, ok in (("a GPU", HAS_CUDA), ("vLLM", HAS_VLLM), ("KIT_VLLM_MODEL", bool(MODEL))) if not ok]
+llm = None
+if not missing:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+    os.environ.setdefault("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    from vllm import LLM
+
+    with kit.CaptureRecorder() as recorder:
+        if policy.value == "installed":
+            llm = LLM(MODEL, compilation_config={"cudagraph_decoder_replay": True})
+        else:
+            with kit.patch.vllm.patched(policy.value) as live_patch:
+                llm = LLM(MODEL, compilation_config={"cudagraph_decoder_replay": True})
+            print("replay stream decisions:", [d.reason for d in live_patch.decisions])
+    snapshot = recorder.snapshot
+else:
+    print(f"The capture part needs {', '.join(missing)}, which this machine lacks.")
+    name = "small_unpatched" if policy.value in ("installed", "separate") else "small_patched"
+    snapshot = kit.load_snapshot(FIXTURES / "replica" / f"{name}.pickle")
+    print(f"Showing the replica's recording of the same captures, {name}.pickle, instead.")
+print(f"data source: {snapshot.data_source} ({snapshot.source_label})")
+
+# %% [markdown]
+# ## 5. Which stream each capture got, and the memory it added
+#
+# One row per capture: its manager, size, stream and the segments it added to its pool.
+# Under the PR the decoder replay graphs are on the model graphs' stream and add no graph
+# pool segment; on vLLM as installed they have a stream and segments of their own.
+
+# %%
+captures = kit.capture_table(snapshot)
+display(captures[["manager", "size", "stream_label", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]])
+kit.style_table(kit.segment_table(snapshot))
+
+# %% [markdown]
+# With several GPUs, each worker holds its own allocator: `kit.vllm.snapshot_all_ranks(llm)`
+# collects one snapshot per rank through `collective_rpc`, to compare rank by rank.
+
+# %%
+if llm is not None:
+    import kit.vllm
+
+    for rank_snapshot in kit.vllm.snapshot_all_ranks(llm):
+        print(rank_snapshot.source_label)
+        display(kit.style_table(kit.segment_table(rank_snapshot)))
+
+# %% [markdown]
+# **What it shows.** The PR's change is a handful of lines in seven functions, and it
+# applies to the installed vLLM without a rebuild: the stream the model graphs captured on
+# is handed down to the replay graphs, and to nothing else.
+#
+# **Next question.** Is it safe for the replay graphs to run on that stream? That is the
+# PR's safety argument: no model graph block in the pool may be live across the eager break
+# in which a replay graph runs.
