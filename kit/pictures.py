@@ -11,10 +11,11 @@ Every figure's title names its data source.
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 
-from kit.snapshot import Snapshot, load_snapshot
+from kit.snapshot import BLOCK_STATES, Snapshot, load_snapshot
 from kit.tables import format_bytes, pool_label, segment_table, stream_labels
 
 MIB = 1024 * 1024
@@ -61,38 +62,51 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
     return fig
 
 
-def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2000, **names) -> go.Figure:
+def segment_map_figure(
+    snapshot: Snapshot | str | dict, *, max_segments: int = 2000, max_bars: int = 20_000, **names
+) -> go.Figure:
     """Each segment a bar of its blocks, coloured by stream, grouped by pool.
 
-    Segments beyond `max_segments` (largest kept) are left out and the title
-    says how many, so a browser never receives a million bars.
+    The browser never receives more than `max_segments` segments (the largest
+    are kept) nor more than `max_bars` bars: past that, neighbouring blocks of
+    one state are drawn as one bar ("12 blocks, ..." on hover), and if that is
+    not enough, more of the smallest segments are left out. The title says
+    what was left out or merged.
     """
     snapshot = load_snapshot(snapshot)
+    c = snapshot.columns
     labels = stream_labels(snapshot, names.get("stream_names"))
     pools = {**snapshot.pool_names, **(names.get("pool_names") or {})}
-    segments = sorted(
-        snapshot.segments, key=lambda s: (s.device, s.segment_pool_id, labels.get(s.stream, ""), s.address)
-    )
+    pool_of, stream_of, address_of = c.pools(), c.stream.tolist(), c.address.tolist()
+    device_of, total_of = c.device.tolist(), c.total_size.tolist()
+    order = sorted(range(len(c)), key=lambda i: (device_of[i], pool_of[i], labels.get(stream_of[i], ""), address_of[i]))
     dropped = 0
-    if len(segments) > max_segments:
-        keep = set(id(s) for s in sorted(segments, key=lambda s: -s.total_size)[:max_segments])
-        dropped = len(segments) - max_segments
-        segments = [s for s in segments if id(s) in keep]
+    if len(order) > max_segments:
+        dropped = len(order) - max_segments
+        order = _largest(order, total_of, max_segments)
+    merged = sum(int(c.n_blocks[i]) for i in order) > max_bars
+    bars_of = _runs if merged else _blocks
+    while order and sum(len(bars_of(c, i)[0]) for i in order) > max_bars:
+        keep = max(1, len(order) * 3 // 4)
+        dropped += len(order) - keep
+        order = _largest(order, total_of, keep)
     palette = px.colors.qualitative.Plotly
     colour = {sid: palette[i % len(palette)] for i, sid in enumerate(labels)}
     bars: dict[tuple[int, str], dict[str, list]] = {}
     rows = []
-    for s in segments:
-        row = f"{pool_label(s.segment_pool_id, pools)} | {s.address:#x}"
+    for i in order:
+        address = address_of[i]
+        row = f"{pool_label(pool_of[i], pools)} | {address:#x}"
         rows.append(row)
-        blocks = s.blocks or ()
-        for b in blocks:
-            bar = bars.setdefault((s.stream, b.state), {"y": [], "x": [], "base": [], "text": []})
+        starts, sizes, states, counts = bars_of(c, i)
+        for start, size, state, count in zip(starts, sizes, states, counts, strict=True):
+            state = BLOCK_STATES[state]
+            bar = bars.setdefault((stream_of[i], state), {"y": [], "x": [], "base": [], "text": []})
             bar["y"].append(row)
-            bar["base"].append((b.address - s.address) / MIB)
-            bar["x"].append(b.size / MIB)
-            offset = format_bytes(b.address - s.address)
-            bar["text"].append(f"{format_bytes(b.size)} {STATE_STYLE[b.state][0]} at +{offset}")
+            bar["base"].append((start - address) / MIB)
+            bar["x"].append(size / MIB)
+            what = f"{format_bytes(size)} {STATE_STYLE[state][0]} at +{format_bytes(start - address)}"
+            bar["text"].append(what if count == 1 else f"{count} blocks, {what}")
     fig = go.Figure()
     for (sid, state), bar in sorted(bars.items(), key=lambda kv: (labels.get(kv[0][0], ""), kv[0][1])):
         name, opacity, pattern = STATE_STYLE[state]
@@ -115,6 +129,8 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
     title = "Segment map: blocks of each segment, coloured by stream"
     if dropped:
         title += f" ({dropped} smallest segments not drawn)"
+    if merged:
+        title += " (neighbouring blocks of one state drawn as one bar)"
     fig.update_layout(
         barmode="overlay",
         title=_titled(title, snapshot.source_label),
@@ -124,3 +140,29 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
         legend_title="stream: block state",
     )
     return fig
+
+
+def _largest(order: list[int], total_size: list[int], keep: int) -> list[int]:
+    """The `keep` largest segments of `order`, in `order`'s order (ties: the earlier one)."""
+    chosen = set(sorted(order, key=lambda i: -total_size[i])[:keep])
+    return [i for i in order if i in chosen]
+
+
+def _blocks(c, i: int) -> tuple[list, list, list, list]:
+    """Segment `i`'s blocks: starts, sizes, states, and a count of one each."""
+    lo, hi = int(c.first_block[i]), int(c.first_block[i] + c.n_blocks[i])
+    if hi == lo:
+        return [], [], [], []
+    return c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist(), c.block_state[lo:hi].tolist(), [1] * (hi - lo)
+
+
+def _runs(c, i: int) -> tuple[list, list, list, list]:
+    """Segment `i`'s blocks with each run of neighbours in one state merged into one."""
+    lo, hi = int(c.first_block[i]), int(c.first_block[i] + c.n_blocks[i])
+    if hi == lo:
+        return [], [], [], []
+    state = c.block_state[lo:hi]
+    first = np.flatnonzero(np.concatenate(([True], state[1:] != state[:-1])))
+    sizes = np.add.reduceat(c.block_size[lo:hi], first)
+    counts = np.diff(np.append(first, hi - lo))
+    return c.block_address[lo:hi][first].tolist(), sizes.tolist(), state[first].tolist(), counts.tolist()

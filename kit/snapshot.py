@@ -16,6 +16,12 @@ Snapshots from every torch since 2.1 load: keys that older versions lack
 `compile_context`, `user_metadata`, a block's `address`) are optional.
 A snapshot may carry a top-level `kit` key written by the kit's own tools:
 names for streams, pools and graphs, and the provenance of a recording.
+
+At DeepSeek scale (tens of thousands of segments, millions of trace entries)
+a record per row costs seconds: a `Snapshot` checks its rows in bulk and
+keeps them as numpy columns (`kit.columns`), which the tables, the trace
+analysis and the pictures read; `segments`, `traces` and `trace` are made
+on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import pickle
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from kit.errors import KitError
 
@@ -119,11 +125,17 @@ class _SnapshotUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         raise KitError("refused a persistent id: a snapshot holds plain data only")
 
+    def load(self) -> Any:
+        from kit.columns import FREEZE_ABOVE, gc_paused  # the collector's passes double a large load's time
 
-def safe_unpickle(data: bytes, where: str = "pickle") -> Any:
-    """Unpickle `data` admitting only plain built-in types."""
+        with gc_paused(freeze_above=FREEZE_ABOVE):
+            return super().load()
+
+
+def safe_unpickle(data: bytes | IO[bytes], where: str = "pickle") -> Any:
+    """Unpickle `data` (bytes or a binary file) admitting only plain built-in types."""
     try:
-        return _SnapshotUnpickler(io.BytesIO(data)).load()
+        return _SnapshotUnpickler(data if hasattr(data, "read") else io.BytesIO(data)).load()
     except KitError as e:
         raise KitError(f"{where}: {e}") from None
     except RecursionError:
@@ -181,7 +193,20 @@ def load_snapshot(source: str | os.PathLike | dict | Snapshot, *, label: str | N
     if isinstance(source, str) and source == "live":
         return Snapshot(live_snapshot(), origin=label or "live", live=True)
     path = Path(source)
-    return Snapshot(_decode(_read_file(path), str(path)), origin=label or str(path))
+    return Snapshot(_load_file(path), origin=label or str(path))
+
+
+def _load_file(path: Path) -> Any:
+    """A snapshot file's contents; a pickle streams from the file, so its bytes are never all in memory."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
+                return _decode(head + f.read(), str(path))  # JSON, or not a pickle: as before
+            f.seek(0)
+            return safe_unpickle(f, str(path))
+    except OSError:
+        return _decode(_read_file(path), str(path))  # _read_file names what went wrong
 
 
 def _int(d: dict, key: str, where: str, default: int | None = None, *, minimum: int | None = 0) -> int:
@@ -349,9 +374,18 @@ class Snapshot:
         self.raw = raw
         self.origin = origin
         self.live = live
-        self.segments: tuple[Segment, ...] = tuple(
-            _parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(raw["segments"])
-        )
+        from kit.columns import SegmentColumns, trace_columns_of
+
+        # Checked here, as arrays: a bad segment or trace entry fails the load; records are made on first use.
+        self.columns = SegmentColumns.from_raw(raw["segments"], origin)
+        self.trace_columns = trace_columns_of(traces or [], origin)
+
+    @cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments as typed records, with their blocks."""
+        if self.columns.records is not None:
+            return self.columns.records
+        return tuple(_parse_segment(s, f"{self.origin}: segment {i}") for i, s in enumerate(self.raw["segments"]))
 
     @property
     def kit(self) -> dict:
@@ -418,4 +452,5 @@ class Snapshot:
         return {tuple(pid): name for name, pid in names.items() if isinstance(pid, list | tuple) and len(pid) == 2}
 
     def __repr__(self) -> str:
-        return f"<Snapshot {self.origin}: {len(self.segments)} segments, {len(self.trace)} trace entries>"
+        events = sum(len(t) for t in self.raw.get("device_traces") or [])
+        return f"<Snapshot {self.origin}: {len(self.columns)} segments, {events} trace entries>"

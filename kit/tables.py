@@ -15,8 +15,10 @@ from __future__ import annotations
 import string
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
+from kit.columns import trace_stream_order
 from kit.snapshot import DEFAULT_POOL, DEFAULT_STREAM, Snapshot, load_snapshot
 
 FIGURES = ("segments", "reserved", "allocated", "active", "free", "largest_free")
@@ -52,10 +54,8 @@ def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int,
     creation order, as far as the allocator saw it), then ascending id.
     """
     names = {**snapshot.stream_names, **(names or {})}
-    order: dict[int, None] = {}
-    for e in snapshot.trace:
-        order.setdefault(e.stream, None)
-    for sid in sorted({s.stream for s in snapshot.segments}):
+    order: dict[int, None] = dict.fromkeys(trace_stream_order(snapshot))
+    for sid in sorted(set(snapshot.columns.stream.tolist())):
         order.setdefault(sid, None)
     labels: dict[int, str] = {}
     letter = 0
@@ -72,35 +72,20 @@ def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int,
 
 def segment_frame(snapshot: Snapshot) -> pd.DataFrame:
     """One row per segment, with its free bytes and largest free block."""
-    rows = [
-        (
-            s.device,
-            s.segment_pool_id,
-            s.stream,
-            s.address,
-            s.total_size,
-            s.allocated_size,
-            s.active_size,
-            s.free_size,
-            s.largest_free,
-            s.segment_type,
-        )
-        for s in snapshot.segments
-    ]
+    c = snapshot.columns
     return pd.DataFrame(
-        rows,
-        columns=[
-            "device",
-            "pool",
-            "stream",
-            "address",
-            "reserved",
-            "allocated",
-            "active",
-            "free",
-            "largest_free",
-            "segment_type",
-        ],
+        {
+            "device": c.device,
+            "pool": c.pools(),
+            "stream": c.stream,
+            "address": c.address,
+            "reserved": c.total_size,
+            "allocated": c.allocated_size,
+            "active": c.active_size,
+            "free": c.free,
+            "largest_free": c.largest_free,
+            "segment_type": np.where(c.small, "small", "large").astype(object),
+        }
     )
 
 
@@ -112,15 +97,28 @@ def segment_table(
 ) -> pd.DataFrame:
     """One row per (device, pool, stream) group of segments, largest first within a pool."""
     snapshot = load_snapshot(snapshot)
-    frame = segment_frame(snapshot)
+    c = snapshot.columns
     columns = ["device", "pool", "stream", *FIGURES, "pool_label", "stream_label"]
-    if frame.empty:
+    if not len(c):
         table = pd.DataFrame(columns=columns)
     else:
+        frame = pd.DataFrame(
+            {
+                "device": c.device,
+                "pool_a": c.pool_a,
+                "pool_b": c.pool_b,
+                "stream": c.stream,
+                "reserved": c.total_size,
+                "allocated": c.allocated_size,
+                "active": c.active_size,
+                "free": c.free,
+                "largest_free": c.largest_free,
+            }
+        )
         table = (
-            frame.groupby(list(KEY), sort=True)
+            frame.groupby(["device", "pool_a", "pool_b", "stream"], sort=True)
             .agg(
-                segments=("address", "size"),
+                segments=("reserved", "size"),
                 reserved=("reserved", "sum"),
                 allocated=("allocated", "sum"),
                 active=("active", "sum"),
@@ -129,6 +127,7 @@ def segment_table(
             )
             .reset_index()
         )
+        table.insert(1, "pool", list(zip(table.pop("pool_a").tolist(), table.pop("pool_b").tolist(), strict=True)))
     pools = {**snapshot.pool_names, **(pool_names or {})}
     labels = stream_labels(snapshot, stream_names)
     table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]

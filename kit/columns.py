@@ -1,0 +1,413 @@
+"""Columnar views of a snapshot: one numpy array per field of the segments, blocks and trace entries.
+
+A DeepSeek-scale snapshot holds tens of thousands of segments, hundreds of
+thousands of blocks and millions of trace entries. Building a `Segment`, a
+`Block` or a `TraceEntry` object per row costs seconds; the tables, the trace
+analysis and the pictures read these columns instead, and the typed records
+are built only when someone asks for them.
+
+Each builder checks the raw rows in bulk (types, signs, that blocks tile their
+segment) with C-speed passes (`map`, `set`, numpy). Whatever those checks do
+not accept goes row by row through the parsers of `kit.snapshot`, which raise
+the same one-line `KitError` as always: the columns accept exactly what the
+records accept, and hold the same values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from itertools import chain
+from operator import itemgetter, methodcaller
+from typing import Any
+
+import numpy as np
+
+from kit.snapshot import (
+    BLOCK_STATES,
+    DEFAULT_POOL,
+    DEFAULT_STREAM,
+    TRACE_ACTIONS,
+    Segment,
+    Snapshot,
+    TraceEntry,
+    _parse_segment,
+    _parse_trace_entry,
+)
+
+STATE_CODE = {s: i for i, s in enumerate(BLOCK_STATES)}  # 0 allocated, 1 pending free, 2 inactive
+ACTION_CODE = {a: i for i, a in enumerate(TRACE_ACTIONS)}
+ALLOCATED, PENDING, INACTIVE = 0, 1, 2
+SMALL_SEGMENT_MAX = 2 * 1024 * 1024
+
+
+FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
+
+
+@contextlib.contextmanager
+def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of containers are made.
+
+    Every 700 new containers the collector runs, and its full passes walk
+    everything made so far: unpickling a large snapshot takes twice as long
+    with it running. Paused, the passes are only put off: the first ones after
+    it walk the new containers all the same, seconds each for a snapshot of
+    millions. With `freeze_above`, when more containers than that were made,
+    `gc.freeze()` moves everything then alive out of the collector's view for
+    good. A snapshot is plain data that holds no reference cycle, and frozen
+    objects are still freed when the last reference to them goes; what the
+    collector no longer sees are cycles among objects that already existed
+    (`gc.unfreeze()` hands them back).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        if freeze_above is not None and gc.get_count()[0] > freeze_above:
+            gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _ints(values: list, *, minimum: int | None = 0) -> np.ndarray | None:
+    """`values` as int64 if every one is a plain int (no bool) in range; else None."""
+    if values and set(map(type, values)) != {int}:
+        return None
+    try:
+        out = np.fromiter(values, dtype=np.int64, count=len(values))
+    except OverflowError:
+        return None
+    if minimum is not None and out.size and out.min() < minimum:
+        return None
+    return out
+
+
+def _array(values: list) -> np.ndarray:
+    """Python ints as int64, or as objects when one does not fit."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+
+
+def _group_sums(values: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per group of consecutive rows (`first` row, `counts` rows): the sum, exactly, in int64."""
+    csum = np.concatenate(([0], np.cumsum(values, dtype=np.int64)))
+    return csum[first + counts] - csum[first]
+
+
+class SegmentColumns:
+    """The segments of a snapshot as arrays, and their blocks as arrays, in snapshot order.
+
+    Per segment: `device`, `address`, `total_size`, `allocated_size`,
+    `active_size`, `requested_size`, `stream`, `pool_a`, `pool_b` (the two ints
+    of `segment_pool_id`), `small`, `free` and `largest_free` (as
+    `Segment.free_size` and `Segment.largest_free`), `first_block`, `n_blocks`.
+    Per block: `block_segment` (its segment's row), `block_address`,
+    `block_size`, `block_requested`, `block_state` (0 allocated, 1 pending
+    free, 2 inactive).
+    """
+
+    def __init__(self, fields: dict[str, np.ndarray], records: tuple[Segment, ...] | None = None) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.records = records  # set when the rows went through the row parser
+
+    def __len__(self) -> int:
+        return len(self.address)
+
+    def pools(self) -> list[tuple[int, int]]:
+        """`segment_pool_id` of each segment, as tuples."""
+        return list(zip(self.pool_a.tolist(), self.pool_b.tolist(), strict=True))
+
+    @classmethod
+    def from_raw(cls, segments: list, origin: str) -> SegmentColumns:
+        """Check and convert the raw segment dicts; errors are those of `kit.snapshot`."""
+        with gc_paused():
+            fast = _fast_segment_columns(segments)
+            if fast is not None:
+                return cls(fast)
+            records = tuple(_parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(segments))
+            return cls(_record_columns(records), records)
+
+
+class _Missing:
+    """Marks a key a dict does not have (None may be a present, wrong value)."""
+
+
+_MISSING = _Missing()
+_BLOCK_KEYS = itemgetter("address", "size", "requested_size", "state")
+
+
+def _column(rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0) -> np.ndarray | None:
+    """An int column of dicts `rows`; a missing key takes `default` (None: required)."""
+    values = list(map(methodcaller("get", key, _MISSING), rows))
+    kinds = set(map(type, values))
+    if _Missing not in kinds:
+        return _ints(values, minimum=minimum)
+    if default is None or kinds - {int, _Missing}:
+        return None
+    missing = np.fromiter((type(v) is _Missing for v in values), dtype=bool, count=len(values))
+    present = _ints([0 if m else v for v, m in zip(values, missing.tolist(), strict=True)], minimum=minimum)
+    if present is None:
+        return None
+    return np.where(missing, default, present)
+
+
+def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
+    """Columns for well-formed torch segments, or None for anything unusual (the row parser decides)."""
+    if segments and set(map(type, segments)) != {dict}:
+        return None
+    n = len(segments)
+    address, total = _column(segments, "address", None), _column(segments, "total_size", None)
+    if address is None or total is None:
+        return None
+    blocks_of = list(map(methodcaller("get", "blocks", _MISSING), segments))
+    if set(map(type, blocks_of)) - {list}:
+        return None  # missing, None or tuples: the row parser reads those
+    counts = np.fromiter(map(len, blocks_of), dtype=np.int64, count=n)
+    blocks = list(chain.from_iterable(blocks_of))
+    if blocks and set(map(type, blocks)) != {dict}:
+        return None
+    try:  # one pass over the block dicts when they have every key, as torch writes them
+        flat = list(chain.from_iterable(map(_BLOCK_KEYS, blocks)))
+        addresses, sizes, requested, states = flat[0::4], flat[1::4], flat[2::4], flat[3::4]
+    except KeyError:
+        try:
+            sizes, states = list(map(itemgetter("size"), blocks)), list(map(itemgetter("state"), blocks))
+        except KeyError:
+            return None
+        addresses = list(map(methodcaller("get", "address", _MISSING), blocks))
+        requested = list(map(methodcaller("get", "requested_size"), blocks))
+    size = _ints(sizes)
+    codes = list(map(STATE_CODE.get, states))
+    if size is None or None in codes:
+        return None
+    state = np.array(codes, dtype=np.int8)
+    first = np.zeros(n, dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    seg_of_block = np.repeat(np.arange(n, dtype=np.int64), counts)
+    # Blocks tile their segment: each starts where the one before it ended.
+    before = np.cumsum(size, dtype=np.int64) - size
+    expected = address[seg_of_block] + before - before[first[seg_of_block]]
+    if blocks and set(map(type, addresses)) == {_Missing}:
+        block_address = expected
+    else:
+        block_address = _ints(addresses)
+        if block_address is None or not np.array_equal(block_address, expected):
+            return None
+    with_blocks = counts > 0
+    if not np.array_equal(_group_sums(size, first, counts)[with_blocks], total[with_blocks]):
+        return None
+    block_requested = _ints(requested, minimum=None)
+    if block_requested is None:  # as the row parser: anything but an int means "the block's size"
+        block_requested = _array([r if type(r) is int else s for r, s in zip(requested, sizes, strict=True)])
+    allocated = _group_sums(np.where(state == ALLOCATED, size, 0), first, counts)
+    active = allocated + _group_sums(np.where(state == PENDING, size, 0), first, counts)
+    fields = {
+        "device": _column(segments, "device", 0),
+        "address": address,
+        "total_size": total,
+        "allocated_size": _column(segments, "allocated_size", allocated),
+        "active_size": _column(segments, "active_size", active),
+        "requested_size": _column(segments, "requested_size", 0),
+        "stream": _column(segments, "stream", DEFAULT_STREAM, minimum=None),
+    }
+    if any(v is None for v in fields.values()):
+        return None
+    pools = list(map(methodcaller("get", "segment_pool_id", DEFAULT_POOL), segments))
+    if set(map(type, pools)) - {tuple, list} or set(map(len, pools)) - {2}:
+        return None
+    pool_a, pool_b = _ints([p[0] for p in pools], minimum=None), _ints([p[1] for p in pools], minimum=None)
+    if pool_a is None or pool_b is None:
+        return None
+    types = list(map(methodcaller("get", "segment_type"), segments))
+    small = np.fromiter(
+        (
+            t == "small" if t in _SEGMENT_TYPES else size_ <= SMALL_SEGMENT_MAX
+            for t, size_ in zip(types, total.tolist(), strict=True)
+        ),
+        dtype=bool,
+        count=n,
+    )
+    inactive_size = np.where(state == INACTIVE, size, 0)
+    unblocked = total - fields["active_size"]  # a segment listed without its blocks
+    largest = unblocked.copy()
+    if blocks:
+        largest[with_blocks] = np.maximum.reduceat(inactive_size, first[with_blocks])
+    return {
+        **fields,
+        "pool_a": pool_a,
+        "pool_b": pool_b,
+        "small": small,
+        "free": np.where(with_blocks, _group_sums(inactive_size, first, counts), unblocked),
+        "largest_free": largest,
+        "first_block": first,
+        "n_blocks": counts,
+        "block_segment": seg_of_block,
+        "block_address": block_address,
+        "block_size": size,
+        "block_requested": block_requested,
+        "block_state": state,
+    }
+
+
+_SEGMENT_TYPES = ("small", "large")
+
+
+def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
+    """The same columns, from parsed records (the path for unusual input)."""
+    counts = np.array([len(s.blocks) for s in records], dtype=np.int64)
+    blocks = [b for s in records for b in s.blocks]
+    return {
+        "device": _array([s.device for s in records]),
+        "address": _array([s.address for s in records]),
+        "total_size": _array([s.total_size for s in records]),
+        "allocated_size": _array([s.allocated_size for s in records]),
+        "active_size": _array([s.active_size for s in records]),
+        "requested_size": _array([s.requested_size for s in records]),
+        "stream": _array([s.stream for s in records]),
+        "pool_a": _array([s.segment_pool_id[0] for s in records]),
+        "pool_b": _array([s.segment_pool_id[1] for s in records]),
+        "small": np.array([s.segment_type == "small" for s in records], dtype=bool),
+        "free": _array([s.free_size for s in records]),
+        "largest_free": _array([s.largest_free for s in records]),
+        "first_block": np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64) if len(counts) else counts,
+        "n_blocks": counts,
+        "block_segment": np.repeat(np.arange(len(records), dtype=np.int64), counts),
+        "block_address": _array([b.address for b in blocks]),
+        "block_size": _array([b.size for b in blocks]),
+        "block_requested": _array([b.requested_size for b in blocks]),
+        "block_state": np.array([STATE_CODE[b.state] for b in blocks], dtype=np.int8),
+    }
+
+
+class TraceColumns:
+    """One device's trace as arrays: `action` (an index into `TRACE_ACTIONS`), `addr`, `size`, `stream`, `time_us`.
+
+    `time_us` is int64, or objects when some entries have none. `frames` is a
+    list of each entry's frames as stored (a list, or anything else where
+    `TraceEntry.frames` reads `[]`). `entries` is the raw list, for the fields
+    kept out of the columns (metadata).
+    """
+
+    def __init__(self, device: int, entries: list, fields: dict) -> None:
+        self.device = device
+        self.entries = entries
+        self.action: np.ndarray = fields["action"]
+        self.addr: np.ndarray = fields["addr"]
+        self.size: np.ndarray = fields["size"]
+        self.stream: np.ndarray = fields["stream"]
+        self.time_us: np.ndarray = fields["time_us"]
+        self.frames: list = fields["frames"]
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+_GET_ACTION = methodcaller("get", "action")
+_GET_ADDR = methodcaller("get", "addr", 0)
+_GET_SIZE = methodcaller("get", "size", 0)
+_GET_STREAM = methodcaller("get", "stream", DEFAULT_STREAM)
+_GET_TIME = methodcaller("get", "time_us")
+_GET_FRAMES = methodcaller("get", "frames")
+_TRACE_KEYS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
+
+
+def _trace_fields(entries: list) -> tuple[list, ...]:
+    """The six fields of every entry, read in one pass over the dicts (they are scattered in memory)."""
+    try:
+        flat = list(chain.from_iterable(map(_TRACE_KEYS, entries)))
+    except KeyError:  # an older torch leaves some keys out: read each with its default
+        return tuple(
+            list(map(get, entries)) for get in (_GET_ACTION, _GET_ADDR, _GET_SIZE, _GET_STREAM, _GET_TIME, _GET_FRAMES)
+        )
+    return tuple(flat[k::6] for k in range(6))
+
+
+def _fast_trace_columns(entries: list) -> dict | None:
+    """Columns when every entry is a well-formed dict (`kit.snapshot`'s fast path); else None.
+
+    `device_free` (only `oom` entries carry it) is not a column: it is checked
+    on the entries whose action is `oom`, and read from the records.
+    """
+    if not entries:
+        empty = np.zeros(0, dtype=np.int64)
+        return {
+            "action": np.zeros(0, dtype=np.int8),
+            "addr": empty,
+            "size": empty,
+            "stream": empty,
+            "time_us": empty,
+            "frames": [],
+        }
+    if set(map(type, entries)) != {dict}:
+        return None
+    actions, addrs, sizes, streams, times, frames = _trace_fields(entries)
+    codes = list(map(ACTION_CODE.get, actions))
+    if None in codes:
+        return None
+    action = np.array(codes, dtype=np.int8)
+    for i in np.flatnonzero(action == ACTION_CODE["oom"]).tolist():
+        free = entries[i].get("device_free")
+        if free is not None and type(free) is not int:
+            return None
+    addr, size = _ints(addrs), _ints(sizes)
+    stream = _ints(streams, minimum=None)
+    if addr is None or size is None or stream is None:
+        return None
+    kinds = set(map(type, times))
+    if kinds == {int}:
+        time_us = _ints(times, minimum=None)
+        if time_us is None:
+            return None
+    elif kinds <= {int, type(None)}:
+        time_us = np.array(times, dtype=object)
+    else:
+        return None
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us, "frames": frames}
+
+
+def _entry_columns(entries: tuple[TraceEntry, ...]) -> dict:
+    times = [e.time_us for e in entries]
+    return {
+        "action": np.array([ACTION_CODE[e.action] for e in entries], dtype=np.int8),
+        "addr": _array([e.addr for e in entries]),
+        "size": _array([e.size for e in entries]),
+        "stream": _array([e.stream for e in entries]),
+        "time_us": _array(times) if None not in times else np.array(times, dtype=object),
+        "frames": [e.frames for e in entries],
+    }
+
+
+def trace_columns_of(traces: list, origin: str) -> dict[int, TraceColumns]:
+    """Every device's trace as columns; a malformed entry raises the row parser's one-line error."""
+    out = {}
+    with gc_paused():
+        for device, entries in enumerate(traces):
+            fields = _fast_trace_columns(entries)
+            if fields is None:  # the row parser raises the one-line error, or reads what it can
+                fields = _entry_columns(tuple(_parse_trace_entry(e, device, origin, i) for i, e in enumerate(entries)))
+            out[device] = TraceColumns(device, entries, fields)
+    return out
+
+
+def trace_columns(snapshot: Snapshot, device: int = 0) -> TraceColumns | None:
+    """Device `device`'s trace as columns (None when it has no trace)."""
+    return snapshot.trace_columns.get(device)
+
+
+def trace_stream_order(snapshot: Snapshot) -> list[Any]:
+    """The streams in the order the trace first uses them, every device in turn (as `Snapshot.trace`)."""
+    order: dict[Any, None] = {}
+    for _, columns in sorted(snapshot.trace_columns.items()):
+        first = np.sort(np.unique(columns.stream, return_index=True)[1])
+        order.update(dict.fromkeys(columns.stream[first].tolist()))
+    return list(order)
+
+
+def segment_columns(snapshot: Snapshot) -> SegmentColumns:
+    """The snapshot's segments as columns (checked when the snapshot was made)."""
+    return snapshot.columns

@@ -1,0 +1,335 @@
+"""Scale: the generator of large snapshots, and the columnar code against the per-row code it replaced.
+
+Correctness first: every vectorised table, walk and figure must equal what
+the per-row implementations (tests/rowwise.py, as they were) give, on every
+recorded fixture, on traces cut to start mid-process, on a generated
+snapshot, and on inconsistent traces that take the walk's slow paths.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kit.columns
+import kit.snapshot
+from kit import KitError, Snapshot, load_snapshot
+from kit.columns import _record_columns, trace_columns
+from kit.pictures import segment_map_figure
+from kit.scale import scale_snapshot, summary, write_scale_snapshot
+from kit.tables import segment_frame, segment_table, stream_labels
+from kit.trace import _holders, replay_trace, reuse_table, stranding_report
+
+from . import rowwise
+from .conftest import FIXTURES, MIB, segment
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_FILES = sorted(FIXTURES.rglob("*.pickle"))
+SMALL = 0.02  # of the benchmark's snapshot: about 1,000 segments and 40,000 events
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict:
+    return scale_snapshot(seed=1, scale=SMALL)
+
+
+# -- the generator -------------------------------------------------------------
+
+
+def test_generator_meets_its_counts_at_small_scale(generated):
+    counts = summary(generated)
+    # The module's promise: at scale 1 at least 50,000 segments, 500,000 blocks, 2,000,000 events, linearly.
+    assert counts["segments"] >= 50_000 * SMALL
+    assert counts["blocks"] >= 500_000 * SMALL
+    assert counts["events"] >= 2_000_000 * SMALL
+    assert counts["streams"] >= 4 and counts["pools"] >= 3
+
+
+def test_generator_is_deterministic(generated):
+    assert pickle.dumps(scale_snapshot(seed=1, scale=SMALL)) == pickle.dumps(generated)
+    assert summary(scale_snapshot(seed=2, scale=SMALL)) != summary(generated)
+
+
+def test_generated_snapshot_loads_tabulates_and_replays(generated, tmp_path):
+    path = tmp_path / "scale.pickle"
+    info = write_scale_snapshot(path, seed=1, scale=SMALL)
+    assert info["bytes"] == path.stat().st_size and info["segments"] == len(generated["segments"])
+    snap = load_snapshot(path)
+    assert snap.raw == generated
+    assert snap.columns.records is None  # torch-shaped: the bulk checks accepted every row
+    table = segment_table(snap)
+    assert table["reserved"].sum() == sum(s["total_size"] for s in generated["segments"])
+    assert table["segments"].sum() == len(generated["segments"])
+    replay = replay_trace(snap)
+    assert replay.mismatches == []  # the walk ends exactly at the snapshot
+    reuse = reuse_table(snap, replay).set_index("stream_label")
+    # The replay graphs capture into the model graphs' pool on their own stream: PR 63155's stranding.
+    assert reuse.loc["replay graphs stream", "stranded_bytes"] > 0
+    assert len(replay.allocs) == sum(e["action"] == "alloc" for e in generated["device_traces"][0])
+
+
+def test_generated_frames_are_shared_as_torch_shares_them(generated):
+    frames = [f for e in generated["device_traces"][0] for f in e["frames"]]
+    assert len(frames) > 10 * len({id(f) for f in frames})
+    assert all(type(e["time_us"]) is int and e["compile_context"] == "N/A" for e in generated["device_traces"][0])
+
+
+# -- columns against records -----------------------------------------------------
+
+
+def _cut(raw: dict, start: int) -> dict:
+    """The same snapshot with its trace starting at entry `start` (mid-process)."""
+    return {**raw, "device_traces": [raw["device_traces"][0][start:]]}
+
+
+def _cases(generated: dict) -> list[tuple[str, dict]]:
+    cases = [(str(p.relative_to(FIXTURES)), load_snapshot(p).raw) for p in FIXTURE_FILES]
+    for name, raw in list(cases[:3]) + [("generated", generated)]:
+        events = len(raw["device_traces"][0])
+        cases += [(f"{name}@{events // 3}", _cut(raw, events // 3)), (f"{name}@{events // 2}", _cut(raw, events // 2))]
+    return cases + [("generated", generated)]
+
+
+def test_segment_columns_equal_the_records(generated):
+    for name, raw in _cases(generated):
+        snap = Snapshot(raw)
+        fast = vars(snap.columns)
+        slow = _record_columns(snap.segments)
+        for key, value in slow.items():
+            assert np.array_equal(fast[key], value), (name, key)
+
+
+def test_trace_columns_equal_the_entries(generated):
+    for name, raw in _cases(generated):
+        snap = Snapshot(raw)
+        for device, entries in snap.traces.items():
+            tc = trace_columns(snap, device)
+            assert [kit.snapshot.TRACE_ACTIONS[a] for a in tc.action] == [e.action for e in entries], name
+            for column in ("addr", "size", "stream", "time_us"):
+                assert tc.__dict__[column].tolist() == [getattr(e, column) for e in entries], (name, column)
+            assert [f if type(f) is list else [] for f in tc.frames] == [e.frames for e in entries], name
+
+
+def test_tables_equal_the_per_row_tables(generated):
+    for name, raw in _cases(generated):
+        snap = Snapshot(raw)
+        pd.testing.assert_frame_equal(segment_frame(snap), rowwise.segment_frame(snap), obj=name)
+        new, old = segment_table(snap), rowwise.segment_table(snap)
+        pd.testing.assert_frame_equal(new, old, obj=name)
+        assert new.attrs == old.attrs
+        assert stream_labels(snap) == rowwise.stream_labels(snap)
+
+
+def _same_replay(snap: Snapshot, name: str) -> None:
+    new, old = replay_trace(snap), rowwise.replay_trace(snap)
+    # The frames column now holds each entry's own list of frames; the old one copied its first three.
+    frames = new.allocs["frames"].map(lambda f: f[:3])
+    pd.testing.assert_frame_equal(new.allocs.assign(frames=frames), old.allocs, obj=name)
+    pd.testing.assert_frame_equal(new.new_segments, old.new_segments, obj=name)
+    assert (new.mismatches, new.rewound_segments) == (old.mismatches, old.rewound_segments), name
+    pd.testing.assert_frame_equal(reuse_table(snap, new), rowwise.reuse_table(snap, old), obj=name)
+    pd.testing.assert_frame_equal(stranding_report(snap, new), rowwise.stranding_report(snap, old), obj=name)
+
+
+def test_walk_equals_the_per_row_walk(generated):
+    stranded = 0
+    for name, raw in _cases(generated):
+        snap = Snapshot(raw)
+        if snap.has_trace:
+            _same_replay(snap, name)
+            stranded += (replay_trace(snap).allocs["served"] == "stranded").sum()
+    assert stranded > 100  # the stranded search, ties and all, was exercised
+
+
+def test_segment_map_equals_the_per_row_figure(generated):
+    for name, raw in _cases(generated)[: len(FIXTURE_FILES)] + [("generated", generated)]:
+        snap = Snapshot(raw)
+        for cap in (2000, 3):
+            new = segment_map_figure(snap, max_segments=cap, max_bars=10**9)
+            assert new.to_dict() == rowwise.segment_map_figure(snap, max_segments=cap).to_dict(), name
+
+
+# -- inconsistent traces: the walk's slow paths ----------------------------------------
+
+
+def _trace(*events: tuple) -> list[dict]:
+    return [
+        {"action": a, "addr": addr, "size": size, "stream": stream, "time_us": i, "frames": []}
+        for i, (a, addr, size, stream) in enumerate(events)
+    ]
+
+
+BASE = 0x7F00_0000_0000
+
+
+def _reused_addresses() -> dict:
+    """A 40 MiB segment, freed; then ten 2 MiB segments inside its old range, one after another."""
+    events = [("segment_alloc", BASE, 40 * MIB, 0), ("alloc", BASE + 30 * MIB, MIB, 0)]
+    events += [("free_requested", BASE + 30 * MIB, MIB, 0), ("free_completed", BASE + 30 * MIB, MIB, 0)]
+    events += [("alloc", BASE, MIB, 0), ("free_completed", BASE, MIB, 0), ("segment_free", BASE, 40 * MIB, 0)]
+    for i in range(1, 11):
+        at = BASE + 2 * i * MIB
+        events += [("segment_alloc", at, 2 * MIB, 0), ("alloc", at, 4096, 0), ("free_completed", at, 4096, 0)]
+        events += [("segment_free", at, 2 * MIB, 0)]
+    # Before all that, an allocation in the big segment: its address lies under ten later starts.
+    events.insert(2, ("alloc", BASE + 36 * MIB, MIB, 7))
+    return {"segments": [], "device_traces": [_trace(*events)]}
+
+
+def _overlapping() -> dict:
+    """Two live segments overlap (no allocator makes this): every lookup falls back to the search."""
+    events = [
+        ("segment_alloc", BASE, 4 * MIB, 0),
+        ("segment_alloc", BASE + 2 * MIB, 2 * MIB, 9),
+        ("alloc", BASE + 2 * MIB, 4096, 9),
+        ("alloc", BASE, 4096, 0),
+        ("free_completed", BASE, 4096, 0),
+        ("segment_alloc", BASE, 2 * MIB, 0),  # and one replaces another at the same address
+        ("alloc", BASE, 512, 0),
+    ]
+    final = [segment(BASE, [(512, "active_allocated"), (2 * MIB - 512, "inactive")])]
+    return {"segments": final, "device_traces": [_trace(*events)]}
+
+
+@pytest.mark.parametrize("make", [_reused_addresses, _overlapping], ids=["address-reuse", "overlap"])
+def test_inconsistent_traces_take_the_search_and_agree(make, monkeypatch):
+    snap = Snapshot(make())
+    seen = []
+    monkeypatch.setattr("kit.trace._holders", lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
+    _same_replay(snap, make.__name__)
+    assert (seen[0] == -2).any()  # left to the search, which then placed them as the old walk did
+
+
+# -- loading -------------------------------------------------------------------------
+
+
+def _mutations() -> list:
+    def strip_block_keys(raw):  # older torch: blocks without address or requested_size
+        for s in raw["segments"]:
+            for b in s["blocks"]:
+                b.pop("address"), b.pop("requested_size")
+
+    def strip_segment_keys(raw):
+        for s in raw["segments"]:
+            for key in ("device", "allocated_size", "active_size", "requested_size", "stream", "segment_type"):
+                s.pop(key)
+
+    def odd_requested(raw):
+        raw["segments"][0]["blocks"][0]["requested_size"] = True
+
+    def bool_size(raw):
+        raw["segments"][0]["blocks"][0]["size"] = True
+
+    def float_address(raw):
+        raw["segments"][1]["address"] = float(raw["segments"][1]["address"])
+
+    def gap_between_blocks(raw):
+        next(s for s in raw["segments"] if len(s["blocks"]) > 1)["blocks"][1]["address"] += 512
+
+    def none_stream(raw):
+        raw["segments"][0]["stream"] = None
+
+    def odd_segment_type(raw):
+        raw["segments"][0]["segment_type"] = ["small"]
+
+    def pool_of_three(raw):
+        raw["segments"][0]["segment_pool_id"] = (0, 1, 2)
+
+    def float_trace_size(raw):
+        raw["device_traces"][0][3]["size"] = 1.5
+
+    def no_trace_stream(raw):
+        for e in raw["device_traces"][0]:
+            e.pop("stream")
+
+    def oom_entry(raw):
+        raw["device_traces"][0].append({"action": "oom", "size": 8, "device_free": 0, "stream": 0})
+
+    def oom_bool_free(raw):
+        raw["device_traces"][0].append({"action": "oom", "size": 8, "device_free": True})
+
+    return [
+        strip_block_keys,
+        strip_segment_keys,
+        odd_requested,
+        bool_size,
+        float_address,
+        gap_between_blocks,
+        none_stream,
+        odd_segment_type,
+        pool_of_three,
+        float_trace_size,
+        no_trace_stream,
+        oom_entry,
+        oom_bool_free,
+    ]
+
+
+@pytest.mark.parametrize("mutate", _mutations(), ids=lambda f: f.__name__)
+def test_bulk_checks_accept_and_refuse_what_the_row_parser_does(recorded_path, mutate):
+    raw = pickle.loads(pickle.dumps(load_snapshot(recorded_path).raw))
+    mutate(raw)
+    try:
+        records = tuple(kit.snapshot._parse_segment(s, f"x: segment {i}") for i, s in enumerate(raw["segments"]))
+        entries = [kit.snapshot._parse_trace_entry(e, 0, "x", i) for i, e in enumerate(raw["device_traces"][0])]
+    except KitError as e:
+        with pytest.raises(KitError) as got:
+            Snapshot(raw, origin="x")
+        assert str(got.value) == str(e)
+        return
+    snap = Snapshot(raw, origin="x")
+    for key, value in _record_columns(records).items():
+        assert np.array_equal(vars(snap.columns)[key], value), key
+    assert trace_columns(snap).size.tolist() == [e.size for e in entries]
+
+
+def test_streamed_pickle_loads_as_bytes_do(recorded_path):
+    assert load_snapshot(recorded_path).raw == pickle.loads(recorded_path.read_bytes())
+
+
+def test_a_large_load_leaves_the_collector_on_and_its_objects_frozen(tmp_path, monkeypatch):
+    path = tmp_path / "snap.pickle"
+    entries = [{"action": "alloc", "frames": []} for _ in range(5000)]  # 10,000 containers the collector tracks
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}))
+    monkeypatch.setattr(kit.columns, "FREEZE_ABOVE", 1000)
+    frozen = gc.get_freeze_count()
+    try:
+        load_snapshot(path)
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + 5000
+    finally:
+        gc.unfreeze()
+
+
+def test_segment_map_never_sends_more_than_its_bars():
+    runs = [(4096, "active_allocated")] * 3 + [(4096, "inactive")]  # 4 blocks, 2 runs
+    raw = {
+        "segments": [
+            segment(BASE + i * 4 * MIB, runs * 20 + [(4 * MIB - 327680, "active_allocated")]) for i in range(300)
+        ]
+    }
+    blocks, merged_bars = 300 * 81, 300 * 41
+    assert sum(len(t.x) for t in segment_map_figure(raw, max_bars=blocks).data) == blocks
+    merged = segment_map_figure(raw, max_bars=blocks - 1)  # merging runs is enough: nothing left out
+    assert sum(len(t.x) for t in merged.data) == merged_bars
+    assert "one bar" in merged.layout.title.text and "not drawn" not in merged.layout.title.text
+    assert any(text.startswith("3 blocks, 12.00 KiB allocated") for t in merged.data for text in t.hovertext)
+    capped = segment_map_figure(raw, max_bars=5000)  # and past that, the smallest segments go
+    assert 0 < sum(len(t.x) for t in capped.data) <= 5000
+    assert "smallest segments not drawn" in capped.layout.title.text
+
+
+def test_benchmark_runs_on_a_recorded_fixture():
+    fixture = FIXTURES / "two_streams.pickle"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/scale.py"), str(fixture)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    for figure in ("load", "segment table", "reuse analysis", "HTML report", "segsum", "trace_plot", "peak memory"):
+        assert figure in done.stdout
