@@ -139,35 +139,37 @@ ALLOC_COLUMNS = (
 )
 
 
-def _final_segments(snap: Snapshot) -> dict[int, _Segment]:
-    """The snapshot's segments with their active blocks, in snapshot order (every device's)."""
-    c = snap.columns
-    active = c.block_state != INACTIVE
-    per_segment = np.bincount(c.block_segment[active], minlength=len(c)).tolist()
-    block_addr, block_size = c.block_address[active].tolist(), c.block_size[active].tolist()
-    segments: dict[int, _Segment] = {}
-    at = 0
-    for address, size, pool, stream, small, k in zip(
-        c.address.tolist(),
-        c.total_size.tolist(),
-        c.pools(),
-        c.stream.tolist(),
-        c.small.tolist(),
-        per_segment,
-        strict=True,
-    ):
-        seg = _Segment(address, size, pool, stream, small)
-        if k:
-            seg.starts = block_addr[at : at + k]
-            seg.sizes = dict(zip(seg.starts, block_size[at : at + k], strict=True))
-            at += k
-        segments[address] = seg
-    return segments
+class _FinalSegments:
+    """The snapshot's segments, each made into a `_Segment` (with its active blocks) only when asked for."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        c = snap.columns
+        active = c.block_state != INACTIVE
+        counts = np.bincount(c.block_segment[active], minlength=len(c))
+        self.at = np.concatenate(([0], np.cumsum(counts))).tolist()
+        self.block_addr, self.block_size = c.block_address[active].tolist(), c.block_size[active].tolist()
+        self.address, self.size = c.address.tolist(), c.total_size.tolist()
+        self.pool, self.stream, self.small = c.pools(), c.stream.tolist(), c.small.tolist()
+
+    def make(self, i: int) -> _Segment:
+        seg = _Segment(self.address[i], self.size[i], self.pool[i], self.stream[i], self.small[i])
+        lo, hi = self.at[i], self.at[i + 1]
+        if hi > lo:
+            seg.starts = self.block_addr[lo:hi]
+            seg.sizes = dict(zip(seg.starts, self.block_size[lo:hi], strict=True))
+        return seg
 
 
 def _initial_state(snap: Snapshot, acts: list, addrs: list, sizes: list, streams: list) -> dict[int, _Segment]:
-    """Rewind the final snapshot backwards through the trace to its first entry."""
-    segments = _final_segments(snap)
+    """Rewind the final snapshot backwards through the trace to its first entry.
+
+    The snapshot's segments enter the dict as row numbers and become
+    `_Segment`s when a block event reaches them or when they outlast the
+    rewind: most of a long trace's segments are dropped again at their
+    segment_alloc without ever being needed.
+    """
+    final = _FinalSegments(snap)
+    segments: dict = {address: i for i, address in enumerate(final.address)}
     starts = sorted(segments)
     keep = _rewind_rows(snap, acts, addrs, sizes)
     for r in reversed(keep):
@@ -185,6 +187,8 @@ def _initial_state(snap: Snapshot, acts: list, addrs: list, sizes: list, streams
             if j < 0:
                 continue
             seg = segments[starts[j]]
+            if type(seg) is int:
+                seg = segments[starts[j]] = final.make(seg)
             if addr >= seg.address + seg.size:
                 continue
             if a == _ALLOC:
@@ -192,6 +196,9 @@ def _initial_state(snap: Snapshot, acts: list, addrs: list, sizes: list, streams
                     seg.release(addr)
             elif addr not in seg.sizes:  # free_completed
                 seg.activate(addr, round_size(sizes[r]))  # its exact size is not in the trace
+    for address, seg in segments.items():
+        if type(seg) is int:
+            segments[address] = final.make(seg)
     return segments
 
 
