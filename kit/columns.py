@@ -406,8 +406,3 @@ def trace_stream_order(snapshot: Snapshot) -> list[Any]:
         first = np.sort(np.unique(columns.stream, return_index=True)[1])
         order.update(dict.fromkeys(columns.stream[first].tolist()))
     return list(order)
-
-
-def segment_columns(snapshot: Snapshot) -> SegmentColumns:
-    """The snapshot's segments as columns (checked when the snapshot was made)."""
-    return snapshot.columns
