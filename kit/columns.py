@@ -40,6 +40,10 @@ STATE_CODE = {s: i for i, s in enumerate(BLOCK_STATES)}  # 0 allocated, 1 pendin
 ACTION_CODE = {a: i for i, a in enumerate(TRACE_ACTIONS)}
 ALLOCATED, PENDING, INACTIVE = 0, 1, 2
 SMALL_SEGMENT_MAX = 2 * 1024 * 1024
+# The bulk checks take only what no reading of a snapshot could refuse; anything past these
+# (a size over 1 PiB, a device number over 1024, overlapping segments) goes row by row.
+LARGEST = 1 << 50
+LARGEST_DEVICE = 1 << 10
 
 
 FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
@@ -71,7 +75,7 @@ def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
             gc.enable()
 
 
-def _ints(values: list, *, minimum: int | None = 0) -> np.ndarray | None:
+def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = LARGEST) -> np.ndarray | None:
     """`values` as int64 if every one is a plain int (no bool) in range; else None."""
     if values and set(map(type, values)) != {int}:
         return None
@@ -79,7 +83,7 @@ def _ints(values: list, *, minimum: int | None = 0) -> np.ndarray | None:
         out = np.fromiter(values, dtype=np.int64, count=len(values))
     except OverflowError:
         return None
-    if minimum is not None and out.size and out.min() < minimum:
+    if out.size and ((minimum is not None and out.min() < minimum) or (maximum is not None and out.max() > maximum)):
         return None
     return out
 
@@ -141,16 +145,20 @@ _MISSING = _Missing()
 _BLOCK_KEYS = itemgetter("address", "size", "requested_size", "state")
 
 
-def _column(rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0) -> np.ndarray | None:
+def _column(
+    rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0, maximum: int | None = LARGEST
+) -> np.ndarray | None:
     """An int column of dicts `rows`; a missing key takes `default` (None: required)."""
     values = list(map(methodcaller("get", key, _MISSING), rows))
     kinds = set(map(type, values))
     if _Missing not in kinds:
-        return _ints(values, minimum=minimum)
+        return _ints(values, minimum=minimum, maximum=maximum)
     if default is None or kinds - {int, _Missing}:
         return None
     missing = np.fromiter((type(v) is _Missing for v in values), dtype=bool, count=len(values))
-    present = _ints([0 if m else v for v, m in zip(values, missing.tolist(), strict=True)], minimum=minimum)
+    present = _ints(
+        [0 if m else v for v, m in zip(values, missing.tolist(), strict=True)], minimum=minimum, maximum=maximum
+    )
     if present is None:
         return None
     return np.where(missing, default, present)
@@ -161,7 +169,7 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     if segments and set(map(type, segments)) != {dict}:
         return None
     n = len(segments)
-    address, total = _column(segments, "address", None), _column(segments, "total_size", None)
+    address, total = _column(segments, "address", None, maximum=None), _column(segments, "total_size", None)
     if address is None or total is None:
         return None
     blocks_of = list(map(methodcaller("get", "blocks", _MISSING), segments))
@@ -195,33 +203,35 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     if blocks and set(map(type, addresses)) == {_Missing}:
         block_address = expected
     else:
-        block_address = _ints(addresses)
+        block_address = _ints(addresses, maximum=None)
         if block_address is None or not np.array_equal(block_address, expected):
             return None
     with_blocks = counts > 0
     if not np.array_equal(_group_sums(size, first, counts)[with_blocks], total[with_blocks]):
         return None
-    block_requested = _ints(requested, minimum=None)
+    block_requested = _ints(requested)
     if block_requested is None:  # as the row parser: anything but an int means "the block's size"
-        block_requested = _array([r if type(r) is int else s for r, s in zip(requested, sizes, strict=True)])
+        block_requested = _ints([r if type(r) is int else s for r, s in zip(requested, sizes, strict=True)])
+        if block_requested is None:
+            return None
     allocated = _group_sums(np.where(state == ALLOCATED, size, 0), first, counts)
     active = allocated + _group_sums(np.where(state == PENDING, size, 0), first, counts)
     fields = {
-        "device": _column(segments, "device", 0),
+        "device": _column(segments, "device", 0, maximum=LARGEST_DEVICE),
         "address": address,
         "total_size": total,
         "allocated_size": _column(segments, "allocated_size", allocated),
         "active_size": _column(segments, "active_size", active),
         "requested_size": _column(segments, "requested_size", 0),
-        "stream": _column(segments, "stream", DEFAULT_STREAM, minimum=None),
+        "stream": _column(segments, "stream", DEFAULT_STREAM, minimum=None, maximum=None),
     }
     if any(v is None for v in fields.values()):
         return None
     pools = list(map(methodcaller("get", "segment_pool_id", DEFAULT_POOL), segments))
     if set(map(type, pools)) - {tuple, list} or set(map(len, pools)) - {2}:
         return None
-    pool_a, pool_b = _ints([p[0] for p in pools], minimum=None), _ints([p[1] for p in pools], minimum=None)
-    if pool_a is None or pool_b is None:
+    pool_a, pool_b = _ints([p[0] for p in pools], maximum=None), _ints([p[1] for p in pools], maximum=None)
+    if pool_a is None or pool_b is None or _overlap(fields["device"], address, total):
         return None
     types = list(map(methodcaller("get", "segment_type"), segments))
     small = np.fromiter(
@@ -257,6 +267,13 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
 _SEGMENT_TYPES = ("small", "large")
 
 
+def _overlap(device: np.ndarray, address: np.ndarray, total: np.ndarray) -> bool:
+    """Whether two segments of one device share an address, or all of them reserve more than anything holds."""
+    order = np.lexsort((address, device))
+    d, a, t = device[order], address[order], total[order]
+    return bool(np.any((d[1:] == d[:-1]) & (a[:-1] + t[:-1] > a[1:]))) or total.sum(dtype=float) > LARGEST
+
+
 def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
     """The same columns, from parsed records (the path for unusual input)."""
     counts = np.array([len(s.blocks) for s in records], dtype=np.int64)
@@ -285,7 +302,8 @@ def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
 
 
 class TraceColumns:
-    """One device's trace as arrays: `action` (an index into `TRACE_ACTIONS`), `addr`, `size`, `stream`, `time_us`.
+    """One device's trace as arrays: `action` (an index into `TRACE_ACTIONS`, -1 for another), `addr`, `size`,
+    `stream`, `time_us`.
 
     `time_us` is int64, or objects when some entries have none. `frames` is a
     list of each entry's frames as stored (a list, or anything else where
@@ -354,13 +372,13 @@ def _fast_trace_columns(entries: list) -> dict | None:
         free = entries[i].get("device_free")
         if free is not None and type(free) is not int:
             return None
-    addr, size = _ints(addrs), _ints(sizes)
-    stream = _ints(streams, minimum=None)
+    addr, size = _ints(addrs, maximum=None), _ints(sizes)
+    stream = _ints(streams, minimum=None, maximum=None)
     if addr is None or size is None or stream is None:
         return None
     kinds = set(map(type, times))
     if kinds == {int}:
-        time_us = _ints(times, minimum=None)
+        time_us = _ints(times, minimum=None, maximum=None)
         if time_us is None:
             return None
     elif kinds <= {int, type(None)}:
@@ -373,7 +391,7 @@ def _fast_trace_columns(entries: list) -> dict | None:
 def _entry_columns(entries: tuple[TraceEntry, ...]) -> dict:
     times = [e.time_us for e in entries]
     return {
-        "action": np.array([ACTION_CODE[e.action] for e in entries], dtype=np.int8),
+        "action": np.array([ACTION_CODE.get(e.action, -1) for e in entries], dtype=np.int8),
         "addr": _array([e.addr for e in entries]),
         "size": _array([e.size for e in entries]),
         "stream": _array([e.stream for e in entries]),

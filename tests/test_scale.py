@@ -255,6 +255,28 @@ def _mutations() -> list:
     def oom_bool_free(raw):
         raw["device_traces"][0].append({"action": "oom", "size": 8, "device_free": True})
 
+    # Past what the bulk checks take: the row parser decides, whatever it decides.
+    def huge_size(raw):
+        s = raw["segments"][0]
+        s["total_size"] = s["blocks"][0]["size"] = s["allocated_size"] = s["active_size"] = 1 << 55
+
+    def negative_requested(raw):
+        raw["segments"][0]["blocks"][0]["requested_size"] = -5
+
+    def overlapping_segments(raw):
+        raw["segments"][1]["address"] = raw["segments"][0]["address"] + 512
+        for b in raw["segments"][1]["blocks"]:
+            b.pop("address")
+
+    def negative_pool(raw):
+        raw["segments"][0]["segment_pool_id"] = (-1, 0)
+
+    def far_device(raw):
+        raw["segments"][0]["device"] = 5000
+
+    def unknown_action(raw):
+        raw["device_traces"][0][2]["action"] = "annotate"
+
     return [
         strip_block_keys,
         strip_segment_keys,
@@ -269,6 +291,12 @@ def _mutations() -> list:
         no_trace_stream,
         oom_entry,
         oom_bool_free,
+        huge_size,
+        negative_requested,
+        overlapping_segments,
+        negative_pool,
+        far_device,
+        unknown_action,
     ]
 
 
