@@ -211,6 +211,8 @@ def show_or_say(load) -> None:
 
 
 def on_main(change=None) -> None:
+    if main.value in SHIPPED:  # the path box names the file on show
+        path_box.value = str(SHIPPED[main.value].relative_to(REPO))
     show_or_say(lambda: load_choice(main.value))
 
 
