@@ -334,24 +334,3 @@ def test_a_break_that_allocates_in_the_graph_pool_fails_the_outside_pool_check()
     ok, bad = break_allocations(clean.snapshot()).iloc[0], break_allocations(dirty.snapshot()).iloc[0]
     assert ok["outside_pool"] and ok["allocs"] == 1 and ok["pool_allocs"] == 0
     assert not bad["outside_pool"] and bad["pool_allocs"] == 1 and bad["pool_bytes"] == 64 * KIB
-
-
-# --- live, on a GPU ---------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-def test_live_captures_the_trace_predicts_which_sizes_differ_from_eager(tmp_path):
-    from kit import Snapshot, load_snapshot
-    from kit.replica.model import replay_rows
-    from kit.replica.scenarios import run_all
-
-    names = ("patched", "early_aux_shared")
-    run_all("small", tmp_path, names=names)
-    for name in names:
-        snap = Snapshot(load_snapshot(tmp_path / f"small_{name}.pickle").raw, origin=name, live=True)
-        table = liveness_table(snap, replay_size_for=replay_rows)
-        equivalence = Equivalence(pd.DataFrame(snap.kit["equivalence"]))
-        differs = set(equivalence.rows[~equivalence.rows["bit_exact"]]["size"])
-        assert set(table[table["conflict"]]["capture_size"]) == differs
-        assert bool(differs) == (name == "early_aux_shared")
-        assert break_allocations(snap)["outside_pool"].all()
