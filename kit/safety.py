@@ -192,9 +192,10 @@ def liveness_table(
       returned: the break's argument, which the break gathered);
     - `break input`: when a break released no block, the newest block held
       across it, which is the break's argument (the forward computes it just
-      before the call). On Python 3.12 and older, the capture recorder's stack
-      walk keeps the forward's locals alive until the forward returns, so the
-      argument's free shows up at the end of the capture;
+      before the call). For recordings whose argument outlived the break for
+      reasons of the recording itself: the kit's recorder before 2026-12-03
+      read `f_locals` on Python 3.12 and older, which kept the forward's locals
+      alive until it returned (any tool that reads frame locals does the same);
     - `held after the break`: any other, freed later or never: the model graph
       may read it after the break (an aux hidden state, a residual).
 
