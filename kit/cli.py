@@ -266,4 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a folder that does not exist, no permission, a full disk: the user's to fix
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"kit: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kit: interrupted; nothing half-written was left behind", file=sys.stderr)
+        return 130
     return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kit.errors import KitError
+from kit.errors import KitError, as_text
 from kit.snapshot import Snapshot, load_snapshot
 from kit.tables import format_bytes
 from kit.trace import _frame_line, replay_trace
@@ -171,7 +171,7 @@ def _in_windows(index: int, graphs: list[dict]) -> bool:
 def _first_frame(frames: list) -> str:
     """The first stack frame outside torch itself, as `name (file:line)`."""
     for f in frames or ():
-        if isinstance(f, dict) and "/torch/" not in str(f.get("filename", "")):
+        if isinstance(f, dict) and "/torch/" not in as_text(f.get("filename", "")):
             return _frame_line([f])
     return _frame_line(frames[:1]) if frames else ""
 

@@ -17,6 +17,14 @@ Free blocks are not in the trace, but they need not be: the allocator merges
 free neighbours, so the free blocks of a segment are exactly the gaps between
 its active blocks. An allocation takes the low end of the gap that starts at
 its address, and the whole gap when the rest is too small to split off.
+
+Expandable segments (`expandable_segments:True`) grow and shrink by mapping
+pages (`segment_map`, `segment_unmap`), and a snapshot lists one segment per
+mapped range; the walk does the same, so an allocation that needed pages
+mapped counts as a new segment of the mapped bytes. Graph pools never use
+expandable segments. A trace that contradicts the snapshot (a free of a block
+never allocated, a segment freed twice) never stops the walk: what does not
+add up is reported in `mismatches`. Actions a newer torch adds are skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kit.errors import as_text
 from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
 from kit.snapshot import Snapshot, load_snapshot
 from kit.tables import format_bytes, pool_label, segment_table, stream_labels
@@ -52,18 +61,90 @@ class _Segment:
         for start in self.starts:
             if start - cursor > best:
                 best, at = start - cursor, cursor
-            cursor = start + self.sizes[start]
+            cursor = max(cursor, start + self.sizes[start])
         if self.address + self.size - cursor > best:
             best, at = self.address + self.size - cursor, cursor
         return best, at
 
     def activate(self, address: int, size: int) -> None:
-        insort(self.starts, address)
+        if address not in self.sizes:
+            insort(self.starts, address)
         self.sizes[address] = size
 
     def release(self, address: int) -> None:
-        del self.starts[bisect_left(self.starts, address)]
-        del self.sizes[address]
+        if self.sizes.pop(address, None) is not None:
+            del self.starts[bisect_left(self.starts, address)]
+
+    def blocks_in(self, low: int, high: int) -> list[tuple[int, int]]:
+        """The active blocks starting in [low, high)."""
+        return [(a, self.sizes[a]) for a in self.starts[bisect_left(self.starts, low) : bisect_left(self.starts, high)]]
+
+
+class _Layout:
+    """The segments at one point of the walk, indexed by address."""
+
+    def __init__(self) -> None:
+        self.by_start: dict[int, _Segment] = {}
+        self.starts: list[int] = []
+
+    def add(self, seg: _Segment) -> None:
+        if seg.address not in self.by_start:
+            insort(self.starts, seg.address)
+        self.by_start[seg.address] = seg
+
+    def remove(self, address: int) -> _Segment | None:
+        seg = self.by_start.pop(address, None)
+        if seg is not None:
+            del self.starts[bisect_left(self.starts, address)]
+        return seg
+
+    def find(self, address: int) -> _Segment | None:
+        """The segment holding `address`."""
+        i = bisect_right(self.starts, address) - 1
+        if i >= 0:
+            seg = self.by_start[self.starts[i]]
+            if address < seg.address + seg.size:
+                return seg
+        return None
+
+    def map(self, address: int, size: int, stream: int, pool: tuple[int, int], small: bool) -> _Segment:
+        """Pages [address, address + size) mapped: the neighbouring range of the same stream and pool grows."""
+        before = self.find(address - 1) if address else None
+        if (
+            before is not None
+            and before.address + before.size == address
+            and (before.stream, before.pool)
+            == (
+                stream,
+                pool,
+            )
+        ):
+            seg = before
+            seg.size += size
+        else:
+            seg = _Segment(address, size, pool, stream, small)
+            self.add(seg)
+        after = self.by_start.get(seg.address + seg.size)
+        if after is not None and (after.stream, after.pool) == (stream, pool):
+            self.remove(after.address)
+            seg.size += after.size
+            for a, s in after.sizes.items():
+                seg.activate(a, s)
+        return seg
+
+    def unmap(self, address: int, size: int) -> None:
+        """Pages [address, address + size) unmapped: the range holding them shrinks, or splits in two."""
+        seg = self.find(address)
+        if seg is None:
+            return
+        end = min(address + size, seg.address + seg.size)
+        self.remove(seg.address)
+        for low, high in ((seg.address, address), (end, seg.address + seg.size)):
+            if high > low:
+                part = _Segment(low, high - low, seg.pool, seg.stream, seg.small)
+                for a, s in seg.blocks_in(low, high):
+                    part.activate(a, s)
+                self.add(part)
 
 
 @dataclass
@@ -71,65 +152,71 @@ class TraceReplay:
     """The result of walking a trace: one row per alloc, and what did not add up."""
 
     allocs: pd.DataFrame
-    new_segments: pd.DataFrame  # one row per segment_alloc: index, addr, size, pool, stream
+    new_segments: pd.DataFrame  # one row per segment_alloc or segment_map: index, addr, size, pool, stream
     mismatches: list[str] = field(default_factory=list)
     rewound_segments: int = 0
+    device: int = 0
 
 
-def _segment_of(segments: dict[int, _Segment], starts: list[int], address: int) -> _Segment | None:
-    i = bisect_right(starts, address) - 1
-    if i >= 0:
-        seg = segments[starts[i]]
-        if address < seg.address + seg.size:
-            return seg
-    return None
-
-
-def _initial_state(snap: Snapshot, entries) -> tuple[dict[int, _Segment], int]:
-    """Rewind the final snapshot backwards through the trace to its first entry."""
-    segments = {}
+def _final_layout(snap: Snapshot, device: int) -> _Layout:
+    """The snapshot's segments on `device` and their active blocks."""
+    layout = _Layout()
     for s in snap.segments:
+        if s.device != device:
+            continue
         seg = _Segment(s.address, s.total_size, s.segment_pool_id, s.stream, s.segment_type == "small")
         for b in s.blocks:
             if b.state != "inactive":
                 seg.activate(b.address, b.size)
-        segments[s.address] = seg
-    starts = sorted(segments)
+        layout.add(seg)
+    return layout
+
+
+def _pool_at(final: _Layout, address: int, size: int) -> tuple[tuple[int, int], bool]:
+    """Pool and size class of the snapshot's segment at `address`; the default pool's if none is there."""
+    seg = final.find(address)
+    if seg is not None:
+        return seg.pool, seg.small
+    return (0, 0), size <= 2 * K_SMALL_SIZE
+
+
+def _initial_state(snap: Snapshot, entries, device: int) -> tuple[_Layout, int]:
+    """Rewind the final snapshot backwards through the trace to its first entry."""
+    layout = _final_layout(snap, device)
+    final = _final_layout(snap, device)
     for e in reversed(entries):
-        if e.action == "segment_alloc":
-            if segments.pop(e.addr, None) is not None:
-                del starts[bisect_left(starts, e.addr)]
-        elif e.action == "segment_free":
+        action = e.action
+        if action == "segment_alloc":
+            layout.remove(e.addr)
+        elif action == "segment_free":
             # A segment freed within the trace belonged to the default pool (graph
             # pools are not freed while their graphs live).
-            segments[e.addr] = _Segment(e.addr, e.size, (0, 0), e.stream, e.size <= 2 * K_SMALL_SIZE)
-            insort(starts, e.addr)
-        elif e.action == "alloc":
-            seg = _segment_of(segments, starts, e.addr)
-            if seg is not None and e.addr in seg.sizes:
+            layout.add(_Segment(e.addr, e.size, (0, 0), e.stream, e.size <= 2 * K_SMALL_SIZE))
+        elif action == "segment_map":
+            layout.unmap(e.addr, e.size)
+        elif action == "segment_unmap":
+            layout.map(e.addr, e.size, e.stream, *_pool_at(final, e.addr, e.size))
+        elif action == "alloc":
+            seg = layout.find(e.addr)
+            if seg is not None:
                 seg.release(e.addr)
-        elif e.action == "free_completed":
-            seg = _segment_of(segments, starts, e.addr)
+        elif action == "free_completed":
+            seg = layout.find(e.addr)
             if seg is not None and e.addr not in seg.sizes:
                 seg.activate(e.addr, round_size(e.size))  # its exact size is not in the trace
-    return segments, len(segments)
+    return layout, len(layout.by_start)
 
 
 def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceReplay:
     """Walk the snapshot's trace from its rewound start; classify every alloc."""
     snap = load_snapshot(snapshot)
-    entries = snap.traces.get(device, ())
-    if not entries:
-        from kit.errors import KitError
-
-        raise KitError(f"{snap.origin}: no trace recorded (record with torch.cuda.memory._record_memory_history)")
-    segments, rewound = _initial_state(snap, entries)
-    starts = sorted(segments)
+    entries = snap.require_trace(device)
+    layout, rewound = _initial_state(snap, entries, device)
+    final = _final_layout(snap, device)
     # A segment's pool is in the snapshot only for the segment there now. Addresses come
     # back after a segment_free, so an earlier segment at the same address, one freed
     # within the trace, is taken as the default pool's (graph pools are not freed while
     # their graphs live).
-    final = {s.address: (s.segment_pool_id, s.segment_type == "small") for s in snap.segments}
     freed_later = set()
     last_alloc: dict[int, int] = {}
     for i, e in enumerate(entries):
@@ -139,35 +226,43 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
             freed_later.add(last_alloc[e.addr])
     rows = []
     made = []
-    last_segment_alloc = None
+    fresh: list[tuple[int, int]] = []  # ranges cudaMalloc'ed or mapped since the last alloc
     for i, e in enumerate(entries):
-        if e.action == "segment_alloc":
-            known = final.get(e.addr) if i not in freed_later else None
-            pool, small = known or ((0, 0), e.size <= 2 * K_SMALL_SIZE)
-            segments[e.addr] = _Segment(e.addr, e.size, pool, e.stream, small)
-            insort(starts, e.addr)
-            last_segment_alloc = e.addr
-            made.append((i, e.addr, e.size, pool, e.stream))
+        action = e.action
+        if action == "segment_alloc" or action == "segment_map":
+            if action == "segment_alloc":
+                known = final.by_start.get(e.addr) if i not in freed_later else None
+                pool, small = (known.pool, known.small) if known else ((0, 0), e.size <= 2 * K_SMALL_SIZE)
+                seg = _Segment(e.addr, e.size, pool, e.stream, small)
+                layout.add(seg)
+            else:
+                pool, small = _pool_at(final, e.addr, e.size)
+                seg = layout.map(e.addr, e.size, e.stream, pool, small)
+            fresh.append((e.addr, e.size))
+            made.append((i, e.addr, e.size, seg.pool, e.stream))
             continue
-        if e.action == "segment_free":
-            if segments.pop(e.addr, None) is not None:
-                del starts[bisect_left(starts, e.addr)]
+        if action == "segment_free":
+            layout.remove(e.addr)
             continue
-        if e.action == "free_completed":
-            seg = _segment_of(segments, starts, e.addr)
-            if seg is not None and e.addr in seg.sizes:
+        if action == "segment_unmap":
+            layout.unmap(e.addr, e.size)
+            continue
+        if action == "free_completed":
+            seg = layout.find(e.addr)
+            if seg is not None:
                 seg.release(e.addr)
             continue
-        if e.action != "alloc":
+        if action != "alloc":
             continue
-        seg = _segment_of(segments, starts, e.addr)
+        seg = layout.find(e.addr)
         if seg is None:
+            fresh.clear()
             continue
         rounded = round_size(e.size)
         gap = seg.gap_at(e.addr)
         rest = gap - rounded
         splits = rest >= K_MIN_BLOCK_SIZE if seg.small else rest > K_SMALL_SIZE
-        seg.activate(e.addr, rounded if splits else gap)
+        seg.activate(e.addr, rounded if splits else max(gap, rounded))
         row = {
             "index": i,
             "time_us": e.time_us,
@@ -182,14 +277,15 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
             "other_stream": None,
             "frames": e.frames[:3],
         }
-        if last_segment_alloc == e.addr:
+        new_bytes = sum(size for a, size in fresh if a < e.addr + rounded and e.addr < a + size) if fresh else 0
+        if new_bytes:
             row["served"] = "new_segment"
-            row["segment_bytes"] = seg.size
-            other = _free_elsewhere(segments, seg, rounded)
+            row["segment_bytes"] = new_bytes
+            other = _free_elsewhere(layout, seg, rounded)
             if other:
                 row["served"] = "stranded"
                 row["other_block"], row["other_block_size"], row["other_stream"] = other
-        last_segment_alloc = None
+        fresh.clear()
         rows.append(row)
     allocs = pd.DataFrame(
         rows,
@@ -209,7 +305,7 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
         ],
     )
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, segments), rewound)
+    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
 
 
 def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | None = None) -> pd.DataFrame:
@@ -219,7 +315,7 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     indices); by default the snapshot's own `kit.captures`.
     """
     snap = load_snapshot(snapshot)
-    windows = windows if windows is not None else snap.kit.get("captures") or []
+    windows = windows if windows is not None else snap.captures
     made = replay_trace(snap).new_segments
     labels = stream_labels(snap)
     rows = []
@@ -242,10 +338,10 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     return table
 
 
-def _free_elsewhere(segments: dict[int, _Segment], new: _Segment, rounded: int) -> tuple[int, int, int] | None:
+def _free_elsewhere(layout: _Layout, new: _Segment, rounded: int) -> tuple[int, int, int] | None:
     """The largest free block of the same pool and size class on another stream, if it fits."""
     best = None
-    for seg in segments.values():
+    for seg in layout.by_start.values():
         if seg is new or seg.pool != new.pool or seg.small != new.small or seg.stream == new.stream:
             continue
         size, at = seg.largest_gap()
@@ -254,11 +350,13 @@ def _free_elsewhere(segments: dict[int, _Segment], new: _Segment, rounded: int) 
     return best
 
 
-def _compare_with_snapshot(snap: Snapshot, segments: dict[int, _Segment]) -> list[str]:
+def _compare_with_snapshot(snap: Snapshot, layout: _Layout, device: int) -> list[str]:
     want = {
-        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"}) for s in snap.segments
+        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"})
+        for s in snap.segments
+        if s.device == device
     }
-    got = {a: (s.size, dict(s.sizes)) for a, s in segments.items()}
+    got = {a: (s.size, dict(s.sizes)) for a, s in layout.by_start.items()}
     out = []
     for address in sorted(want.keys() | got.keys()):
         if address not in got:
@@ -306,11 +404,11 @@ def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = No
 
 
 def _frame_line(frames: list) -> str:
-    return " < ".join(
-        f"{f.get('name', '?')} ({str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line', '?')})"
-        for f in frames[:3]
-        if isinstance(f, dict)
-    )
+    def one(f: dict) -> str:
+        filename = as_text(f.get("filename", "?")).rsplit("/", 1)[-1]
+        return f"{as_text(f.get('name', '?'))} ({filename}:{as_text(f.get('line', '?'))})"
+
+    return " < ".join(one(f) for f in frames[:3] if isinstance(f, dict))
 
 
 def stranding_report(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
@@ -323,9 +421,11 @@ def stranding_report(snapshot: Snapshot | str | dict, replay: TraceReplay | None
     `verdict`, one line.
     """
     snap = load_snapshot(snapshot)
-    a = (replay or replay_trace(snap)).allocs
+    replay = replay or replay_trace(snap)
+    a = replay.allocs
     labels = stream_labels(snap)
-    end = segment_table(snap).set_index(["pool", "stream"])
+    end = segment_table(snap)
+    end = end[end["device"] == replay.device].set_index(["pool", "stream"])
     rows = []
     for (pool, stream), group in a[a["served"] == "stranded"].groupby(["pool", "stream"], sort=True):
         others = sorted(set(group["other_stream"]))
