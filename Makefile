@@ -8,7 +8,14 @@ LAB_FLAGS ?=
 # Jupyter refuses to run as root unless told to; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv lab test walkthrough fixtures lint
+.PHONY: venv lab test walkthrough fixtures lint browser-deps screenshots
+
+# The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
+# no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
+CHROMIUM ?= /usr/bin/chromium
+BROWSER_DIR := tests/browser
+PLAYWRIGHT_STAMP := $(BROWSER_DIR)/node_modules/.package-lock.json
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 venv: $(STAMP)
 
@@ -21,8 +28,26 @@ $(STAMP): pyproject.toml
 lab: venv
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_FLAGS)
 
-test: venv
-	$(PY) -m pytest
+test: venv browser-deps
+	KIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest
+
+browser-deps: $(CHROMIUM) $(PLAYWRIGHT_STAMP)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium fonts-dejavu-core
+
+$(PLAYWRIGHT_STAMP): $(BROWSER_DIR)/package.json $(BROWSER_DIR)/package-lock.json
+	cd $(BROWSER_DIR) && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund
+	touch $@
+
+# Run the browser test (screenshots of every notebook under build/screenshots/) and copy the
+# root-cause notebook's control and figures to docs/root_cause.png for the README.
+screenshots: venv browser-deps
+	KIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/test_browser.py -q
+	mkdir -p docs
+	cp build/screenshots/02_root_cause_control.png docs/root_cause.png
+	@test $$(stat -c %s docs/root_cause.png) -le 307200 || { echo "docs/root_cause.png is over 300 KB"; exit 1; }
 
 lint: venv
 	$(VENV)/bin/ruff check kit tests scripts notebooks

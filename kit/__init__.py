@@ -9,7 +9,9 @@ The public API, by idea:
 - trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`, `what_if`
 - workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
 - capture recorder: `CaptureRecorder`, `capture_table`
-- safety: `check_equivalence`, `Equivalence` (graphs against eager)
+- ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`
+- safety: `liveness_table`, `liveness_verdicts`, `break_allocations` (what is live across the
+  eager break, from a recorded trace), `check_equivalence`, `Equivalence` (graphs against eager)
 - errors: `KitError`
 
 Subpackages, imported on use (they need torch): `kit.replica`, the vLLM-shaped
@@ -22,7 +24,8 @@ on a machine (such as the GPU machine) that has pandas but no plotly.
 
 from kit.capture import CaptureRecorder, capture_table
 from kit.errors import KitError
-from kit.safety import Equivalence, check_equivalence
+from kit.ranks import load_ranks, rank_table, rank_verdicts
+from kit.safety import Equivalence, break_allocations, check_equivalence, liveness_table, liveness_verdicts
 from kit.simulator import CachingAllocatorSim, Decision, simulate
 from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
 from kit.tables import diff_tables, format_bytes, segment_table, style_table
@@ -36,6 +39,12 @@ __all__ = [
     "Equivalence",
     "capture_table",
     "check_equivalence",
+    "break_allocations",
+    "liveness_table",
+    "liveness_verdicts",
+    "load_ranks",
+    "rank_table",
+    "rank_verdicts",
     "CachingAllocatorSim",
     "Decision",
     "generate_workload",

@@ -20,15 +20,37 @@ its eager breaks.
         runner.capture_model()
     rec.captures()        # per capture: manager, size, stream, pool, graphs, segments and bytes added
     rec.table()           # the labelled segment-by-stream table
+
+Faults and threads. The wrappers are installed once for all recorders and
+removed when the last one stops, and a recorder's own failure inside them is
+noted in `recorder.errors`, never raised into the capture it watches.
+Leaving the `with` block by an exception (a KeyboardInterrupt included) stops
+the recorder: it ends any capture the exception left open in this thread, so
+CUDA and the allocator work again, makes the stream current at start current
+again, puts the wrappers back and leaves memory history as it found it, and
+the exception propagates unchanged. Several
+threads may capture at once (vLLM's microbatch threads do): each graph is
+attributed to the thread and stream that captured it.
+
+Memory history: if it was off when the first recorder started, the recorder
+switches it on (`max_entries`, `stacks`) and off again when the last one
+stops; if it was on, it is left alone, and the recording uses the caller's
+history as it is (with its `max_entries`: a buffer too small for the
+captures leaves windows that point past its start). torch has no public
+getter for it; `history_enabled` asks `torch._C._cuda_isHistoryEnabled`
+(what torch's own CUDA-graph trees use), and on a torch without it takes a
+non-empty trace as on and an empty one as off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import re
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -36,7 +58,7 @@ from types import FrameType
 import pandas as pd
 
 from kit.errors import KitError
-from kit.patch import Patch
+from kit.patch import Patch, interrupts_deferred
 from kit.snapshot import Snapshot
 
 # Display names where the one made from the class name would read badly; the
@@ -60,6 +82,8 @@ class CaptureRecord:
     pool: tuple[int, int] | None = None
     trace_end: int | None = None
     thread: int = field(default=0, repr=False)
+    failed: bool = False  # capture_end raised: the graph was never made
+    aborted: bool = False  # an exception left the capture open; the recorder ended it at stop
 
     @property
     def capture(self) -> str:
@@ -91,6 +115,23 @@ def _size_in(frame_locals: dict) -> int | None:
     return size if isinstance(size, int) else None
 
 
+def _peek_locals(frame: FrameType) -> tuple[object, int | None]:
+    """A frame's `self` and capture size, without keeping the frame's other locals alive.
+
+    Before Python 3.13, reading `f_locals` of a function frame leaves a dict of
+    all its locals on the frame until the function returns. A tensor the function
+    then rebinds would outlive its last use, and the recording would show the
+    allocator a longer lifetime than an unrecorded run has (the forward's hidden
+    states held across a later eager break). So the dict is emptied after the
+    read; the function's own variables are not touched by that.
+    """
+    local = frame.f_locals
+    owner, size = local.get("self"), _size_in(local)
+    if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        local.clear()
+    return owner, size
+
+
 def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tuple[str, int | None] | None:
     """The innermost graph manager on the stack (from `frame`, else the caller's), and the capture size found there.
 
@@ -102,10 +143,9 @@ def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tup
     for _ in range(max_depth):
         if frame is None:
             return None
-        local = frame.f_locals
+        owner, frame_size = _peek_locals(frame)
         if size is None:
-            size = _size_in(local)
-        owner = local.get("self")
+            size = frame_size
         if owner is not None and _is_manager(owner):
             return manager_name(owner), size
         frame = frame.f_back
@@ -113,16 +153,126 @@ def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tup
 
 
 def _trace_length(torch) -> int:
-    traces = torch.cuda.memory._snapshot()["device_traces"]
-    return len(traces[torch.cuda.current_device()]) if traces else 0
+    traces = torch.cuda.memory._snapshot().get("device_traces") or []
+    device = torch.cuda.current_device()
+    return len(traces[device]) if device < len(traces) else 0
+
+
+def history_enabled(torch) -> bool:
+    """Whether this process records CUDA memory history now (see the module's notes for how it is told)."""
+    probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if probe is not None:
+        with contextlib.suppress(Exception):
+            return bool(probe())
+    traces = torch.cuda.memory._snapshot().get("device_traces") or []
+    return any(traces)  # switching history off clears the trace, so entries mean it is on
+
+
+@contextlib.contextmanager
+def recording_history(**kwargs) -> Iterator[None]:
+    """Memory history on for the block (`kwargs` go to `_record_memory_history`), unless it is on already.
+
+    Either way it is left as it was found: switched off again only if this switched it on.
+    """
+    import torch
+
+    was_on = history_enabled(torch)
+    if not was_on:
+        torch.cuda.memory._record_memory_history(**kwargs)
+    try:
+        yield
+    finally:
+        if not was_on:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+# --- the wrappers and the history, shared by every recorder -----------------------------
+
+_registry_lock = threading.RLock()
+_active: list[CaptureRecorder] = []
+_hooks: Patch | None = None
+_history = {"users": 0, "ours": False}
+
+
+def active_recorders() -> list[CaptureRecorder]:
+    """The recorders recording now, in any thread."""
+    with _registry_lock:
+        return list(_active)
+
+
+def hooks_installed() -> bool:
+    """Whether `CUDAGraph.capture_begin`/`capture_end` are the recorder's wrappers now."""
+    return _hooks is not None and _hooks.applied
+
+
+def _dispatch(hook: str, graph, frame: FrameType | None, **kwargs) -> None:
+    """Tell every active recorder; a recorder's failure is noted on it, never raised into the capture."""
+    with _registry_lock:
+        recorders = list(_active)
+    for recorder in recorders:
+        try:
+            getattr(recorder, hook)(graph, frame, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the capture being watched matters more than its record
+            recorder.errors.append(f"{hook}: {type(e).__name__}: {e}")
+
+
+def _install_hooks(torch) -> None:
+    global _hooks
+    if _hooks is not None and _hooks.applied:
+        return
+    graph_cls = torch.cuda.CUDAGraph
+    begin, end = graph_cls.capture_begin, graph_cls.capture_end
+
+    def capture_begin(graph, *args, **kwargs):
+        _dispatch("_on_begin", graph, sys._getframe(1))
+        return begin(graph, *args, **kwargs)
+
+    def capture_end(graph, *args, **kwargs):
+        try:
+            out = end(graph, *args, **kwargs)
+        except BaseException as e:
+            _dispatch("_on_end_failed", graph, None, error=e)
+            raise
+        _dispatch("_on_end", graph, None)
+        return out
+
+    replacements = [(graph_cls, "capture_begin", capture_begin), (graph_cls, "capture_end", capture_end)]
+    _hooks = Patch("capture recorder", replacements).apply()
+
+
+def _remove_hooks_if_unused() -> None:
+    global _hooks
+    if _active or _hooks is None:
+        return
+    if all(vars(owner).get(attr) is new for owner, attr, new in _hooks.replacements):
+        _hooks.revert()
+    # Else something wrapped them after us: ours stays inside its wrapper, inert with no recorder active.
+    _hooks = None
+
+
+def _acquire_history(torch, max_entries: int, stacks: str) -> None:
+    if _history["users"] == 0:
+        was_on = history_enabled(torch)
+        if not was_on:
+            torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
+        _history["ours"] = not was_on
+    _history["users"] += 1
+
+
+def _release_history(torch) -> None:
+    _history["users"] -= 1
+    if _history["users"] == 0 and _history["ours"]:
+        _history["ours"] = False
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 class CaptureRecorder:
     """Records every graph capture between `start()` and `stop()`.
 
     With `history=True` (the default) memory history is recorded for the
-    duration and switched off at the end; pass False when the caller records
-    it already (it must then be on, or the windows are empty).
+    duration if it was off, and switched off again at the end; pass False
+    when the caller records it already (it must then be on, or the windows
+    are empty).
     """
 
     def __init__(self, *, history: bool = True, max_entries: int = 2_000_000, stacks: str = "python") -> None:
@@ -131,69 +281,92 @@ class CaptureRecorder:
         self.stacks = stacks
         self.records: list[CaptureRecord] = []
         self.snapshot: Snapshot | None = None
-        self._open: dict[int, CaptureRecord] = {}
+        self.errors: list[str] = []  # what went wrong inside the wrappers (never raised into a capture)
+        self._open: dict[int, tuple[CaptureRecord, object, object]] = {}  # id(graph) -> record, graph, stream
         self._labels = threading.local()
         self._lock = threading.Lock()
-        self._patch: Patch | None = None
+        self._holds_history = False
+        self._started_on: tuple[int, object] | None = None  # thread and current stream at start
+        self._faulted = False
 
     # --- lifecycle --------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        with _registry_lock:
+            return self in _active
 
     def start(self) -> CaptureRecorder:
         import torch
 
         if not torch.cuda.is_available():
             raise KitError("the capture recorder needs CUDA; load a recorded snapshot instead")
-        if self._patch is not None:
-            raise KitError("this recorder is already recording")
-        graph_cls = torch.cuda.CUDAGraph
-        begin, end = graph_cls.capture_begin, graph_cls.capture_end
-        recorder = self
-
-        def capture_begin(graph, *args, **kwargs):
-            recorder._on_begin(graph)
-            return begin(graph, *args, **kwargs)
-
-        def capture_end(graph, *args, **kwargs):
-            out = end(graph, *args, **kwargs)
-            recorder._on_end(graph)
-            return out
-
-        self._patch = Patch(
-            "capture recorder", [(graph_cls, "capture_begin", capture_begin), (graph_cls, "capture_end", capture_end)]
-        ).apply()
-        if self.history:
+        with _registry_lock, interrupts_deferred():
+            if self in _active:
+                raise KitError("this recorder is already recording")
+            _active.append(self)
             try:
-                torch.cuda.memory._record_memory_history(max_entries=self.max_entries, stacks=self.stacks)
+                self._started_on = (threading.get_ident(), torch.cuda.current_stream())
+                _install_hooks(torch)
+                if self.history:
+                    _acquire_history(torch, self.max_entries, self.stacks)
+                    self._holds_history = True
             except BaseException:
-                self._patch.revert()
-                self._patch = None
+                _active.remove(self)
+                _remove_hooks_if_unused()
                 raise
         return self
 
     def stop(self) -> Snapshot:
-        """Take the snapshot, put `capture_begin`/`capture_end` back, stop the history."""
+        """Take the snapshot, put `capture_begin`/`capture_end` back, leave memory history as it was."""
         import torch
 
-        if self._patch is None:
+        if not self.recording:
             raise KitError("this recorder is not recording")
         try:
+            self._end_open_captures(torch)
             torch.cuda.synchronize()
             raw = torch.cuda.memory._snapshot()
             raw["kit"] = self._kit_metadata(torch)
             self.snapshot = Snapshot(raw, origin="capture recorder", live=True)
             _last_recording[0] = raw
+            if self.records and not self.snapshot.has_trace:
+                warnings.warn(
+                    "capture recorder: memory history kept no trace (it was on with enabled='state'?), "
+                    "so the capture windows are empty",
+                    stacklevel=2,
+                )
         finally:
-            self._patch.revert()
-            self._patch = None
-            if self.history:
-                torch.cuda.memory._record_memory_history(enabled=None)
+            with _registry_lock, interrupts_deferred():
+                if self in _active:
+                    _active.remove(self)
+                _remove_hooks_if_unused()
+                if self._faulted:
+                    self._put_back_stream(torch)
+                if self._holds_history:
+                    self._holds_history = False
+                    _release_history(torch)
         return self.snapshot
+
+    def _put_back_stream(self, torch) -> None:
+        """After a fault, make the stream current at start current again (an exception can skip a stream's exit)."""
+        thread, stream = self._started_on or (None, None)
+        if thread == threading.get_ident() and torch.cuda.current_stream() != stream:
+            torch.cuda.set_stream(stream)
+            self.errors.append("an exception left another stream current; the one current at start is again")
 
     def __enter__(self) -> CaptureRecorder:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.stop()
+            return
+        self._faulted = True
+        try:
+            self.stop()
+        except Exception as stop_error:  # noqa: BLE001 - the exception from inside the block is the one to see
+            exc.add_note(f"(kit: stopping the capture recorder after this failed too: {stop_error})")
 
     @contextlib.contextmanager
     def label(self, manager: str, size: int | None = None) -> Iterator[None]:
@@ -205,40 +378,69 @@ class CaptureRecorder:
         finally:
             self._labels.current = previous
 
+    def _end_open_captures(self, torch) -> None:
+        """End the captures this thread began that an exception left open: the stream and the allocator work again.
+
+        (A capture must end in the thread that began it; one another thread left open stays as it is.)
+        """
+        me = threading.get_ident()
+        with self._lock:
+            left = [entry for entry in self._open.values() if entry[0].thread == me]
+        for record, graph, stream in left:
+            with torch.cuda.stream(stream):
+                still_open = torch.cuda.is_current_stream_capturing()
+                if still_open:
+                    record.aborted = True
+                    self.errors.append(f"the capture of {graph_name(record)} was left open by an exception; ended")
+                    try:
+                        graph.capture_end()
+                    except Exception as e:  # noqa: BLE001 - it may be beyond saving; the stop goes on
+                        self.errors.append(f"ending it failed: {type(e).__name__}: {e}")
+            if not still_open:
+                record.failed = True  # its capture_end raised and the capture is gone: no graph
+            with self._lock:
+                self._open.pop(id(graph), None)
+
     # --- the hooks ---------------------------------------------------------
 
-    def _on_begin(self, graph) -> None:
+    def _on_begin(self, graph, frame: FrameType | None) -> None:
         import torch
 
-        label = (
-            getattr(self._labels, "current", None) or label_from_stack(sys._getframe(2)) or ("unlabelled graphs", None)
-        )
-        stream = torch.cuda.current_stream().cuda_stream
+        label = getattr(self._labels, "current", None) or label_from_stack(frame) or ("unlabelled graphs", None)
+        stream = torch.cuda.current_stream()
         thread = threading.get_ident()
         index = _trace_length(torch)
         with self._lock:
             mine = [r for r in self.records if r.thread == thread]
             last = mine[-1] if mine else None
-            same = last is not None and (last.manager, last.size, last.stream) == (*label, stream)
-            record = CaptureRecord(*label, stream, last.index + 1 if same else 0, index, thread=thread)
+            same = last is not None and (last.manager, last.size, last.stream) == (*label, stream.cuda_stream)
+            record = CaptureRecord(*label, stream.cuda_stream, last.index + 1 if same else 0, index, thread=thread)
             self.records.append(record)
-            self._open[id(graph)] = record
+            self._open[id(graph)] = (record, graph, stream)
 
-    def _on_end(self, graph) -> None:
+    def _on_end(self, graph, frame: FrameType | None) -> None:
         import torch
 
         index = _trace_length(torch)
         with self._lock:
-            record = self._open.pop(id(graph), None)
-            if record is None:
+            entry = self._open.pop(id(graph), None)
+            if entry is None:
                 return
+            record = entry[0]
             record.pool = tuple(graph.pool())
             record.trace_end = index
+
+    def _on_end_failed(self, graph, frame: FrameType | None, error: BaseException) -> None:
+        # The capture may still be open (torch refused before ending it) or gone: `stop` tells which.
+        with self._lock:
+            entry = self._open.get(id(graph))
+        if entry is not None:
+            self.errors.append(f"capture_end of {graph_name(entry[0])} raised {type(error).__name__}: {error}")
 
     # --- results -------------------------------------------------------------
 
     def _kit_metadata(self, torch) -> dict:
-        finished = [r for r in self.records if r.trace_end is not None]
+        finished = [r for r in self.records if r.trace_end is not None and r.pool is not None]
         streams: dict[str, int] = {}
         for r in self.records:
             if r.stream not in streams.values():
@@ -271,6 +473,7 @@ class CaptureRecorder:
                     "pool": list(r.pool),
                     "trace_begin": r.trace_begin,
                     "trace_end": r.trace_end,
+                    **({"aborted": True} if r.aborted else {}),
                 }
                 for r in finished
             ],
@@ -312,8 +515,8 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
     from kit.tables import stream_labels
     from kit.trace import replay_trace
 
-    graphs = snapshot.kit.get("captures") or []
-    made = replay_trace(snapshot).new_segments
+    graphs = snapshot.captures
+    made = replay_trace(snapshot).new_segments if graphs else None
     labels = stream_labels(snapshot)
     rows = []
     for name in dict.fromkeys(g.get("capture", g["graph"]) for g in graphs):

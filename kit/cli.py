@@ -2,7 +2,8 @@
 
 Commands (contract in DESIGN.md): `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
-`vllm-patch` (what PR 63155 changes in the installed vLLM) besides. Every command
+`vllm-patch` (what PR 63155 changes in the installed vLLM) and `ranks` (a
+multi-GPU run's ranks side by side) besides. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -91,6 +92,18 @@ def cmd_what_if(args: argparse.Namespace) -> None:
         print(f"pool {pool}: {saved} bytes saved")
     for line in result.corrections:
         print(f"correction: {line}")
+
+
+def cmd_ranks(args: argparse.Namespace) -> None:
+    from kit.ranks import load_ranks, rank_table, rank_verdicts
+
+    table = rank_table(load_ranks(args.folder), args.figure)
+    if args.json:
+        _print_table(table, True)
+        return
+    _print_table(table, False)
+    for line in rank_verdicts(table) or ["the ranks agree: no group differs by more than 5% and 2 MiB"]:
+        print(line)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -208,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_what_if)
 
+    p = sub.add_parser("ranks", help="the ranks of a multi-GPU run side by side (a folder of rank<N> snapshots)")
+    p.add_argument("folder", help="folder of per-rank snapshots")
+    p.add_argument("--figure", default="reserved", help="reserved (default), allocated, active, free, segments")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ranks)
+
     p = sub.add_parser("report", help="self-contained HTML page of tables and figures")
     p.add_argument("snapshot")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
@@ -247,4 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a folder that does not exist, no permission, a full disk: the user's to fix
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"kit: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kit: interrupted; nothing half-written was left behind", file=sys.stderr)
+        return 130
     return 0

@@ -28,10 +28,15 @@ from kit.snapshot import (
     BLOCK_STATES,
     DEFAULT_POOL,
     DEFAULT_STREAM,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_BYTES,
+    MAX_DEVICE,
     TRACE_ACTIONS,
     Segment,
     Snapshot,
     TraceEntry,
+    _check_no_overlap,
     _parse_segment,
     _parse_trace_entry,
 )
@@ -40,10 +45,10 @@ STATE_CODE = {s: i for i, s in enumerate(BLOCK_STATES)}  # 0 allocated, 1 pendin
 ACTION_CODE = {a: i for i, a in enumerate(TRACE_ACTIONS)}
 ALLOCATED, PENDING, INACTIVE = 0, 1, 2
 SMALL_SEGMENT_MAX = 2 * 1024 * 1024
-# The bulk checks take only what no reading of a snapshot could refuse; anything past these
-# (a size over 1 PiB, a device number over 1024, overlapping segments) goes row by row.
-LARGEST = 1 << 50
-LARGEST_DEVICE = 1 << 10
+# The bulk checks take only what the row parsers take for certain; anything past these (a
+# size over 1 PiB, a device number over 1024, overlapping segments) goes row by row.
+LARGEST = MAX_BYTES
+LARGEST_DEVICE = MAX_DEVICE
 
 
 FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
@@ -134,6 +139,7 @@ class SegmentColumns:
             if fast is not None:
                 return cls(fast)
             records = tuple(_parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(segments))
+            _check_no_overlap(records, origin)
             return cls(_record_columns(records), records)
 
 
@@ -190,7 +196,10 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
         addresses = list(map(methodcaller("get", "address", _MISSING), blocks))
         requested = list(map(methodcaller("get", "requested_size"), blocks))
     size = _ints(sizes)
-    codes = list(map(STATE_CODE.get, states))
+    try:
+        codes = list(map(STATE_CODE.get, states))
+    except TypeError:  # a state that is not even hashable
+        return None
     if size is None or None in codes:
         return None
     state = np.array(codes, dtype=np.int8)
@@ -271,7 +280,7 @@ def _overlap(device: np.ndarray, address: np.ndarray, total: np.ndarray) -> bool
     """Whether two segments of one device share an address, or all of them reserve more than anything holds."""
     order = np.lexsort((address, device))
     d, a, t = device[order], address[order], total[order]
-    return bool(np.any((d[1:] == d[:-1]) & (a[:-1] + t[:-1] > a[1:]))) or total.sum(dtype=float) > LARGEST
+    return bool(np.any((d[1:] == d[:-1]) & (a[:-1] + t[:-1] > a[1:]))) or sum(total.tolist()) > LARGEST
 
 
 def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
@@ -331,6 +340,7 @@ _GET_SIZE = methodcaller("get", "size", 0)
 _GET_STREAM = methodcaller("get", "stream", DEFAULT_STREAM)
 _GET_TIME = methodcaller("get", "time_us")
 _GET_FRAMES = methodcaller("get", "frames")
+_GET_FREE = methodcaller("get", "device_free")
 _TRACE_KEYS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
 
 
@@ -348,8 +358,8 @@ def _trace_fields(entries: list) -> tuple[list, ...]:
 def _fast_trace_columns(entries: list) -> dict | None:
     """Columns when every entry is a well-formed dict (`kit.snapshot`'s fast path); else None.
 
-    `device_free` (only `oom` entries carry it) is not a column: it is checked
-    on the entries whose action is `oom`, and read from the records.
+    `device_free` (only `oom` entries carry it) is not a column, but it is
+    checked as the row parser checks it.
     """
     if not entries:
         empty = np.zeros(0, dtype=np.int64)
@@ -364,14 +374,16 @@ def _fast_trace_columns(entries: list) -> dict | None:
     if set(map(type, entries)) != {dict}:
         return None
     actions, addrs, sizes, streams, times, frames = _trace_fields(entries)
-    codes = list(map(ACTION_CODE.get, actions))
+    try:
+        codes = list(map(ACTION_CODE.get, actions))
+    except TypeError:  # an action that is not even hashable: the row parser says what it is
+        return None
     if None in codes:
         return None
     action = np.array(codes, dtype=np.int8)
-    for i in np.flatnonzero(action == ACTION_CODE["oom"]).tolist():
-        free = entries[i].get("device_free")
-        if free is not None and type(free) is not int:
-            return None
+    free = [f for f in map(_GET_FREE, entries) if f is not None]
+    if free and _ints(free, minimum=INT64_MIN, maximum=INT64_MAX) is None:
+        return None
     addr, size = _ints(addrs, maximum=None), _ints(sizes)
     stream = _ints(streams, minimum=None, maximum=None)
     if addr is None or size is None or stream is None:
@@ -382,6 +394,8 @@ def _fast_trace_columns(entries: list) -> dict | None:
         if time_us is None:
             return None
     elif kinds <= {int, type(None)}:
+        if _ints([t for t in times if t is not None], minimum=None, maximum=None) is None:
+            return None
         time_us = np.array(times, dtype=object)
     else:
         return None

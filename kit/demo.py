@@ -72,8 +72,9 @@ def run_two_captures(
 
     if not torch.cuda.is_available():
         raise KitError("the two-capture experiment needs CUDA; load a recorded fixture instead")
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
-    try:
+    from kit.capture import recording_history
+
+    with recording_history(max_entries=1_000_000, stacks="python"):
         dev = torch.device("cuda")
         gen = torch.Generator(device=dev).manual_seed(0)
         weights = [
@@ -97,8 +98,6 @@ def run_two_captures(
             g.replay()
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
     streams = {"model graphs stream": model_stream.cuda_stream}
     if not shared_stream:
         streams["replay graphs stream"] = replay_stream.cuda_stream

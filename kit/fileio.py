@@ -2,7 +2,9 @@
 
 Every writer in the kit goes through `atomic_write`: the bytes go to a
 temporary file in the target's folder, which is renamed over the target only
-once it is complete.
+once it is complete. An exception or a Ctrl-C before that removes the
+temporary file and leaves the target as it was (tests/test_faults.py checks
+every writer, and that no code in kit/ or scripts/ writes a file another way).
 """
 
 from __future__ import annotations
@@ -10,15 +12,25 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process's umask, read without changing it where Linux allows (os.umask sets it, for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _umask_lock:
+        mask = os.umask(0o077)
+        os.umask(mask)
     return mask
+
+
+_umask_lock = threading.Lock()
 
 
 @contextlib.contextmanager

@@ -34,31 +34,33 @@ def run_on_gpu(ops: list[Op]) -> dict:
             streams[name] = torch.cuda.Stream()
         return streams[name]
 
-    torch.cuda.memory._record_memory_history(max_entries=4 * len(ops) + 1000, context=None, stacks="python")
+    from kit.capture import recording_history
+
     try:
-        for op in ops:
-            if op.op == "alloc":
-                with torch.cuda.stream(stream(op.stream)):
-                    tensors[op.id] = torch.empty(op.bytes, dtype=torch.uint8, device="cuda")
-            elif op.op == "free":
-                del tensors[op.id]
-            elif op.op == "capture_begin":
-                graph = graphs[op.graph] = torch.cuda.CUDAGraph()
-                if op.pool is not None and op.pool not in pools:
-                    pools[op.pool] = torch.cuda.graph_pool_handle()
-                torch.cuda.set_stream(stream(op.stream))
-                graph.capture_begin(pool=pools[op.pool] if op.pool is not None else None)
-            elif op.op == "capture_end":
-                graphs[op.graph].capture_end()
-                graph_pools[op.graph] = tuple(graphs[op.graph].pool())  # known only once captured
-                torch.cuda.set_stream(streams[DEFAULT])
-            else:
-                torch.cuda.empty_cache()
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
+        with recording_history(max_entries=4 * len(ops) + 1000, context=None, stacks="python"):
+            for op in ops:
+                if op.op == "alloc":
+                    with torch.cuda.stream(stream(op.stream)):
+                        tensors[op.id] = torch.empty(op.bytes, dtype=torch.uint8, device="cuda")
+                elif op.op == "free":
+                    del tensors[op.id]
+                elif op.op == "capture_begin":
+                    graph = graphs[op.graph] = torch.cuda.CUDAGraph()
+                    if op.pool is not None and op.pool not in pools:
+                        pools[op.pool] = torch.cuda.graph_pool_handle()
+                    torch.cuda.set_stream(stream(op.stream))
+                    graph.capture_begin(pool=pools[op.pool] if op.pool is not None else None)
+                elif op.op == "capture_end":
+                    graphs[op.graph].capture_end()
+                    graph_pools[op.graph] = tuple(graphs[op.graph].pool())  # known only once captured
+                    torch.cuda.set_stream(streams[DEFAULT])
+                else:
+                    torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            snap = torch.cuda.memory._snapshot()
     finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
         torch.cuda.set_stream(streams[DEFAULT])
+
     snap["kit"] = {
         "source": "live GPU",
         "provenance": {

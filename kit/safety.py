@@ -1,19 +1,33 @@
-"""The safety argument, checked: graphs against eager execution of the same weights.
+"""The safety argument, checked: what is live across the eager break, and graphs against eager.
 
 PR 63155 is safe when no graph-pool tensor of the model graph is still needed
 while a replay graph runs in its eager break. If one is (aux hidden states
 produced before the replay layers, with the replay graphs forced onto the
 model graphs' stream), the replay graph overwrites it and the graph outputs
-no longer equal eager ones. `check_equivalence` runs fresh inputs through the
-captured graphs and through the same model eagerly, for every capture size,
-and reports bit-exact equality or the largest difference.
+no longer equal eager ones. Two views of that:
+
+- from a recorded trace (`CaptureRecorder` windows): `liveness_table` lists
+  the graph-pool blocks each model capture holds across each eager break, how
+  long it holds them, and which replay capture allocated over them;
+  `liveness_verdicts` says safe or conflict per capture, and
+  `break_allocations` checks that the breaks allocate outside the pool (their
+  outputs live there);
+- on the GPU: `check_equivalence` runs fresh inputs through the captured
+  graphs and through the same model eagerly, for every capture size, and
+  reports bit-exact equality or the largest difference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
+
+from kit.errors import KitError, as_text
+from kit.snapshot import Snapshot, load_snapshot
+from kit.tables import format_bytes
+from kit.trace import _frame_line, replay_trace
 
 COLUMNS = ["size", "output", "bit_exact", "max_abs_diff", "mismatched_elements"]
 
@@ -73,3 +87,269 @@ def check_equivalence(runner, seed: int = 1234) -> Equivalence:
         for layer, g, e in zip(sorted(set(layers)), graph_aux, eager_aux, strict=True):
             rows.append(compare(size, f"aux_hidden_state[{layer}]", g, e))
     return Equivalence(pd.DataFrame(rows, columns=COLUMNS))
+
+
+# --- Liveness across the eager break ------------------------------------------------------------
+
+RELEASED = "released by the break"
+BREAK_INPUT = "break input"
+HELD = "held after the break"
+LIVENESS_COLUMNS = [
+    "capture",
+    "capture_size",
+    "break",
+    "break_begin",
+    "break_end",
+    "addr",
+    "bytes",
+    "alloc_index",
+    "free_index",
+    "class",
+    "alloc_frame",
+    "free_frame",
+    "overlapping_replay",
+    "replay_in_break",
+    "replay_overlaps",
+    "conflict",
+]
+BREAK_COLUMNS = ["capture", "break", "break_begin", "break_end", "allocs", "bytes", "pool_allocs", "pool_bytes"]
+BREAK_COLUMNS += ["unmapped", "outside_pool"]
+
+
+@dataclass
+class _Life:
+    index: int  # trace index of the alloc
+    addr: int
+    size: int  # requested bytes: what the tensor's kernels touch
+    pool: tuple[int, int] | None
+    frames: list
+    free: int | None = None  # trace index of its free_requested (or free_completed), None if never
+    free_frames: list | None = None
+
+    def overlaps(self, other: _Life) -> bool:
+        return self.addr < other.addr + other.size and other.addr < self.addr + self.size
+
+
+def _is_replay(graph: dict) -> bool:
+    return "replay" in str(graph.get("manager", ""))
+
+
+def _captures(snap: Snapshot) -> dict[str, list[dict]]:
+    """The recorded capture windows, per capture (its graphs in order)."""
+    graphs = snap.kit.get("captures") or []
+    if not graphs:
+        raise KitError(
+            f"{snap.origin}: no capture windows (the snapshot has no kit.captures): "
+            "record the captures with kit.CaptureRecorder"
+        )
+    out: dict[str, list[dict]] = {}
+    for g in graphs:
+        out.setdefault(g.get("capture", g["graph"]), []).append(g)
+    return {name: sorted(gs, key=lambda g: (g.get("index", 0), g["trace_begin"])) for name, gs in out.items()}
+
+
+def _lifetimes(snap: Snapshot, device: int) -> list[_Life]:
+    """Every alloc of the trace with its pool (from the replayed segments) and its free."""
+    allocs = replay_trace(snap, device).allocs
+    pools = {int(i): tuple(p) for i, p in zip(allocs["index"], allocs["pool"], strict=True)}
+    lives: list[_Life] = []
+    live: dict[int, _Life] = {}
+    for i, e in enumerate(snap.traces.get(device, ())):
+        if e.action == "alloc":
+            life = live[e.addr] = _Life(i, e.addr, e.size, pools.get(i), e.frames)
+            lives.append(life)
+        elif e.action in ("free_requested", "free_completed") and e.addr in live:
+            life = live.pop(e.addr)
+            life.free, life.free_frames = i, e.frames
+    return lives
+
+
+def _in_windows(index: int, graphs: list[dict]) -> bool:
+    return any(g["trace_begin"] <= index < g["trace_end"] for g in graphs)
+
+
+def _first_frame(frames: list) -> str:
+    """The first stack frame outside torch itself, as `name (file:line)`."""
+    for f in frames or ():
+        if isinstance(f, dict) and "/torch/" not in as_text(f.get("filename", "")):
+            return _frame_line([f])
+    return _frame_line(frames[:1]) if frames else ""
+
+
+def liveness_table(
+    snapshot: Snapshot | str | dict, *, replay_size_for: Callable[[int], int] | None = None, device: int = 0
+) -> pd.DataFrame:
+    """The graph-pool blocks each model capture holds across each eager break, and who writes over them.
+
+    From the snapshot's capture windows (`kit.captures`, written by
+    `CaptureRecorder`): a capture's consecutive graphs are its segments, the
+    gaps between them its eager breaks. A block of the capture's pool is held
+    across a break when it was allocated in the capture before the break and
+    not freed before the break began. Its `class`:
+
+    - `released by the break`: freed from the break's start up to the next
+      segment's first pool allocation (the forward dropped it as the break
+      returned: the break's argument, which the break gathered);
+    - `break input`: when a break released no block, the newest block held
+      across it, which is the break's argument (the forward computes it just
+      before the call). For recordings whose argument outlived the break for
+      reasons of the recording itself: the kit's recorder before 2026-12-03
+      read `f_locals` on Python 3.12 and older, which kept the forward's locals
+      alive until it returned (any tool that reads frame locals does the same);
+    - `held after the break`: any other, freed later or never: the model graph
+      may read it after the break (an aux hidden state, a residual).
+
+    Replay captures (a manager named "... replay ...") are checked for
+    allocations, inside their windows, over each block's bytes
+    (`overlapping_replay`, `replay_overlaps` as (capture, trace index)). Any
+    replay graph may run in any break (vLLM picks it by the step's replay
+    rows); `replay_size_for(model capture size)` names the one that does, when
+    known (the replica: `kit.replica.model.replay_rows`). `conflict`: a block
+    held after the break that a replay graph that may run in the break writes
+    over.
+    """
+    snap = load_snapshot(snapshot)
+    captures = _captures(snap)
+    lives = _lifetimes(snap, device)
+    replays = {
+        name: [life for life in lives if life.pool == tuple(gs[0]["pool"]) and _in_windows(life.index, gs)]
+        for name, gs in captures.items()
+        if _is_replay(gs[0])
+    }
+    rows = []
+    models = [name for name, gs in captures.items() if not _is_replay(gs[0]) and len(gs) > 1]
+    for name in models:
+        rows += _breaks_of(name, captures[name], captures, lives, replays, replay_size_for)
+    table = pd.DataFrame(rows, columns=LIVENESS_COLUMNS)
+    table.attrs["source"] = snap.source_label
+    table.attrs["model_captures"] = models
+    table.attrs["replay_captures"] = list(replays)
+    table.attrs["paired"] = replay_size_for is not None
+    return table
+
+
+def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[dict]:
+    pool = tuple(graphs[0]["pool"])
+    mine = [life for life in lives if life.pool == pool and _in_windows(life.index, graphs)]
+    size = graphs[0].get("size")
+    running = set(replays)
+    if replay_size_for is not None and size is not None:
+        running = {r for r in replays if captures[r][0].get("size") == replay_size_for(size)}
+    rows = []
+    for j, (before, after) in enumerate(zip(graphs, graphs[1:], strict=False)):
+        begin, end = before["trace_end"], after["trace_begin"]
+        firsts = [life.index for life in mine if after["trace_begin"] <= life.index < after["trace_end"]]
+        next_first = min(firsts, default=after["trace_end"])
+        held = [life for life in mine if life.index < begin and (life.free is None or life.free >= begin)]
+        classes = {id(life): RELEASED if life.free is not None and life.free < next_first else HELD for life in held}
+        if held and RELEASED not in classes.values():
+            classes[id(max(held, key=lambda life: life.index))] = BREAK_INPUT
+        for life in held:
+            overlaps = [(r, other.index) for r, others in replays.items() for other in others if life.overlaps(other)]
+            names = sorted({r for r, _ in overlaps}, key=list(replays).index)
+            in_break = [r for r in names if r in running]
+            rows.append(
+                {
+                    "capture": name,
+                    "capture_size": size,
+                    "break": j,
+                    "break_begin": begin,
+                    "break_end": end,
+                    "addr": life.addr,
+                    "bytes": life.size,
+                    "alloc_index": life.index,
+                    "free_index": life.free,
+                    "class": classes[id(life)],
+                    "alloc_frame": _first_frame(life.frames),
+                    "free_frame": _first_frame(life.free_frames or []),
+                    "overlapping_replay": names,
+                    "replay_in_break": in_break,
+                    "replay_overlaps": overlaps,
+                    "conflict": classes[id(life)] == HELD and bool(in_break),
+                }
+            )
+    return rows
+
+
+def liveness_verdicts(liveness: pd.DataFrame | Snapshot | str | dict) -> list[str]:
+    """One line per model capture: safe, or the conflict with the bytes and the replay graphs that overwrite them.
+
+    Takes a `liveness_table` or anything `liveness_table` takes.
+    """
+    table = liveness if isinstance(liveness, pd.DataFrame) else liveness_table(liveness)
+    lines = []
+    for name in table.attrs.get("model_captures") or list(dict.fromkeys(table["capture"])):
+        rows = table[table["capture"] == name]
+        bad = rows[rows["conflict"]]
+        if len(bad):
+            writers = sorted({r for names in bad["replay_in_break"] for r in names})
+            first = bad.iloc[0]
+            lines.append(
+                f"{name}: CONFLICT: {format_bytes(bad['bytes'].sum())} in {len(bad)} block(s) held after the break "
+                f"(first at {first['addr']:#x}, allocated at {first['alloc_frame'] or '?'}) are written over by "
+                f"{', '.join(writers)}, which {'runs' if table.attrs.get('paired') else 'may run'} in the break"
+            )
+        else:
+            lines.append(f"{name}: safe: {_safe_detail(rows)}")
+    return lines
+
+
+def _safe_detail(rows: pd.DataFrame) -> str:
+    if rows.empty:
+        return "no graph-pool block is held across its breaks"
+    breaks = rows["break"].nunique()
+    by_class = rows.groupby("class")["bytes"].sum()
+    parts = ", ".join(f"{format_bytes(by_class[c])} {c}" for c in (RELEASED, BREAK_INPUT, HELD) if c in by_class)
+    text = f"{format_bytes(rows['bytes'].sum())} held across {breaks} break{'s' if breaks > 1 else ''} ({parts})"
+    reused = rows[rows["overlapping_replay"].map(bool)]
+    if reused.empty:
+        return text + "; no replay graph allocates over them"
+    dead = reused[reused["class"] != HELD]
+    if len(dead):
+        text += f"; replay graphs reuse {format_bytes(dead['bytes'].sum())} that nothing reads after the break"
+    held = reused[reused["class"] == HELD]
+    if len(held):
+        others = sorted({r for names in held["overlapping_replay"] for r in names})
+        text += (
+            f"; {format_bytes(held['bytes'].sum())} held after the break is reused only by "
+            f"{', '.join(others)}, which {'does' if len(others) == 1 else 'do'} not run in this break"
+        )
+    return text
+
+
+def break_allocations(snapshot: Snapshot | str | dict, *, device: int = 0) -> pd.DataFrame:
+    """Per eager break of every recorded capture: what it allocated, and whether all of it landed outside the pool.
+
+    The PR's argument needs the break's outputs outside the graph pool: a
+    replay graph sharing the pool can then never write over them.
+    `outside_pool` is true when no allocation in the break's window landed in
+    the capture's pool and every one was mapped to a segment (`unmapped`: not).
+    """
+    snap = load_snapshot(snapshot)
+    captures = _captures(snap)
+    lives = _lifetimes(snap, device)
+    rows = []
+    for name, graphs in captures.items():
+        pool = tuple(graphs[0]["pool"])
+        for j, (before, after) in enumerate(zip(graphs, graphs[1:], strict=False)):
+            begin, end = before["trace_end"], after["trace_begin"]
+            inside = [life for life in lives if begin <= life.index < end]
+            in_pool = [life for life in inside if life.pool == pool]
+            unmapped = sum(life.pool is None for life in inside)
+            rows.append(
+                {
+                    "capture": name,
+                    "break": j,
+                    "break_begin": begin,
+                    "break_end": end,
+                    "allocs": len(inside),
+                    "bytes": sum(life.size for life in inside),
+                    "pool_allocs": len(in_pool),
+                    "pool_bytes": sum(life.size for life in in_pool),
+                    "unmapped": unmapped,
+                    "outside_pool": not in_pool and not unmapped,
+                }
+            )
+    table = pd.DataFrame(rows, columns=BREAK_COLUMNS)
+    table.attrs["source"] = snap.source_label
+    return table

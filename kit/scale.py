@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from kit.fileio import atomic_write
 from kit.simulator import simulate
 from kit.workload import DEFAULT, Op
 
@@ -222,7 +223,7 @@ def write_scale_snapshot(path: str | Path, seed: int = 0, scale: float = 1.0) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = scale_snapshot(seed, scale)
-    with open(path, "wb") as f:
+    with atomic_write(path, "wb") as f:
         pickle.dump(raw, f)
     return {**summary(raw), "bytes": path.stat().st_size}
 

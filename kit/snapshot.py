@@ -11,17 +11,30 @@ records, keeping the raw dict beside them:
   unpickler that admits no global at all, so loading never runs code;
 - JSON (the same dict; pool ids become lists, which are read back as tuples).
 
-Snapshots from every torch since 2.1 load: keys that older versions lack
-(`device_traces`, `external_annotations`, a trace entry's `stream`,
-`compile_context`, `user_metadata`, a block's `address`) are optional.
+Snapshots from every torch since 2.0 load: keys that older versions lack
+(`device_traces`, `allocator_settings`, `external_annotations`, a trace
+entry's `stream`, `time_us`, `compile_context`, `user_metadata`, `pool_id`, a
+block's `address`, a segment's `is_expandable`) are optional, keys a newer
+torch adds are kept in `raw` and ignored, and so are trace actions a newer
+torch adds (`annotate` in 2.14). Expandable segments (one segment per mapped
+range, `segment_map`/`segment_unmap` in the trace) load like any other.
+`Snapshot.history` says whether the trace is usable: "all", "state" (history
+recorded with `enabled="state"` keeps a one-entry trace) or "none".
+
+Everything read from a file is checked before it is used: sizes and
+addresses within what a GPU can hold, blocks that tile their segment exactly,
+segments that do not overlap, and no pickle whose shared references expand a
+small file into millions of records. A violation is a one-line `KitError`.
 A snapshot may carry a top-level `kit` key written by the kit's own tools:
-names for streams, pools and graphs, and the provenance of a recording.
+names for streams, pools and graphs, capture windows, and the provenance of a
+recording; malformed names are ignored, malformed capture windows refused.
 
 At DeepSeek scale (tens of thousands of segments, millions of trace entries)
 a record per row costs seconds: a `Snapshot` checks its rows in bulk and
 keeps them as numpy columns (`kit.columns`), which the tables, the trace
-analysis and the pictures read; `segments`, `traces` and `trace` are made
-on first use.
+analysis and the pictures read; what the bulk checks do not take goes
+through the row parsers here. `segments`, `traces` and `trace` are made on
+first use.
 """
 
 from __future__ import annotations
@@ -35,9 +48,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from kit.errors import KitError
+from kit.errors import KitError, as_text, describe
 
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}  # the name torch's docstring uses
 TRACE_ACTIONS = (
     "alloc",
     "free_requested",
@@ -48,9 +62,14 @@ TRACE_ACTIONS = (
     "segment_unmap",
     "snapshot",
     "oom",
+    "annotate",
 )
 DEFAULT_POOL = (0, 0)
 DEFAULT_STREAM = 0
+MAX_BYTES = 1 << 50  # one size above 1 PiB is corruption: no GPU holds that
+MAX_ADDRESS = (1 << 64) - 1
+MAX_DEVICE = 1 << 10
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # torch writes stream ids and times as int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +180,44 @@ def _read_file(path: Path) -> bytes:
 def _decode(data: bytes, where: str) -> dict:
     if not data:
         raise KitError(f"{where}: empty file")
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark before JSON
+        data = data[3:]
     if data.lstrip()[:1] in (b"{", b"["):
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as e:
             detail = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise KitError(f"{where}: not readable JSON ({detail})") from None
-    return safe_unpickle(data, where)
+    raw = safe_unpickle(data, where)
+    _check_expansion(raw, len(data), where)
+    return raw
+
+
+def _check_expansion(raw: Any, size: int, where: str) -> None:
+    """Refuse a pickle whose records outnumber its bytes: shared references, which torch never writes.
+
+    A pickle can reference one object many times (a list of the same block a
+    million times, in a segment listed a million times) and so expand a few
+    kilobytes into billions of records. Every real record takes well over two
+    bytes of the file.
+    """
+    if not isinstance(raw, dict):
+        return
+    records = 0
+    for key in ("segments", "device_traces"):
+        outer = raw.get(key)
+        if isinstance(outer, list | tuple):
+            records += len(outer)
+            for inner in outer:
+                if isinstance(inner, list | tuple):
+                    records += len(inner)
+                elif isinstance(inner, dict) and isinstance(inner.get("blocks"), list | tuple):
+                    records += len(inner["blocks"])
+    if records > size // 2:
+        raise KitError(
+            f"{where}: {records} records in a {size}-byte pickle: it repeats shared references "
+            "(torch never writes those), refused rather than expanded"
+        )
 
 
 def live_snapshot() -> dict:
@@ -204,20 +254,42 @@ def _load_file(path: Path) -> Any:
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return _decode(head + f.read(), str(path))  # JSON, or not a pickle: as before
             f.seek(0)
-            return safe_unpickle(f, str(path))
+            raw = safe_unpickle(f, str(path))
+            _check_expansion(raw, os.fstat(f.fileno()).st_size, str(path))
+            return raw
     except OSError:
         return _decode(_read_file(path), str(path))  # _read_file names what went wrong
 
 
-def _int(d: dict, key: str, where: str, default: int | None = None, *, minimum: int | None = 0) -> int:
+def snapshot_from_bytes(data: bytes, origin: str = "snapshot bytes") -> Snapshot:
+    """A snapshot from the bytes of a pickle or JSON file, as `load_snapshot` reads one."""
+    return Snapshot(_decode(data, origin), origin=origin)
+
+
+def _int(
+    d: dict,
+    key: str,
+    where: str,
+    default: int | None = None,
+    *,
+    minimum: int | None = 0,
+    maximum: int = MAX_BYTES,
+) -> int:
     value = d.get(key, default)
     if value is None and default is None and key not in d:
         raise KitError(f"{where}: missing '{key}'")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise KitError(f"{where}: '{key}' is {type(value).__name__}, expected an integer")
+        raise KitError(f"{where}: '{key}' is {describe(value)}, expected an integer")
     if minimum is not None and value < minimum:
-        raise KitError(f"{where}: '{key}' is negative ({value})")
+        what = "negative" if minimum == 0 else f"below {minimum}"
+        raise KitError(f"{where}: '{key}' is {what} ({describe(value)})")
+    if value > maximum:
+        raise KitError(f"{where}: '{key}' is {describe(value)}, above the largest possible ({maximum})")
     return value
+
+
+def _stream(d: dict, key: str, where: str) -> int:
+    return _int(d, key, where, default=DEFAULT_STREAM, minimum=INT64_MIN, maximum=INT64_MAX)
 
 
 def _list(d: dict, key: str, where: str) -> list:
@@ -225,18 +297,22 @@ def _list(d: dict, key: str, where: str) -> list:
     if value is None:
         return []
     if not isinstance(value, list | tuple):
-        raise KitError(f"{where}: '{key}' is {type(value).__name__}, expected a list")
+        raise KitError(f"{where}: '{key}' is {describe(value)}, expected a list")
     return list(value)
+
+
+def _is_pool(pool: Any) -> bool:
+    return (
+        isinstance(pool, list | tuple)
+        and len(pool) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ADDRESS for x in pool)
+    )
 
 
 def _pool_id(seg: dict, where: str) -> tuple[int, int]:
     pool = seg.get("segment_pool_id", DEFAULT_POOL)
-    if (
-        not isinstance(pool, list | tuple)
-        or len(pool) != 2
-        or not all(isinstance(x, int) and not isinstance(x, bool) for x in pool)
-    ):
-        raise KitError(f"{where}: 'segment_pool_id' is {pool!r}, expected two integers")
+    if not _is_pool(pool):
+        raise KitError(f"{where}: 'segment_pool_id' is {describe(pool)}, expected two integers")
     return (pool[0], pool[1])
 
 
@@ -247,23 +323,26 @@ def _frames(d: dict) -> list:
 
 def _parse_block(b: Any, offset_address: int, where: str) -> Block:
     if not isinstance(b, dict):
-        raise KitError(f"{where}: is {type(b).__name__}, expected a dict")
+        raise KitError(f"{where}: is {describe(b)}, expected a dict")
     size = _int(b, "size", where)
     state = b.get("state")
+    state = STATE_ALIASES.get(state, state) if isinstance(state, str) else state
     if state not in BLOCK_STATES:
-        raise KitError(f"{where}: unknown block state {state!r}")
-    address = _int(b, "address", where, default=offset_address)
+        raise KitError(f"{where}: unknown block state {describe(state)}")
+    address = _int(b, "address", where, default=offset_address, maximum=MAX_ADDRESS)
     requested = b.get("requested_size", size)
-    if isinstance(requested, bool) or not isinstance(requested, int):
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested <= MAX_BYTES:
         requested = size
     return Block(address, size, requested, state, _frames(b))
 
 
 def _parse_segment(s: Any, where: str) -> Segment:
     if not isinstance(s, dict):
-        raise KitError(f"{where}: is {type(s).__name__}, expected a dict")
-    address = _int(s, "address", where)
+        raise KitError(f"{where}: is {describe(s)}, expected a dict")
+    address = _int(s, "address", where, maximum=MAX_ADDRESS)
     total = _int(s, "total_size", where)
+    if address + total > MAX_ADDRESS + 1:
+        raise KitError(f"{where}: runs past the end of the address space")
     blocks = []
     cursor = address
     for j, b in enumerate(_list(s, "blocks", where)):
@@ -271,6 +350,8 @@ def _parse_segment(s: Any, where: str) -> Segment:
         if block.address != cursor:
             raise KitError(f"{where} block {j}: starts at {block.address:#x}, expected {cursor:#x}")
         cursor += block.size
+        if cursor > address + total:
+            raise KitError(f"{where} block {j}: ends {cursor - address - total} bytes past its {total}-byte segment")
         blocks.append(block)
     if blocks and cursor != address + total:
         raise KitError(f"{where}: blocks cover {cursor - address} bytes of a {total}-byte segment")
@@ -280,25 +361,37 @@ def _parse_segment(s: Any, where: str) -> Segment:
     if segment_type not in ("small", "large"):
         segment_type = "small" if total <= 2 * 1024 * 1024 else "large"
     return Segment(
-        device=_int(s, "device", where, default=0),
+        device=_int(s, "device", where, default=0, maximum=MAX_DEVICE),
         address=address,
         total_size=total,
         allocated_size=_int(s, "allocated_size", where, default=allocated),
         active_size=_int(s, "active_size", where, default=active),
         requested_size=_int(s, "requested_size", where, default=0),
-        stream=_int(s, "stream", where, default=DEFAULT_STREAM, minimum=None),
+        stream=_stream(s, "stream", where),
         segment_type=segment_type,
         segment_pool_id=_pool_id(s, where),
-        is_expandable=bool(s.get("is_expandable", False)),
+        is_expandable=s.get("is_expandable") is True,
         blocks=tuple(blocks),
         frames=_frames(s),
     )
 
 
+def _check_no_overlap(segments: tuple[Segment, ...], origin: str) -> None:
+    """Segments of one device never share an address: the allocator's reservations are disjoint."""
+    order = sorted(range(len(segments)), key=lambda i: (segments[i].device, segments[i].address))
+    for before, after in zip(order, order[1:], strict=False):
+        a, b = segments[before], segments[after]
+        if a.device == b.device and a.address + a.total_size > b.address:
+            raise KitError(f"{origin}: segment {after} ({b.address:#x}) overlaps segment {before} ({a.address:#x})")
+    total = sum(s.total_size for s in segments)
+    if total > MAX_BYTES:
+        raise KitError(f"{origin}: its segments reserve {total} bytes in all, more than any GPU holds")
+
+
 def _optional_int(d: dict, key: str, where: str) -> int | None:
     if d.get(key) is None:
         return None
-    return _int(d, key, where, minimum=None)
+    return _int(d, key, where, minimum=INT64_MIN, maximum=INT64_MAX)
 
 
 _ACTIONS = frozenset(TRACE_ACTIONS)
@@ -309,13 +402,15 @@ def _parse_trace_entry(e: Any, device: int, origin: str, index: int) -> TraceEnt
         action, addr, size = e.get("action"), e.get("addr", 0), e.get("size", 0)
         stream, time_us, frames = e.get("stream", DEFAULT_STREAM), e.get("time_us"), e.get("frames")
         if (
-            action in _ACTIONS
+            type(action) is str
+            and action in _ACTIONS
             and type(addr) is int
             and type(size) is int
             and type(stream) is int
-            and addr >= 0
-            and size >= 0
-            and (time_us is None or type(time_us) is int)
+            and 0 <= addr <= MAX_ADDRESS
+            and 0 <= size <= MAX_BYTES
+            and INT64_MIN <= stream <= INT64_MAX
+            and (time_us is None or (type(time_us) is int and INT64_MIN <= time_us <= INT64_MAX))
             and "device_free" not in e
         ):
             return TraceEntry(
@@ -335,22 +430,54 @@ def _parse_trace_entry(e: Any, device: int, origin: str, index: int) -> TraceEnt
 
 def _parse_trace_entry_checked(e: Any, device: int, where: str) -> TraceEntry:
     if not isinstance(e, dict):
-        raise KitError(f"{where}: is {type(e).__name__}, expected a dict")
+        raise KitError(f"{where}: is {describe(e)}, expected a dict")
     action = e.get("action")
-    if action not in TRACE_ACTIONS:
-        raise KitError(f"{where}: unknown action {action!r}")
+    if not isinstance(action, str) or not action:
+        raise KitError(f"{where}: action is {describe(action)}, expected a name such as 'alloc'")
+    # An action this kit does not know is a newer torch's: kept, and skipped by the analyses.
     return TraceEntry(
         device=device,
         action=action,
-        addr=_int(e, "addr", where, default=0),
+        addr=_int(e, "addr", where, default=0, maximum=MAX_ADDRESS),
         size=_int(e, "size", where, default=0),
-        stream=_int(e, "stream", where, default=DEFAULT_STREAM, minimum=None),
+        stream=_stream(e, "stream", where),
         time_us=_optional_int(e, "time_us", where),
         frames=_frames(e),
         device_free=_optional_int(e, "device_free", where),
         compile_context=e.get("compile_context"),
         user_metadata=e.get("user_metadata"),
     )
+
+
+def _capture_window(c: Any, where: str) -> dict:
+    """One graph's capture window from the `kit.captures` list, checked."""
+    if not isinstance(c, dict):
+        raise KitError(f"{where}: is {describe(c)}, expected a dict")
+    graph = c.get("graph")
+    if not isinstance(graph, str) or not graph:
+        raise KitError(f"{where}: 'graph' is {describe(graph)}, expected a name")
+    begin = _int(c, "trace_begin", where, maximum=INT64_MAX)
+    end = _int(c, "trace_end", where, maximum=INT64_MAX)
+    if end < begin:
+        raise KitError(f"{where}: ends (trace index {end}) before it begins ({begin})")
+    pool = c.get("pool")
+    if not _is_pool(pool):
+        raise KitError(f"{where}: 'pool' is {describe(pool)}, expected two integers")
+    window = {
+        **c,
+        "graph": graph,
+        "trace_begin": begin,
+        "trace_end": end,
+        "pool": [pool[0], pool[1]],
+        "stream": _stream(c, "stream", where),
+    }
+    for key in ("capture", "manager"):
+        if not isinstance(window.get(key, graph), str):
+            raise KitError(f"{where}: '{key}' is {describe(window[key])}, expected a name")
+    size = window.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
+        raise KitError(f"{where}: 'size' is {describe(size)}, expected an integer or null")
+    return window
 
 
 class Snapshot:
@@ -365,12 +492,14 @@ class Snapshot:
             raise KitError(f"{origin}: not a snapshot ('segments' is {type(raw['segments']).__name__})")
         traces = raw.get("device_traces", [])
         if traces is not None and not (
-            isinstance(traces, list | tuple) and all(isinstance(t, list | tuple) for t in traces)
+            isinstance(traces, list | tuple)
+            and len(traces) <= MAX_DEVICE
+            and all(isinstance(t, list | tuple) for t in traces)
         ):
             raise KitError(f"{origin}: 'device_traces' is not a list of lists")
         kit_meta = raw.get("kit", {})
-        if not isinstance(kit_meta, dict):
-            raise KitError(f"{origin}: 'kit' is {type(kit_meta).__name__}, expected a dict")
+        if kit_meta is not None and not isinstance(kit_meta, dict):
+            raise KitError(f"{origin}: 'kit' is {describe(kit_meta)}, expected a dict")
         self.raw = raw
         self.origin = origin
         self.live = live
@@ -411,15 +540,15 @@ class Snapshot:
         """One line naming where these numbers came from, for every table and figure."""
         prov = self.provenance
         if self.live:
-            if prov and isinstance(prov.get("rank"), int):
-                return f"live GPU (vLLM rank {prov['rank']}'s allocator, {prov.get('gpu', '?')})"
+            if prov and isinstance(prov.get("rank"), int) and not isinstance(prov.get("rank"), bool):
+                return f"live GPU (vLLM rank {as_text(prov['rank'])}'s allocator, {as_text(prov.get('gpu', '?'))})"
             return "live GPU (this process's allocator)"
         if self.data_source == "simulator":
             return f"simulator ({self.origin})"
         if prov:
             return (
-                f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, "
-                f"{prov.get('date', '?')} ({self.origin})"
+                f"recorded on {as_text(prov.get('gpu', '?'))}, torch {as_text(prov.get('torch', '?'))}, "
+                f"{as_text(prov.get('date', '?'))} ({self.origin})"
             )
         return f"recorded snapshot ({self.origin})"
 
@@ -437,19 +566,64 @@ class Snapshot:
         return tuple(e for entries in self.traces.values() for e in entries)
 
     @property
+    def history(self) -> str:
+        """What memory history recorded: "all" (a trace), "state" (one entry at most: `enabled="state"`) or "none"."""
+        lengths = [len(t) for t in self.raw.get("device_traces") or []]
+        if any(n > 1 for n in lengths):
+            return "all"
+        return "state" if any(lengths) else "none"
+
+    @property
     def has_trace(self) -> bool:
-        return any(self.raw.get("device_traces") or [])
+        """Whether there is a trace to analyse (history recorded with enabled="all")."""
+        return self.history == "all"
+
+    def require_trace(self, device: int = 0) -> tuple[TraceEntry, ...]:
+        """The device's trace, or a one-line `KitError` saying why there is none to analyse."""
+        if self.history == "none":
+            raise KitError(
+                f"{self.origin}: no trace recorded (memory history was off); this needs one: record with "
+                "torch.cuda.memory._record_memory_history() before the code you look at"
+            )
+        if self.history == "state":
+            raise KitError(
+                f"{self.origin}: memory history was recorded with enabled='state', which keeps no trace; "
+                "this needs one: record with enabled='all' (the default)"
+            )
+        entries = self.traces.get(device, ())
+        if len(entries) < 2:
+            raise KitError(f"{self.origin}: no trace recorded on device {device}")
+        return entries
 
     @property
     def stream_names(self) -> dict[int, str]:
-        """Names the snapshot itself gives its streams (its `kit` key)."""
-        names = self.kit.get("streams") or {}
-        return {sid: name for name, sid in names.items() if isinstance(sid, int)}
+        """Names the snapshot itself gives its streams (its `kit` key); malformed entries are ignored."""
+        names = self.kit.get("streams")
+        if not isinstance(names, dict):
+            return {}
+        return {
+            sid: name
+            for name, sid in names.items()
+            if isinstance(name, str)
+            and isinstance(sid, int)
+            and not isinstance(sid, bool)
+            and INT64_MIN <= sid <= INT64_MAX
+        }
 
     @property
     def pool_names(self) -> dict[tuple[int, int], str]:
-        names = self.kit.get("pools") or {}
-        return {tuple(pid): name for name, pid in names.items() if isinstance(pid, list | tuple) and len(pid) == 2}
+        names = self.kit.get("pools")
+        if not isinstance(names, dict):
+            return {}
+        return {(pid[0], pid[1]): name for name, pid in names.items() if isinstance(name, str) and _is_pool(pid)}
+
+    @cached_property
+    def captures(self) -> list[dict]:
+        """The capture windows of the kit's recorders (`kit.captures`), one per graph, checked."""
+        windows = self.kit.get("captures") or []
+        if not isinstance(windows, list | tuple):
+            raise KitError(f"{self.origin}: 'kit.captures' is {describe(windows)}, expected a list")
+        return [_capture_window(c, f"{self.origin}: capture window {i}") for i, c in enumerate(windows)]
 
     def __repr__(self) -> str:
         events = sum(len(t) for t in self.raw.get("device_traces") or [])

@@ -202,8 +202,9 @@ def format_bytes(n: float) -> str:
 
 
 def byte_columns(table: pd.DataFrame) -> list[str]:
-    """The columns that hold bytes, `_before` and `_after` ones of a diff included."""
-    return [c for c in table.columns if c.removesuffix("_before").removesuffix("_after") in BYTE_COLUMNS]
+    """The columns that hold bytes, `_before` and `_after` ones of a diff included, and any a table names."""
+    named = set(table.attrs.get("byte_columns", ()))
+    return [c for c in table.columns if c in named or c.removesuffix("_before").removesuffix("_after") in BYTE_COLUMNS]
 
 
 def style_table(table: pd.DataFrame):

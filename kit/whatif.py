@@ -49,11 +49,12 @@ def trace_to_workload(
     replay = replay or replay_trace(snap)
     if replay.rewound_segments:
         raise KitError(f"{snap.origin}: what-if needs a trace recorded from an empty allocator")
-    captures = snap.kit.get("captures")
+    captures = snap.captures
     if not captures:
         raise KitError(f"{snap.origin}: no capture windows in the snapshot's kit key")
     names = _stream_names(snap)
-    pool_names = {tuple(pid): name for name, pid in (snap.kit.get("pools") or {}).items()}
+    pool_names = snap.pool_names
+    entries = snap.traces[0]
 
     def stream(sid: int) -> str:
         name = names.get(sid, f"stream {sid}")
@@ -64,13 +65,13 @@ def trace_to_workload(
     pool_of_alloc = dict(zip(replay.allocs["index"], replay.allocs["pool"], strict=True))
     begins, ends = {}, {}
     for c in captures:
+        end = min(c["trace_end"], len(entries))
         window = [
-            i for i in range(c["trace_begin"], c["trace_end"]) if pool_of_alloc.get(i, DEFAULT_POOL) == tuple(c["pool"])
+            i for i in range(min(c["trace_begin"], end), end) if pool_of_alloc.get(i, DEFAULT_POOL) == tuple(c["pool"])
         ]
-        start = window[0] if window else c["trace_end"]
+        start = window[0] if window else end
         begins[start] = c
-        ends.setdefault(c["trace_end"], []).append(c)
-    entries = snap.traces[0]
+        ends.setdefault(end, []).append(c)
     ops: list[dict] = []
     ids: dict[int, str] = {}
     capture_stream = None
@@ -109,6 +110,7 @@ def _simulate(workload: dict, origin: str) -> Snapshot:
 def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping[str, str]) -> WhatIf:
     """Predict the segment table had the mapped streams been their targets."""
     snap = load_snapshot(snapshot)
+    snap.require_trace()
     names = set(_stream_names(snap).values())
     for name in (*stream_map.keys(), *stream_map.values()):
         if name not in names:

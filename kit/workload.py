@@ -27,7 +27,7 @@ import random
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kit.errors import KitError
+from kit.errors import KitError, describe
 
 DEFAULT = "default"
 MAX_BYTES = 1 << 40  # one request above 1 TiB is a typo, not a workload
@@ -72,7 +72,7 @@ def _name(op: dict, key: str, where: object, *, optional: bool = False) -> str |
     if value is None and optional:
         return None
     if not isinstance(value, str) or not value:
-        raise KitError(f"{where}: '{key}' must be a non-empty string, not {value!r}")
+        raise KitError(f"{where}: '{key}' must be a non-empty string, not {describe(value)}")
     return value
 
 
@@ -81,7 +81,7 @@ def parse_workload(data: Any, where: str = "workload") -> list[Op]:
     if not isinstance(data, dict):
         raise KitError(f"{where}: expected a JSON object with 'version' and 'ops'")
     if data.get("version") != 1:
-        raise KitError(f"{where}: unsupported version {data.get('version')!r} (this kit reads version 1)")
+        raise KitError(f"{where}: unsupported version {describe(data.get('version'))} (this kit reads version 1)")
     raw_ops = data.get("ops")
     if not isinstance(raw_ops, list):
         raise KitError(f"{where}: 'ops' must be a list")
@@ -92,21 +92,22 @@ def parse_workload(data: Any, where: str = "workload") -> list[Op]:
     capture: Op | None = None
     for i, op in enumerate(raw_ops):
         if not isinstance(op, dict):
-            raise KitError(f"{where}: op {i}: expected an object, not {type(op).__name__}")
+            raise KitError(f"{where}: op {i}: expected an object, not {describe(op)}")
         kind = op.get("op")
-        if kind not in KEYS:
-            raise KitError(f"{where}: op {i}: unknown op {kind!r} (expected one of {', '.join(KEYS)})")
+        if not isinstance(kind, str) or kind not in KEYS:
+            raise KitError(f"{where}: op {i}: unknown op {describe(kind)} (expected one of {', '.join(KEYS)})")
         at = _Where(where, i, kind)  # formatted only for an error
         required, allowed = KEYS[kind]
         if not required.issubset(op):
             raise KitError(f"{at}: missing {', '.join(sorted(required - op.keys()))}")
         if not op.keys() <= allowed:
-            raise KitError(f"{at}: unknown field {', '.join(sorted(op.keys() - allowed))}")
+            unknown = ", ".join(sorted(k if isinstance(k, str) else describe(k) for k in op.keys() - allowed))
+            raise KitError(f"{at}: unknown field {unknown}")
         if kind == "alloc":
             tid = _name(op, "id", at)
             size = op["bytes"]
             if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
-                raise KitError(f"{at}: 'bytes' must be an integer from 1 to {MAX_BYTES}, not {size!r}")
+                raise KitError(f"{at}: 'bytes' must be an integer from 1 to {MAX_BYTES}, not {describe(size)}")
             stream = _name(op, "stream", at, optional=True) or (capture.stream if capture else DEFAULT)
             if capture and stream != capture.stream:
                 raise KitError(
@@ -163,18 +164,22 @@ def load_workload(path: str | os.PathLike) -> list[Op]:
     """Read and validate a workload file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise KitError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"{path}: cannot read ({e})") from None
+    except OSError as e:
+        raise KitError(f"{path}: cannot read ({e.strerror or e})") from None
+    return workload_from_bytes(data, str(path))
+
+
+def workload_from_bytes(data: bytes, where: str = "workload") -> list[Op]:
+    """Decode and validate the bytes of a workload file."""
     try:
-        data = json.loads(text)
+        parsed = json.loads(data)
     except (ValueError, RecursionError) as e:
-        raise KitError(
-            f"{path}: not readable JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-        ) from None
-    return parse_workload(data, str(path))
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise KitError(f"{where}: not readable JSON ({detail})") from None
+    return parse_workload(parsed, where)
 
 
 def dump_ops(ops: list[Op]) -> dict:

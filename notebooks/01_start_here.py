@@ -105,6 +105,7 @@ kit.style_table(diff[["pool_label", "stream_label", "status", "segments", "reser
 
 # %%
 choice = widgets.ToggleButtons(options=["new stream (vLLM 0.33)", "shared stream (PR 63155)"])
+choice.add_class("kit-main-control")  # the control tests/test_browser.py moves
 figures = {kit.group_bar_figure: go.FigureWidget(), kit.segment_map_figure: go.FigureWidget()}
 
 

@@ -18,13 +18,13 @@ import concurrent.futures
 import datetime
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from kit.fileio import atomic_write  # noqa: E402
 from kit.workload import generate_workload, pr_scenario  # noqa: E402
 
 COMMAND = "python scripts/record_corpus.py --out tests/fixtures/corpus"
@@ -60,7 +60,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = workloads(args.random)
     for name, workload in corpus.items():
-        (args.out / f"{name}.json").write_text(json.dumps(workload) + "\n")
+        with atomic_write(args.out / f"{name}.json") as f:
+            f.write(json.dumps(workload) + "\n")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for name in pool.map(lambda n: record(n, args.out), corpus):
             print(name, flush=True)
@@ -76,9 +77,8 @@ def main() -> int:
             if p.suffix in (".json", ".pickle") and p.name != "PROVENANCE.json"
         },
     }
-    tmp = args.out / "PROVENANCE.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, args.out / "PROVENANCE.json")
+    with atomic_write(args.out / "PROVENANCE.json") as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
     print(f"recorded {len(corpus)} workloads into {args.out}")
     return 0
 

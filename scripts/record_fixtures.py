@@ -20,7 +20,6 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import pickle
 import platform
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kit.demo import run_two_captures  # noqa: E402
+from kit.fileio import atomic_write  # noqa: E402
 from kit.snapshot import load_snapshot, safe_unpickle  # noqa: E402
 
 SCENARIOS = {
@@ -54,9 +54,8 @@ def record(scenario: str, path: Path, sizes: dict) -> dict:
     }
     data = pickle.dumps(snap)
     load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with atomic_write(path, "wb") as f:
+        f.write(data)
     return snap["kit"]["provenance"] | {"workload": snap["kit"]["workload"]}
 
 
@@ -95,9 +94,8 @@ def main() -> int:
         manifest[path.name] = json.loads(done.stdout.strip().splitlines()[-1]) | {
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest()
         }
-    tmp = args.out / "PROVENANCE.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, args.out / "PROVENANCE.json")
+    with atomic_write(args.out / "PROVENANCE.json") as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest, indent=1))
     return 0
 

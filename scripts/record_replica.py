@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import pickle
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kit.fileio import atomic_write  # noqa: E402
 from kit.replica.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
 from kit.snapshot import load_snapshot, safe_unpickle  # noqa: E402
 
@@ -53,9 +53,8 @@ def main() -> int:
             raw["kit"]["provenance"]["command"] = COMMAND
             data = pickle.dumps(raw)
             load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            with atomic_write(path, "wb") as f:
+                f.write(data)
             again = summarize(raw)
             assert again == summary | {"source": again["source"]}, "trimming frames changed the figures"
             print("\n".join(describe(summary)), flush=True)
@@ -67,9 +66,8 @@ def main() -> int:
             }
     out = args.out / "PROVENANCE.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(previous | manifest, indent=1) + "\n")
-    os.replace(tmp, out)
+    with atomic_write(out) as f:
+        f.write(json.dumps(previous | manifest, indent=1) + "\n")
     return 0
 
 

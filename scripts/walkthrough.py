@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import jupytext
@@ -73,8 +74,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for source in args.notebooks or sorted(NOTEBOOKS.glob("[0-9]*.py")):
+        started = time.perf_counter()
         try:
-            print(f"{source.name}: wrote {run_notebook(source, args.out, args.timeout)}")
+            written = run_notebook(source, args.out, args.timeout)
+            print(f"{source.name}: wrote {written} in {time.perf_counter() - started:.1f} s", flush=True)
         except CellExecutionError as e:
             failed += 1
             print(f"{source.name}: FAILED\n{e}", file=sys.stderr)

@@ -320,3 +320,26 @@ def test_eager_breaks_allocate_outside_the_graph_pool():
     # Only torch's own bookkeeping: the first capture_begin registers 8-byte RNG state tensors.
     assert len(outside) <= 2 and (outside["size"] <= 8).all()
     assert len(in_graphs) > len(outside)
+
+
+def test_reading_the_stack_keeps_no_local_alive_past_its_rebinding():
+    """The recorder's stack walk must not lengthen lifetimes (it would change what the allocator reuses)."""
+    import gc
+    import weakref
+
+    from kit.capture import label_from_stack
+
+    class Tensor:
+        pass
+
+    def forward():
+        hidden_states = Tensor()
+        first = weakref.ref(hidden_states)
+        label_from_stack()  # what capture_begin does at the next graph segment
+        hidden_states = Tensor()  # the forward rebinds its hidden states after the break
+        gc.collect()
+        return first() is None, hidden_states
+
+    freed, still_bound = forward()
+    assert freed
+    assert isinstance(still_bound, Tensor)

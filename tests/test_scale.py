@@ -1,9 +1,11 @@
-"""Scale: the generator of large snapshots, and the columnar code against the per-row code it replaced.
+"""Scale: the generator of large snapshots, and the columnar code against the per-row code.
 
-Correctness first: every vectorised table, walk and figure must equal what
-the per-row implementations (tests/rowwise.py, as they were) give, on every
-recorded fixture, on traces cut to start mid-process, on a generated
-snapshot, and on inconsistent traces that take the walk's slow paths.
+Correctness first: every vectorised table and figure must equal what the
+per-row implementations they replaced give (tests/rowwise.py), and the
+columnar walk (`kit.walk`) what the walk entry by entry gives
+(`kit.trace._replay_rows`), on every recorded fixture, on traces cut to start
+mid-process, on a generated snapshot, and on inconsistent traces that take
+the walk's slow paths.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from kit.columns import _record_columns, trace_columns
 from kit.pictures import segment_map_figure
 from kit.scale import scale_snapshot, summary, write_scale_snapshot
 from kit.tables import segment_frame, segment_table, stream_labels
-from kit.trace import _holders, replay_trace, reuse_table, stranding_report
+from kit.trace import _replay_rows, replay_trace, reuse_table, stranding_report
+from kit.walk import _holders, fast_replay
 
 from . import rowwise
 from .conftest import FIXTURES, MIB, segment
@@ -128,14 +131,12 @@ def test_tables_equal_the_per_row_tables(generated):
 
 
 def _same_replay(snap: Snapshot, name: str) -> None:
-    new, old = replay_trace(snap), rowwise.replay_trace(snap)
-    # The frames column now holds each entry's own list of frames; the old one copied its first three.
-    frames = new.allocs["frames"].map(lambda f: f[:3])
-    pd.testing.assert_frame_equal(new.allocs.assign(frames=frames), old.allocs, obj=name)
+    new, old = fast_replay(snap), _replay_rows(snap, 0)
+    pd.testing.assert_frame_equal(new.allocs, old.allocs, obj=name)
     pd.testing.assert_frame_equal(new.new_segments, old.new_segments, obj=name)
-    assert (new.mismatches, new.rewound_segments) == (old.mismatches, old.rewound_segments), name
-    pd.testing.assert_frame_equal(reuse_table(snap, new), rowwise.reuse_table(snap, old), obj=name)
-    pd.testing.assert_frame_equal(stranding_report(snap, new), rowwise.stranding_report(snap, old), obj=name)
+    assert (new.mismatches, new.rewound_segments, new.device) == (old.mismatches, old.rewound_segments, old.device)
+    pd.testing.assert_frame_equal(reuse_table(snap, new), reuse_table(snap, old), obj=name)
+    pd.testing.assert_frame_equal(stranding_report(snap, new), stranding_report(snap, old), obj=name)
 
 
 def test_walk_equals_the_per_row_walk(generated):
@@ -145,6 +146,7 @@ def test_walk_equals_the_per_row_walk(generated):
         if snap.has_trace:
             _same_replay(snap, name)
             stranded += (replay_trace(snap).allocs["served"] == "stranded").sum()
+            assert replay_trace(snap).allocs["frames"].map(type).eq(list).all()
     assert stranded > 100  # the stranded search, ties and all, was exercised
 
 
@@ -202,9 +204,19 @@ def _overlapping() -> dict:
 def test_inconsistent_traces_take_the_search_and_agree(make, monkeypatch):
     snap = Snapshot(make())
     seen = []
-    monkeypatch.setattr("kit.trace._holders", lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
+    monkeypatch.setattr("kit.walk._holders", lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
     _same_replay(snap, make.__name__)
     assert (seen[0] == -2).any()  # left to the search, which then placed them as the old walk did
+
+
+def test_expandable_segments_are_walked_entry_by_entry():
+    events = [("segment_map", BASE, 2 * MIB, 0), ("alloc", BASE, 4096, 0), ("segment_map", BASE + 2 * MIB, 2 * MIB, 0)]
+    events += [("alloc", BASE + 4096, 3 * MIB, 0)]
+    final = [segment(BASE, [(4096, "active_allocated"), (4 * MIB - 4096, "active_allocated")])]  # no room to split
+    snap = Snapshot({"segments": final, "device_traces": [_trace(*events)]})
+    assert fast_replay(snap) is None
+    replay = replay_trace(snap)
+    assert list(replay.allocs["served"]) == ["new_segment", "new_segment"] and replay.mismatches == []
 
 
 # -- loading -------------------------------------------------------------------------
@@ -274,8 +286,14 @@ def _mutations() -> list:
     def far_device(raw):
         raw["segments"][0]["device"] = 5000
 
-    def unknown_action(raw):
+    def annotation(raw):
         raw["device_traces"][0][2]["action"] = "annotate"
+
+    def unknown_action(raw):
+        raw["device_traces"][0][2]["action"] = "a newer torch's action"
+
+    def huge_device_free(raw):
+        raw["device_traces"][0][2]["device_free"] = 1 << 70
 
     return [
         strip_block_keys,
@@ -296,7 +314,9 @@ def _mutations() -> list:
         overlapping_segments,
         negative_pool,
         far_device,
+        annotation,
         unknown_action,
+        huge_device_free,
     ]
 
 
@@ -306,6 +326,7 @@ def test_bulk_checks_accept_and_refuse_what_the_row_parser_does(recorded_path, m
     mutate(raw)
     try:
         records = tuple(kit.snapshot._parse_segment(s, f"x: segment {i}") for i, s in enumerate(raw["segments"]))
+        kit.snapshot._check_no_overlap(records, "x")
         entries = [kit.snapshot._parse_trace_entry(e, 0, "x", i) for i, e in enumerate(raw["device_traces"][0])]
     except KitError as e:
         with pytest.raises(KitError) as got:

@@ -90,7 +90,8 @@ def test_safe_unpickle_accepts_plain_data():
         ({"segments": [{"address": 0, "total_size": 4, "blocks": [{"size": 2, "state": "inactive"}]}]}, "cover 2"),
         ({"segments": [{"address": 0, "total_size": 4, "blocks": [{"size": 4, "state": "weird"}]}]}, "block state"),
         ({"segments": [{"address": 0, "total_size": 4, "segment_pool_id": [1]}]}, "two integers"),
-        ({"segments": [], "device_traces": [[{"action": "explode"}]]}, "unknown action"),
+        ({"segments": [], "device_traces": [[{"action": 7}]]}, "action is 7, expected a name"),
+        ({"segments": [], "device_traces": [[{"action": ["alloc"]}]]}, "action is a list of 1"),
         ({"segments": [], "device_traces": "x"}, "not a list of lists"),
     ],
 )

@@ -9,17 +9,48 @@ patch added, is deleted again rather than left behind as a copy).
 to an installed vLLM, rewriting its functions with `kit.patch.source`; each
 module here owns one target and keeps at most one patch of it applied at a
 time.
+
+Applying and reverting are atomic against Ctrl-C: a KeyboardInterrupt that
+arrives meanwhile is held back until the patch is wholly on or wholly off
+(`interrupts_deferred`), so an interrupted run never leaves half a patch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kit.errors import KitError
 
 Replacement = tuple[Any, str, Callable[..., Any]]
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back a Ctrl-C (SIGINT) that arrives in the block and raise it once the block is done.
+
+    Only the main thread receives KeyboardInterrupt, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # not the main thread, or a handler installed outside Python, which cannot be put back
+        return
+    pending: list[Any] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(frame))
+    except (ValueError, TypeError, OSError):  # no signals here (an embedded interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending and callable(previous):
+            previous(signal.SIGINT, pending[0])
+
+
 _ABSENT = object()  # an attribute the owner did not hold itself (inherited, or added by the patch)
 
 
@@ -38,7 +69,7 @@ class Patch:
         return bool(self.originals)
 
     def apply(self) -> Patch:
-        with self._lock:
+        with self._lock, interrupts_deferred():
             if self.applied:
                 return self
             for owner, attr, _ in self.replacements:
@@ -58,7 +89,7 @@ class Patch:
         return self
 
     def revert(self) -> None:
-        with self._lock:
+        with self._lock, interrupts_deferred():
             self._restore()
 
     def _restore(self) -> None:

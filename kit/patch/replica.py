@@ -22,17 +22,19 @@ The replacements are the PR's versions of the functions it changes:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
 
 from kit.errors import KitError
-from kit.patch import Patch
+from kit.patch import Patch, interrupts_deferred
 from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
 from kit.replica.parallel_state import GraphCaptureContext, _on_stream
 
 POLICIES = ("pr", "share", "separate")
-_state = {"policy": "pr", "patch": None}
+_state = {"policy": "pr", "patch": None, "blocks": 0}  # blocks: `patched()` blocks open now, in any thread
+_lock = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -103,16 +105,20 @@ def _check_policy(policy: str) -> None:
 def apply(policy: str = "pr") -> Patch:
     """Apply the PR to the replica (once; a second call only sets the policy)."""
     _check_policy(policy)
-    patch = _state["patch"] or Patch("PR 63155 on the replica", _replacements())
-    patch.apply()
-    _state["patch"], _state["policy"] = patch, policy
-    return patch
+    with _lock:
+        patch = _state["patch"] or Patch("PR 63155 on the replica", _replacements())
+        _state["patch"] = patch  # before applying: an interrupted apply is still found, and reverted, by revert()
+        patch.apply()
+        _state["policy"] = policy
+        return patch
 
 
 def revert() -> None:
-    if _state["patch"] is not None:
-        _state["patch"].revert()
-    _state["policy"] = "pr"
+    """Take the patch back, whatever `patched()` blocks are open."""
+    with _lock:
+        if _state["patch"] is not None:
+            _state["patch"].revert()
+        _state["policy"] = "pr"
 
 
 def is_applied() -> bool:
@@ -121,14 +127,26 @@ def is_applied() -> bool:
 
 @contextlib.contextmanager
 def patched(policy: str = "pr") -> Iterator[Patch]:
-    """The PR applied for the block; reverted after it, exception or not, unless it was already applied."""
+    """The PR applied for the block, and reverted after it, exception or not, unless it was applied before.
+
+    Blocks may overlap, in one thread or several (vLLM's microbatch threads):
+    the patch stays on until the last open block ends, if none of them applied
+    it before the first began. The policy is process-wide: the innermost block
+    sets it, and its end puts back the one before.
+    """
     _check_policy(policy)
-    was_applied, previous = is_applied(), _state["policy"]
-    patch = apply(policy)
+    with _lock, interrupts_deferred():
+        first = _state["blocks"] == 0
+        if first:
+            _state["applied_before"] = is_applied()
+        previous = _state["policy"]
+        patch = apply(policy)
+        _state["blocks"] += 1
     try:
         yield patch
     finally:
-        if was_applied:
+        with _lock, interrupts_deferred():
+            _state["blocks"] -= 1
             _state["policy"] = previous
-        else:
-            revert()
+            if _state["blocks"] == 0 and not _state.get("applied_before"):
+                revert()

@@ -51,7 +51,7 @@ from typing import Any
 import pandas as pd
 
 from kit.errors import KitError
-from kit.patch import Patch
+from kit.patch import Patch, interrupts_deferred
 from kit.patch.source import Hunk, Rewrite, rewrite
 
 SUPPORTED_VERSION = "0.33.0"
@@ -265,7 +265,7 @@ class VllmPatch:
     def revert(self) -> None:
         """Put back every original object, also in modules imported while the patch was on."""
         global _applied
-        with _lock:
+        with _lock, interrupts_deferred():
             self._patch.revert()
             if self.rewrites:
                 graph_capture = self.rewrites[0]
@@ -447,8 +447,12 @@ def apply(policy: str = "pr") -> VllmPatch:
         manager = owners[1]
         handle.rewrites = done
         handle._patch = Patch("PR 63155 on vLLM", replacements, additions=[(manager, "capture_stream", None)])
-        handle._patch.apply()
-        _applied = handle
+        _applied = handle  # before applying: an interrupted apply is still found, and reverted, by revert()
+        try:
+            handle._patch.apply()
+        except BaseException:
+            _applied = None
+            raise
         return handle
 
 
@@ -463,13 +467,25 @@ def is_applied() -> bool:
     return _applied is not None and _applied.applied
 
 
+_blocks = {"open": 0, "applied_before": False}  # `patched()` blocks open now, in any thread
+
+
 @contextlib.contextmanager
 def patched(policy: str = "pr") -> Iterator[VllmPatch]:
-    """The patch applied for the block, reverted after it whatever happens inside (unless it was on before)."""
-    was_applied = is_applied()
-    handle = apply(policy)
+    """The patch applied for the block, reverted after it whatever happens inside (unless it was on before).
+
+    Blocks may overlap, in one thread or several (vLLM's microbatch threads):
+    the patch stays on until the last open block ends.
+    """
+    with _lock, interrupts_deferred():
+        if _blocks["open"] == 0:
+            _blocks["applied_before"] = is_applied()
+        handle = apply(policy)
+        _blocks["open"] += 1
     try:
         yield handle
     finally:
-        if not was_applied:
-            handle.revert()
+        with _lock, interrupts_deferred():
+            _blocks["open"] -= 1
+            if _blocks["open"] == 0 and not _blocks["applied_before"]:
+                handle.revert()

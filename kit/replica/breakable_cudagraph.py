@@ -77,7 +77,12 @@ class BreakableCUDAGraphCapture:
         if self.current() is not None:
             raise RuntimeError("Nested BreakableCUDAGraphCapture is not supported.")
         BreakableCUDAGraphCapture._tls.active = self
-        self._begin_segment()
+        try:
+            self._begin_segment()
+        except BaseException:
+            self._end_segment()  # a capture begun before the exception ends; none is left open
+            BreakableCUDAGraphCapture._tls.active = None
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -88,18 +93,18 @@ class BreakableCUDAGraphCapture:
 
     def _begin_segment(self) -> None:
         graph = torch.cuda.CUDAGraph()
+        self._current_graph = graph  # first: an exception right after capture_begin still finds it to end
         graph.capture_begin(pool=self.pool)
-        self._current_graph = graph
         self._capturing = True
 
     def _end_segment(self) -> None:
-        if not self._capturing:
-            return
-        self._current_graph.capture_end()
-        self.segments.append(self._current_graph.replay)
-        self.num_graphs += 1
-        self._current_graph = None
+        graph, self._current_graph = self._current_graph, None
+        if graph is None or not (self._capturing or torch.cuda.is_current_stream_capturing()):
+            return  # no segment open (an eager break raised), or its capture never began
         self._capturing = False
+        graph.capture_end()
+        self.segments.append(graph.replay)
+        self.num_graphs += 1
 
     def add_eager(self, fn: Callable[[], Any]) -> Any:
         """End the segment, run `fn` eagerly, record it for replay, begin the next segment."""

@@ -39,8 +39,9 @@ def get_forward_context() -> ForwardContext:
 @contextlib.contextmanager
 def override_forward_context(context: ForwardContext) -> Iterator[None]:
     global _forward_context
-    previous, _forward_context = _forward_context, context
+    previous = _forward_context
     try:
+        _forward_context = context
         yield
     finally:
         _forward_context = previous

@@ -6,7 +6,9 @@ on are `DecoderReplayLayers`: in a PIECEWISE graph they run in an eager break
 on the replay rows, which the model state picks for each step (here: the
 last half of the batch, standing in for each request's last `window` rows).
 Aux hidden states (the input of each layer in `aux_hidden_state_layers`) are
-returned with the output, as for an EAGLE-style speculator.
+returned with the output, as for an EAGLE-style speculator. Under tensor
+parallelism (`parallel_state.init_distributed_environment`) each layer's FFN
+is split over the ranks and its output all-reduced, inside the graphs.
 
 `DeepseekV41ModelState` owns the replay graphs and sets the replay batch, as
 vLLM's `vllm/models/deepseek_v41/nvidia/model_state.py` does.
@@ -23,6 +25,11 @@ from torch import nn
 from kit.errors import KitError
 from kit.replica.decoder_replay import DecoderReplayCudaGraphManager, DecoderReplayLayers, ReplayBatch
 from kit.replica.forward_context import CUDAGraphMode, ForwardContext
+from kit.replica.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,21 @@ class DecoderLayer(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=1e-6)
         self.up_proj = nn.Linear(config.hidden_size, config.ffn_size, bias=False)
         self.down_proj = nn.Linear(config.ffn_size, config.hidden_size, bias=False)
+        tp_size = get_tensor_model_parallel_world_size()
+        if tp_size > 1:
+            # Column-parallel up projection, row-parallel down projection: each rank keeps
+            # its slice of the full layer's weights, and the down projection's partial
+            # sums are all-reduced.
+            if config.ffn_size % tp_size:
+                raise KitError(f"the FFN size {config.ffn_size} does not split over {tp_size} ranks")
+            rank, shard = get_tensor_model_parallel_rank(), config.ffn_size // tp_size
+            rows = slice(rank * shard, (rank + 1) * shard)
+            self.up_proj.weight = nn.Parameter(self.up_proj.weight[rows].clone())
+            self.down_proj.weight = nn.Parameter(self.down_proj.weight[:, rows].clone())
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return hidden_states + self.down_proj(F.silu(self.up_proj(self.norm(hidden_states))))
+        partial = self.down_proj(F.silu(self.up_proj(self.norm(hidden_states))))
+        return hidden_states + tensor_model_parallel_all_reduce(partial)
 
 
 class Decoder(nn.Module):

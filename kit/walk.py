@@ -1,0 +1,571 @@
+"""The trace walk of `kit.trace`, on the snapshot's columns: the same result, at millions of events.
+
+`kit.trace._replay_rows` walks the trace entry by entry over typed records; at
+DeepSeek scale (millions of events, tens of thousands of segments) that takes
+minutes, and its question "a fitting free block on another stream?" visits
+every segment for every new one. `fast_replay` returns the same `TraceReplay`:
+
+- it reads the trace and the segments as numpy columns (`kit.columns`);
+- the rewind visits only the block events of segments that outlive it (a
+  segment the trace allocated is dropped again at its segment_alloc);
+- the segment holding each block event's address is found at once with
+  numpy: a segment lives from its segment_alloc (or the trace's start) to the
+  next segment event at its address, and as long as no two live segments
+  overlap, the one holding an address at a row is the latest one made before
+  that row at the nearest start at or below the address that is still live.
+  Rows this cannot place (inconsistent traces) are searched as the walk would;
+- per (pool, size class, stream), a heap of segments by largest free gap,
+  refreshed only where blocks changed, answers the stranding question.
+
+Traces of expandable segments (`segment_map`, `segment_unmap`) are left to the
+walk entry by entry (`fast_replay` returns None). tests/test_scale.py holds
+the two walks side by side.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from heapq import heappop, heappush
+from itertools import chain
+from operator import itemgetter
+
+import numpy as np
+import pandas as pd
+
+from kit.columns import ACTION_CODE, INACTIVE, TraceColumns, gc_paused, trace_columns
+from kit.errors import KitError
+from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
+from kit.snapshot import Snapshot
+from kit.trace import TraceReplay
+
+ALLOC, FREE_COMPLETED = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
+SEGMENT_ALLOC, SEGMENT_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
+MAPPING = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
+SMALL_SEGMENT = 2 * K_SMALL_SIZE
+ALLOC_COLUMNS = (
+    "index",
+    "time_us",
+    "addr",
+    "size",
+    "stream",
+    "pool",
+    "served",
+    "segment_bytes",
+    "other_block",
+    "other_block_size",
+    "other_stream",
+    "frames",
+)
+
+
+class _Segment:
+    """A segment in the walk: `kit.trace._Segment`'s rules, with what the columnar walk keeps beside them."""
+
+    __slots__ = ("address", "size", "end", "pool", "stream", "small", "limit", "starts", "sizes", "seq", "dirty")
+
+    def __init__(self, address, size, pool, stream, small):
+        self.address, self.size, self.pool, self.stream, self.small = address, size, pool, stream, small
+        self.end = address + size
+        # A block splits when what is left of it exceeds this (a small block keeps a
+        # remainder of 512 bytes or more, a large one more than 1 MiB).
+        self.limit = K_MIN_BLOCK_SIZE - 1 if small else K_SMALL_SIZE
+        self.starts: list[int] = []  # active block addresses, sorted
+        self.sizes: dict[int, int] = {}
+        self.seq = 0  # its place in the walk's segment dict (the order `_free_elsewhere` searches in)
+        self.dirty: set | None = None  # its group's set of segments whose gaps changed
+
+    def largest_gap(self) -> tuple[int, int]:
+        best, at, cursor = 0, 0, self.address
+        for start in self.starts:
+            if start - cursor > best:
+                best, at = start - cursor, cursor
+            cursor = max(cursor, start + self.sizes[start])
+        if self.end - cursor > best:
+            best, at = self.end - cursor, cursor
+        return best, at
+
+    def activate(self, address: int, size: int) -> None:
+        if address not in self.sizes:
+            insort(self.starts, address)
+        self.sizes[address] = size
+
+    def release(self, address: int) -> None:
+        if self.sizes.pop(address, None) is not None:
+            del self.starts[bisect_left(self.starts, address)]
+
+
+class _Group:
+    """The segments of one (pool, size class, stream), by largest free gap: a heap, refreshed lazily.
+
+    A segment whose blocks changed is only marked dirty; its gap is measured
+    again when another stream's new segment asks, so a walk of millions of
+    events measures each segment at most once between two such questions.
+    """
+
+    __slots__ = ("heap", "dirty")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple] = []  # (-gap, seq, version, at, segment)
+        self.dirty: set[_Segment] = set()
+
+    def best(self, live: dict[int, _Segment], versions: dict[_Segment, int], counter: list[int]):
+        """(gap, seq, at) of the live segment with the largest gap, the earliest on ties; None if none."""
+        heap = self.heap
+        for seg in self.dirty:
+            if live.get(seg.address) is seg:
+                gap, at = seg.largest_gap()
+                counter[0] += 1
+                versions[seg] = counter[0]
+                heappush(heap, (-gap, seg.seq, counter[0], at, seg))
+        self.dirty.clear()
+        while heap:
+            gap, seq, version, at, seg = heap[0]
+            if versions.get(seg) == version and live.get(seg.address) is seg:
+                return -gap, seq, at
+            heappop(heap)
+        return None
+
+
+def fast_replay(snap: Snapshot, device: int = 0) -> TraceReplay | None:
+    """`kit.trace.replay_trace` on the columns; None for a trace of expandable segments."""
+    if snap.history != "all":
+        snap.require_trace(device)  # raises its one-line error, reading nothing
+    tc = trace_columns(snap, device)
+    if tc is None or len(tc) < 2:
+        raise KitError(f"{snap.origin}: no trace recorded on device {device}")
+    if np.isin(tc.action, MAPPING).any():
+        return None
+    with gc_paused():  # the walk makes a few hundred thousand objects that almost all die with it
+        return _walk(snap, tc, device)
+
+
+class _FinalSegments:
+    """The snapshot's segments on one device, each made into a `_Segment` only when asked for."""
+
+    def __init__(self, snap: Snapshot, device: int) -> None:
+        c = snap.columns
+        on = np.flatnonzero(c.device == device)
+        active = (c.block_state != INACTIVE) & np.isin(c.block_segment, on)
+        counts = np.bincount(c.block_segment[active], minlength=len(c))[on]
+        self.at = np.concatenate(([0], np.cumsum(counts))).tolist()
+        self.block_addr, self.block_size = c.block_address[active].tolist(), c.block_size[active].tolist()
+        self.address, self.size = c.address[on].tolist(), c.total_size[on].tolist()
+        pools = c.pools()
+        self.pool = [pools[i] for i in on.tolist()]
+        self.stream, self.small = c.stream[on].tolist(), c.small[on].tolist()
+
+    def make(self, i: int) -> _Segment:
+        seg = _Segment(self.address[i], self.size[i], self.pool[i], self.stream[i], self.small[i])
+        lo, hi = self.at[i], self.at[i + 1]
+        if hi > lo:
+            seg.starts = self.block_addr[lo:hi]
+            seg.sizes = dict(zip(seg.starts, self.block_size[lo:hi], strict=True))
+        return seg
+
+
+def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, streams: list) -> dict[int, _Segment]:
+    """Rewind the final segments backwards through the trace to its first entry (`kit.trace._initial_state`).
+
+    The snapshot's segments enter the dict as row numbers and become
+    `_Segment`s when a block event reaches them or when they outlast the
+    rewind: most of a long trace's segments are dropped again at their
+    segment_alloc without ever being needed.
+    """
+    segments: dict = {address: i for i, address in enumerate(final.address)}
+    starts = sorted(segments)
+    for r in reversed(_rewind_rows(final, acts, addrs, sizes)):
+        a, addr = acts[r], addrs[r]
+        if a == SEGMENT_ALLOC:
+            if segments.pop(addr, None) is not None:
+                del starts[bisect_left(starts, addr)]
+        elif a == SEGMENT_FREE:
+            # A segment freed within the trace belonged to the default pool (graph
+            # pools are not freed while their graphs live).
+            if addr not in segments:
+                insort(starts, addr)
+            segments[addr] = _Segment(addr, sizes[r], (0, 0), streams[r], sizes[r] <= SMALL_SEGMENT)
+        else:
+            j = bisect_right(starts, addr) - 1
+            if j < 0:
+                continue
+            seg = segments[starts[j]]
+            if type(seg) is int:
+                seg = segments[starts[j]] = final.make(seg)
+            if addr >= seg.end:
+                continue
+            if a == ALLOC:
+                seg.release(addr)
+            elif addr not in seg.sizes:  # free_completed
+                seg.activate(addr, round_size(sizes[r]))  # its exact size is not in the trace
+    for address, seg in segments.items():
+        if type(seg) is int:
+            segments[address] = final.make(seg)
+    return segments
+
+
+def _rewind_rows(final: _FinalSegments, acts: list, addrs: list, sizes: list) -> list[int]:
+    """The rows the rewind must visit: every segment event, and the block events of segments that outlive it.
+
+    Walking backwards, a block event changes the segment that holds its address
+    at that moment; a segment the trace allocated is dropped again at its
+    segment_alloc, so its block events change nothing that lasts. Only the
+    segments present at the trace's first entry keep what the rewind does to
+    them: the snapshot's segments the trace never allocated, and segments the
+    trace frees but never allocated (present up to their segment_free).
+    """
+    action = np.array(acts, dtype=np.int8)
+    is_segment = (action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)
+    segment_rows = np.flatnonzero(is_segment).tolist()
+    n = len(acts)
+    present = {a: (a, size, n) for a, size in zip(final.address, final.size, strict=True)}
+    for r in reversed(segment_rows):
+        if acts[r] == SEGMENT_ALLOC:
+            present.pop(addrs[r], None)
+        else:
+            present[addrs[r]] = (addrs[r], sizes[r], r)  # present before row r
+    if not present:
+        return segment_rows
+    first, size, until = (np.array(x, dtype=np.int64) for x in zip(*sorted(present.values()), strict=True))
+    if np.any(first[1:] < first[:-1] + size[:-1]):
+        return list(range(n))  # overlapping segments: visit everything, as the walk by entry does
+    address = np.array(addrs, dtype=np.int64)
+    at = np.searchsorted(first, address, side="right") - 1
+    held = (at >= 0) & (address < (first + size)[at]) & (np.arange(n) < until[at])
+    return np.flatnonzero(is_segment | held).tolist()
+
+
+def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
+    # Only these four actions move memory; the walk skips the rest.
+    index = np.flatnonzero(np.isin(tc.action, (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)))
+    action, address, size = tc.action[index], tc.addr[index], tc.size[index]
+    acts, addrs, sizes, streams = action.tolist(), address.tolist(), size.tolist(), tc.stream[index].tolist()
+    final = _FinalSegments(snap, device)
+    live = _rewound(final, acts, addrs, sizes, streams)  # address -> segment, in the walk's dict order
+    rewound = len(live)
+    instances = list(live.values())
+    made, made_by = _segments_made(final, action, acts, addrs, sizes, streams, index, instances)
+    holder = _holders(live, instances, made_by, action, address)
+    if (holder == -2).any():
+        _search_holders(holder, live, instances, made_by, acts, addrs)
+    rounded = np.where(size < K_MIN_BLOCK_SIZE, K_MIN_BLOCK_SIZE, -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+    rows = np.flatnonzero((action == ALLOC) & (holder >= 0))
+    fresh = _fresh_bytes(action, address, size, rounded, rows)
+    # The per-(pool, size class, stream) groups that answer "a fitting free block on another stream?".
+    groups: dict[tuple, dict[int, _Group]] = {}
+    versions: dict[_Segment, int] = {}
+    counter = [0]
+
+    def enter(seg: _Segment, seq: int) -> None:
+        by_stream = groups.setdefault((seg.pool, seg.small), {})
+        group = by_stream.get(seg.stream)
+        if group is None:
+            group = by_stream[seg.stream] = _Group()
+        seg.seq, seg.dirty = seq, group.dirty
+        group.dirty.add(seg)
+
+    for seq, seg in enumerate(instances[:rewound]):
+        enter(seg, seq)
+    next_seq = rewound
+    new_rows: dict[int, tuple] = {}  # row -> (segment bytes, other block, its size, its stream) or 3 Nones
+    ask = np.full(len(acts), -1, dtype=np.int64)
+    asked = np.flatnonzero(fresh)
+    ask[rows[asked]] = asked
+    for a, addr, k, need, q in zip(acts, addrs, holder.tolist(), rounded.tolist(), ask.tolist(), strict=True):
+        if a == ALLOC:
+            if k < 0:
+                continue
+            seg = instances[k]
+            ss, sizes_of = seg.starts, seg.sizes
+            j = bisect_right(ss, addr)
+            gap = (ss[j] if j < len(ss) else seg.end) - addr
+            if addr not in sizes_of:
+                ss.insert(j, addr)
+            sizes_of[addr] = need if gap - need > seg.limit else max(gap, need)
+            seg.dirty.add(seg)
+            if q >= 0:  # the alloc needed new memory: was a free block as large on another stream?
+                new_rows[q] = _free_elsewhere(groups, live, versions, counter, seg, need)
+        elif a == FREE_COMPLETED:
+            if k < 0:
+                continue
+            seg = instances[k]
+            if seg.sizes.pop(addr, None) is not None:
+                del seg.starts[bisect_left(seg.starts, addr)]
+                seg.dirty.add(seg)
+        elif a == SEGMENT_ALLOC:
+            seg = instances[k]
+            replaced = live.get(addr)
+            if replaced is not None:
+                enter(seg, replaced.seq)  # a dict keeps a replaced key's place
+            else:
+                enter(seg, next_seq)
+                next_seq += 1
+            live[addr] = seg
+        else:  # segment_free
+            live.pop(addr, None)
+    pools = np.empty(len(instances), dtype=object)
+    pools[:] = [seg.pool for seg in instances]
+    allocs = _alloc_frame(tc, index[rows], pools[holder[rows]], fresh, new_rows)
+    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
+    return TraceReplay(allocs, new_segments, _compare(snap, live, device), rewound, device)
+
+
+def _segments_made(final: _FinalSegments, action, acts, addrs, sizes, streams, index, instances) -> tuple[list, dict]:
+    """A segment object for every segment_alloc, appended to `instances`; the `made` rows; row -> instance."""
+    # A segment's pool is in the snapshot only for the segment there now. Addresses come
+    # back after a segment_free, so an earlier segment at the same address, one freed
+    # within the trace, is taken as the default pool's (graph pools are not freed while
+    # their graphs live).
+    known = dict(zip(final.address, zip(final.pool, final.small, strict=True), strict=True))
+    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)).tolist()
+    trace_index = index.tolist()
+    freed_later, last_alloc = set(), {}
+    for r in segment_rows:
+        if acts[r] == SEGMENT_ALLOC:
+            last_alloc[addrs[r]] = trace_index[r]
+        elif addrs[r] in last_alloc:
+            freed_later.add(last_alloc[addrs[r]])
+    made, made_by = [], {}
+    for r in segment_rows:
+        if acts[r] != SEGMENT_ALLOC:
+            continue
+        i, addr, size, stream = trace_index[r], addrs[r], sizes[r], streams[r]
+        pool, small = (known.get(addr) if i not in freed_later else None) or ((0, 0), size <= SMALL_SEGMENT)
+        made_by[r] = len(instances)
+        instances.append(_Segment(addr, size, pool, stream, small))
+        made.append((i, addr, size, pool, stream))
+    return made, made_by
+
+
+def _holders(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> np.ndarray:
+    """For each row: the instance whose segment holds its address then, -1 for none, -2 to search while walking.
+
+    Segment rows get the instance they make (segment_alloc). Block rows are
+    placed with numpy (see the module's docstring); overlapping segments (an
+    inconsistent trace) leave every block row to the search.
+    """
+    n = len(action)
+    holder = np.full(n, -1, dtype=np.int64)
+    for r, k in made_by.items():
+        holder[r] = k
+    blocks = np.flatnonzero((action == ALLOC) | (action == FREE_COMPLETED))
+    if not instances or not blocks.size:
+        return holder
+    if _ever_overlap(live, instances, made_by, action, address):
+        holder[blocks] = -2
+        return holder
+    rewound = len(instances) - len(made_by)
+    first = np.fromiter((s.address for s in instances), dtype=np.int64, count=len(instances))
+    end = np.fromiter((s.end for s in instances), dtype=np.int64, count=len(instances))
+    born = np.concatenate((np.full(rewound, -1, dtype=np.int64), np.fromiter(made_by, dtype=np.int64)))
+    # A segment lives until the next segment event at its address (its segment_free).
+    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE))
+    _, rank = np.unique(np.concatenate((address[segment_rows], first)), return_inverse=True)
+    width = n + 2
+    event_key = np.sort(rank[: segment_rows.size] * width + segment_rows + 1)
+    own_key = rank[segment_rows.size :] * width + born + 1
+    j = np.searchsorted(event_key, own_key, side="right")
+    next_key = event_key[np.minimum(j, event_key.size - 1)] if event_key.size else own_key
+    died = np.where((j < event_key.size) & (next_key // width == own_key // width), next_key % width - 1, n)
+    # Place each block row: nearest start at or below its address, latest segment made there before the row.
+    order = np.lexsort((born, first))
+    first_s, end_s, born_s, died_s = first[order], end[order], born[order], died[order]
+    starts_at, group_first = np.unique(first_s, return_index=True)
+    group = np.repeat(np.arange(starts_at.size), np.diff(np.append(group_first, first_s.size)))
+    key = group * width + born_s + 1
+    x, row = address[blocks], blocks
+    g = np.searchsorted(starts_at, x, side="right") - 1
+    found = np.full(blocks.size, -1, dtype=np.int64)
+    pending = np.flatnonzero(g >= 0)
+    reach = int((end - first).max())
+    for _ in range(8):  # each round steps one start further down, for addresses reused over time
+        if not pending.size:
+            break
+        gp, xp, rp = g[pending], x[pending], row[pending]
+        cand = np.searchsorted(key, gp * width + rp + 1, side="left") - 1
+        c = np.maximum(cand, 0)
+        ok = (cand >= 0) & (group[c] == gp) & (xp < end_s[c]) & (rp < died_s[c])
+        found[pending[ok]] = order[c[ok]]
+        rest = pending[~ok]
+        g[rest] -= 1
+        further = g[rest] >= 0
+        further[further] &= starts_at[g[rest][further]] + reach > x[rest][further]
+        pending = rest[further]
+    found[pending] = -2
+    holder[blocks] = found
+    return holder
+
+
+def _ever_overlap(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> bool:
+    """Whether two live segments ever overlap (or one replaces another), walking the segment events."""
+    current = dict(live)
+    starts = sorted(current)
+    if len(set(starts)) != len(starts) or any(current[a].end > b for a, b in zip(starts[:-1], starts[1:], strict=True)):
+        return True
+    for r in np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)).tolist():
+        addr = int(address[r])
+        if r in made_by:
+            if addr in current:
+                return True
+            seg = current[addr] = instances[made_by[r]]
+            insort(starts, addr)
+            k = bisect_left(starts, addr)
+            if (k > 0 and current[starts[k - 1]].end > addr) or (k + 1 < len(starts) and seg.end > starts[k + 1]):
+                return True
+        elif current.pop(addr, None) is not None:
+            del starts[bisect_left(starts, addr)]
+    return False
+
+
+def _search_holders(holder: np.ndarray, live: dict, instances: list, made_by: dict, acts: list, addrs: list) -> None:
+    """Fill in the rows `_holders` left (-2) by searching the live segments at each, in trace order."""
+    live = dict(live)
+    starts = sorted(live)
+    number = {id(seg): k for k, seg in enumerate(instances)}
+    for r in np.flatnonzero((holder == -2) | np.isin(np.array(acts), (SEGMENT_ALLOC, SEGMENT_FREE))).tolist():
+        a, addr = acts[r], addrs[r]
+        if a == SEGMENT_ALLOC:
+            if addr not in live:
+                insort(starts, addr)
+            live[addr] = instances[made_by[r]]
+        elif a == SEGMENT_FREE:
+            if live.pop(addr, None) is not None:
+                del starts[bisect_left(starts, addr)]
+        else:
+            i = bisect_right(starts, addr) - 1
+            seg = live[starts[i]] if i >= 0 else None
+            holder[r] = number[id(seg)] if seg is not None and addr < seg.end else -1
+
+
+def _fresh_bytes(action, address, size, rounded, rows: np.ndarray) -> np.ndarray:
+    """Per alloc placed (`rows`): bytes of the segments cudaMalloc'ed since the last alloc that it overlaps.
+
+    As the walk by entry counts them: the ranges of the segment_allocs after
+    the previous alloc (placed or not) whose range meets [addr, addr + rounded).
+    """
+    allocs = np.flatnonzero(action == ALLOC)
+    made = np.flatnonzero(action == SEGMENT_ALLOC)
+    out = np.zeros(rows.size, dtype=np.int64)
+    if not made.size or not rows.size:
+        return out
+    nxt = np.searchsorted(allocs, made)  # the alloc each new segment is fresh for
+    has = nxt < allocs.size
+    made, by = made[has], allocs[nxt[has]]
+    at = np.searchsorted(rows, by)
+    placed = (at < rows.size) & (rows[np.minimum(at, rows.size - 1)] == by)
+    made, by, at = made[placed], by[placed], at[placed]
+    meets = (address[made] < address[by] + rounded[by]) & (address[by] < address[made] + size[made])
+    np.add.at(out, at[meets], size[made[meets]])
+    return out
+
+
+def _free_elsewhere(groups, live, versions, counter, new: _Segment, rounded: int) -> tuple:
+    """The largest free block of the same pool and size class on another stream, if it fits.
+
+    As `kit.trace._free_elsewhere` finds it searching every segment in the
+    walk's order: the largest gap, the first segment on ties; (address, size,
+    stream), or three Nones.
+    """
+    best = None
+    for stream, group in groups.get((new.pool, new.small), {}).items():
+        if stream == new.stream:
+            continue
+        found = group.best(live, versions, counter)
+        if found and found[0] >= rounded and (best is None or (found[0], -found[1]) > (best[0], -best[1])):
+            best = (*found, stream)
+    if best is None:
+        return None, None, None
+    size, _seq, at, stream = best
+    return at, size, stream
+
+
+def _alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, new_rows: dict) -> pd.DataFrame:
+    """One row per alloc the walk placed (`rows`: their trace indices), columns as the walk by entry makes them."""
+    n = len(rows)
+    if not n:
+        return pd.DataFrame([], columns=list(ALLOC_COLUMNS))
+    served = np.where(fresh > 0, "new_segment", "reused").astype(object)
+    other_size = np.zeros(n, dtype=np.int64)
+    # Built as pandas reads a column of ints and Nones: floats with NaN, or objects when all are None.
+    any_stranded = any(v[0] is not None for v in new_rows.values())
+    other_block, other_stream = (np.full(n, np.nan) if any_stranded else np.full(n, None) for _ in range(2))
+    for r, (block, block_size, block_stream) in new_rows.items():
+        if block is not None:
+            served[r] = "stranded"
+            other_block[r], other_size[r], other_stream[r] = block, block_size, block_stream
+    time_us = tc.time_us[rows]
+    picked = itemgetter(*rows.tolist())(tc.frames) if n > 1 else (tc.frames[int(rows[0])],)
+    if set(map(type, picked)) != {list}:
+        picked = [f if type(f) is list else [] for f in picked]
+    return pd.DataFrame(
+        {
+            "index": rows,
+            "time_us": time_us if time_us.dtype != object else time_us.tolist(),
+            "addr": tc.addr[rows],
+            "size": tc.size[rows],
+            "stream": tc.stream[rows],
+            "pool": row_pools,
+            "served": served,
+            "segment_bytes": fresh,
+            "other_block": other_block,
+            "other_block_size": other_size,
+            "other_stream": other_stream,
+            "frames": np.fromiter(picked, dtype=object, count=n),  # the entries' own lists: copying costs
+        }
+    )
+
+
+def _compare(snap: Snapshot, segments: dict[int, _Segment], device: int) -> list[str]:
+    """`kit.trace._compare_with_snapshot`: what differs between the walk's end and the snapshot's segments."""
+    c = snap.columns
+    on = c.device == device
+    try:
+        if _same_as_snapshot(c, on, segments):
+            return []
+    except (OverflowError, ValueError):  # addresses beyond int64: compare them one by one
+        pass
+    want = {}
+    for i in np.flatnonzero(on).tolist():
+        lo, hi = int(c.first_block[i]), int(c.first_block[i] + c.n_blocks[i])
+        blocks = zip(
+            c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist(), c.block_state[lo:hi].tolist(), strict=True
+        )
+        want[int(c.address[i])] = (int(c.total_size[i]), {a: n for a, n, st in blocks if st != INACTIVE})
+    got = {a: (s.size, dict(s.sizes)) for a, s in segments.items()}
+    out = []
+    for address in sorted(want.keys() | got.keys()):
+        if address not in got:
+            out.append(f"segment {address:#x} is in the snapshot but not in the replayed trace")
+        elif address not in want:
+            out.append(f"segment {address:#x} is in the replayed trace but not in the snapshot")
+        elif want[address] != got[address]:
+            out.append(f"segment {address:#x}: blocks differ between the replayed trace and the snapshot")
+    return out
+
+
+def _same_as_snapshot(c, on: np.ndarray, segments: dict[int, _Segment]) -> bool:
+    """Whether the walk's segments and active blocks are the snapshot's, compared as sorted arrays."""
+    address, total = c.address[on], c.total_size[on]
+    if np.unique(address).size != address.size or len(segments) != address.size:
+        return False
+    values = list(segments.values())
+    got_addr = np.fromiter(segments, dtype=np.int64, count=len(values))
+    got_size = np.fromiter((s.size for s in values), dtype=np.int64, count=len(values))
+    order, want_order = np.argsort(got_addr), np.argsort(address)
+    if not (
+        np.array_equal(got_addr[order], address[want_order]) and np.array_equal(got_size[order], total[want_order])
+    ):
+        return False
+    active = (c.block_state != INACTIVE) & on[c.block_segment]
+    counts = np.fromiter((len(s.sizes) for s in values), dtype=np.int64, count=len(values))
+    if counts.sum() != active.sum():
+        return False
+    n = int(counts.sum())
+    got = np.stack(
+        [
+            np.repeat(got_addr, counts),
+            np.fromiter(chain.from_iterable(s.sizes for s in values), dtype=np.int64, count=n),
+            np.fromiter(chain.from_iterable(s.sizes.values() for s in values), dtype=np.int64, count=n),
+        ]
+    )
+    want = np.stack([c.address[c.block_segment[active]], c.block_address[active], c.block_size[active]])
+    return np.array_equal(got[:, np.lexsort(got[1::-1])], want[:, np.lexsort(want[1::-1])])

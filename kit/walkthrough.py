@@ -1,0 +1,316 @@
+"""Helpers for the guided notebooks: block reuse step by step, the patch's diff, prediction against measurement.
+
+Notebook 02 (root cause) steps through a recorded trace one graph-pool
+allocation at a time: `StepThrough` turns the trace back into a workload
+(`kit.whatif.trace_to_workload`), replays it on the simulator with the
+recording's own segment addresses and `explain=True`, and for each step gives
+the allocator state before and after it, the pool's free blocks with the
+verdict on each (taken, or why it was refused), and a sentence saying what
+happened. `layout_differences` checks the replay's final state against the
+recording, segment by segment and block by block.
+
+Notebook 03 (the fix) uses `patch_diffs` to show what `kit.patch.replica`
+replaces, and `prediction_table` to set the what-if prediction from the
+unpatched trace next to what the patched run measured.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kit.patch import Patch
+from kit.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
+from kit.snapshot import Snapshot, load_snapshot
+from kit.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.whatif import WhatIf, trace_to_workload
+from kit.workload import DEFAULT, Op, parse_workload
+
+GRAPH_POOL = "global graph pool"
+TAKEN = "taken"
+FITS = "fits, not the best fit"  # the allocator takes the smallest fitting block, lowest address first
+_RANK = {TAKEN: 0, "refused: other stream": 1}  # table order: the answer, then the root cause
+
+
+@dataclass
+class Step:
+    """One allocation in the graph pool: its place in the step-through and the simulator's decision."""
+
+    number: int  # 0-based position among the pool's allocations
+    capture: str  # the graph being captured when it was made
+    decision: Decision
+
+
+class StepThrough:
+    """A recorded trace replayed on the simulator, one graph-pool allocation at a time."""
+
+    def __init__(self, snapshot: Snapshot | str | dict, pool_name: str = GRAPH_POOL) -> None:
+        self.recorded = load_snapshot(snapshot)
+        self.name = Path(self.recorded.origin).name
+        self.ops: list[Op] = parse_workload(trace_to_workload(self.recorded), self.name)
+        self.addresses = recorded_segment_addresses(self.recorded.raw)
+        self.pool_name = pool_name
+        self.pool = tuple(self.recorded.kit["pools"][pool_name])
+        sim = self._run(len(self.ops), explain=True)
+        capture_of = _captures_by_op(self.ops)
+        decisions = [d for d in sim.decisions if d.pool == self.pool]
+        self.steps = [Step(i, capture_of[d.index], d) for i, d in enumerate(decisions)]
+        self.final = self._snapshot(sim, f"trace of {self.name} replayed to the end")
+        self._states: dict[int, Snapshot] = {}
+
+    def _run(self, op_count: int, *, explain: bool = False) -> CachingAllocatorSim:
+        # The trace holds the RNG-state allocations already, so the simulator must not add its own.
+        sim = CachingAllocatorSim(addresses=self.addresses, explain=explain, rng_state=False)
+        return sim.run(self.ops[:op_count])
+
+    def _snapshot(self, sim: CachingAllocatorSim, origin: str) -> Snapshot:
+        raw = sim.snapshot()
+        # Unnamed, stream 0 reads "default stream", as in the recording's tables.
+        raw["kit"]["streams"] = {k: v for k, v in raw["kit"]["streams"].items() if k != DEFAULT}
+        return Snapshot(raw, origin=origin)
+
+    def state(self, op_count: int) -> Snapshot:
+        """The simulated allocator after the first `op_count` operations of the workload."""
+        if op_count not in self._states:
+            self._states[op_count] = self._snapshot(
+                self._run(op_count), f"trace of {self.name} replayed to op {op_count} of {len(self.ops)}"
+            )
+        return self._states[op_count]
+
+    def before(self, step: Step) -> Snapshot:
+        return self.state(step.decision.index)
+
+    def after(self, step: Step) -> Snapshot:
+        return self.state(step.decision.index + 1)
+
+    def first_step_on(self, stream: str) -> Step:
+        """The first graph-pool allocation made on `stream`."""
+        for step in self.steps:
+            if step.decision.stream == stream:
+                return step
+        raise KeyError(f"no allocation in {self.pool_name} on {stream!r}")
+
+    def free_blocks(self, step: Step) -> pd.DataFrame:
+        """The free blocks of the request's pool just before it, each with the allocator's verdict."""
+        d = step.decision
+        refused = {address: reason for address, _, _, _, reason in d.refused}
+        state = self.before(step)
+        labels = stream_labels(state)
+        rows = []
+        for seg in state.segments:
+            if seg.segment_pool_id != d.pool:
+                continue
+            for b in seg.blocks:
+                if not b.is_free:
+                    continue
+                if d.outcome == "reused" and b.address == d.block:
+                    verdict = TAKEN
+                elif b.address in refused:
+                    verdict = f"refused: {refused[b.address]}"
+                else:
+                    verdict = FITS
+                rows.append((_RANK.get(verdict, 2), verdict, labels[seg.stream], b.address, seg.address, b.size))
+        rows.sort()
+        table = pd.DataFrame(
+            [(v, stream, f"{a:#x}", f"{s:#x}", size) for _, v, stream, a, s, size in rows],
+            columns=["verdict", "stream_label", "block", "segment", "free"],
+        )
+        table.attrs["source"] = state.source_label
+        return table
+
+    def describe(self, step: Step) -> str:
+        """What the request asked for, what its pool offered, and what it got, in two sentences."""
+        d = step.decision
+        size_class = "small" if d.small else "large"
+        ask = (
+            f"Step {step.number + 1} of {len(self.steps)} ({step.capture} capture): {d.stream} asks for "
+            f"{format_bytes(d.requested)} ({d.rounded:,} bytes rounded, {size_class} blocks) in the {self.pool_name}."
+        )
+        blocks = self.free_blocks(step)
+        offered = blocks.groupby("verdict", sort=False)["free"].agg(["size", "sum"])
+        parts = [f"{v}: {n} block{'s' * (n > 1)} ({format_bytes(total)})" for v, (n, total) in offered.iterrows()]
+        free = "Free blocks of the pool: " + ("; ".join(parts) if parts else "none") + "."
+        if d.outcome == "reused":
+            rest = ", split: the rest stays free" if d.split else ""
+            outcome = f"It takes the block at {d.block:#x}{rest}."
+        else:
+            outcome = (
+                f"Nothing it may take fits: a new {format_bytes(d.segment_size)} segment at {d.block:#x} (cudaMalloc)."
+            )
+        return " ".join([ask, free, outcome])
+
+    def marks(self, step: Step) -> list[dict[str, Any]]:
+        """Blocks to outline on the pool's segment map after `step`: the one it took, those refused as other stream's.
+
+        Each is `{"kind", "row", "base", "size"}` in the units and row labels of
+        `kit.segment_map_figure` (MiB, "pool | segment address").
+        """
+        d = step.decision
+        wanted = {d.block: "taken by this request"}
+        wanted.update(
+            {a: "refused: other stream" for a, _, _, p, r in d.refused if r == "other stream" and p == d.pool}
+        )
+        state = self.after(step)
+        out = []
+        for seg in state.segments:
+            for b in seg.blocks:
+                if b.address in wanted:
+                    out.append(
+                        {
+                            "kind": wanted[b.address],
+                            "row": f"{pool_label(seg.segment_pool_id, state.pool_names)} | {seg.address:#x}",
+                            "base": (b.address - seg.address) / 2**20,
+                            "size": b.size / 2**20,
+                        }
+                    )
+        return out
+
+    def mismatches(self) -> list[str]:
+        """How the replay's final state differs from the recording; empty when they match block for block."""
+        return layout_differences(self.final, self.recorded)
+
+
+def _captures_by_op(ops: list[Op]) -> list[str]:
+    """For each op, the graph being captured when it ran ("no capture" outside one)."""
+    out, current = [], "no capture"
+    for op in ops:
+        if op.op == "capture_begin":
+            current = op.graph
+        out.append(current)
+        if op.op == "capture_end":
+            current = "no capture"
+    return out
+
+
+def pool_view(snapshot: Snapshot, pool: tuple[int, int]) -> Snapshot:
+    """The snapshot with only `pool`'s segments (for a segment map of one pool)."""
+    raw = dict(snapshot.raw)
+    raw["segments"] = [s for s in snapshot.raw["segments"] if tuple(s["segment_pool_id"]) == tuple(pool)]
+    return Snapshot(raw, origin=snapshot.origin, live=snapshot.live)
+
+
+def canonical_layout(snapshot: Snapshot) -> list[tuple]:
+    """Segments and their blocks as the allocator laid them out, streams by name."""
+    labels = stream_labels(snapshot)
+    return [
+        (
+            s.address,
+            s.total_size,
+            s.segment_type,
+            s.segment_pool_id,
+            labels.get(s.stream, str(s.stream)),
+            tuple(
+                (b.address - s.address, b.size, b.state, b.requested_size if b.state == "active_allocated" else None)
+                for b in s.blocks
+            ),
+        )
+        for s in sorted(snapshot.segments, key=lambda s: s.address)
+    ]
+
+
+def layout_differences(simulated: Snapshot, recorded: Snapshot, limit: int = 5) -> list[str]:
+    """Segments that differ between two snapshots' layouts (address, size, pool, stream, blocks)."""
+    a = {s[0]: s for s in canonical_layout(simulated)}
+    b = {s[0]: s for s in canonical_layout(recorded)}
+    out = []
+    for address in sorted(set(a) | set(b)):
+        if a.get(address) != b.get(address):
+            out.append(f"segment {address:#x}: simulated {a.get(address)}, recorded {b.get(address)}")
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+PREDICTION_BYTES = ["unpatched", "predicted", "patched", "saved_predicted", "saved_measured", "predicted_minus_patched"]
+
+
+def prediction_table(unpatched: Snapshot, patched: Snapshot, whatif: WhatIf) -> pd.DataFrame:
+    """Per pool: reserved bytes of the unpatched run, the what-if's prediction from its trace, the patched run.
+
+    `saved_predicted` is the what-if's own figure (its simulated baseline minus
+    its prediction), `saved_measured` the unpatched run's reserved bytes minus
+    the patched run's; `predicted_minus_patched` is how far the prediction
+    missed (`whatif.corrections` names what the trace cannot know).
+    """
+    before, after, predicted = segment_table(unpatched), segment_table(patched), whatif.predicted
+    rows = []
+    for pool in sorted(set(before["pool"]) | set(after["pool"]) | set(predicted["pool"])):
+
+        def reserved(table: pd.DataFrame, pool: tuple = pool) -> int:
+            return int(table[table["pool"] == pool]["reserved"].sum())
+
+        rows.append(
+            {
+                "pool_label": pool_label(pool, unpatched.pool_names),
+                "unpatched": reserved(before),
+                "predicted": reserved(predicted),
+                "patched": reserved(after),
+                "saved_predicted": int(whatif.saved.get(pool, 0)),
+                "saved_measured": reserved(before) - reserved(after),
+                "predicted_minus_patched": reserved(predicted) - reserved(after),
+            }
+        )
+    table = pd.DataFrame(rows, columns=["pool_label", *PREDICTION_BYTES])
+    table.attrs["source"] = f"predicted: simulator (what-if on the unpatched trace); measured: {patched.source_label}"
+    return table
+
+
+def patch_diffs(patch: Patch) -> dict[str, str]:
+    """For an applied patch: each replaced function's unified diff, original to replacement.
+
+    Targets that held the same original (a function imported by name into a
+    second module) share one entry, keyed by all their names.
+    """
+    if not patch.applied:
+        raise ValueError(f"{patch.name}: apply it first, so that the originals are known")
+    entries: dict[tuple[int, int], tuple[list[str], Any, Any]] = {}
+    for (owner, attr, original), (_, _, new) in zip(patch.originals, patch.replacements, strict=False):
+        names, _, _ = entries.setdefault((id(original), id(new)), ([], original, new))
+        names.append(f"{_owner_name(owner)}.{attr}")
+    return {", ".join(names): _diff(original, new) for names, original, new in entries.values()}
+
+
+def _diff(original: Any, new: Any) -> str:
+    def lines(function: Any) -> list[str]:
+        return textwrap.dedent(inspect.getsource(function)).splitlines(keepends=True)
+
+    where = f"{original.__module__}.{original.__qualname__}"
+    return "".join(
+        difflib.unified_diff(
+            lines(original), lines(new), f"{where} (vLLM 0.33)", f"{new.__module__}.{new.__name__} (PR 63155)"
+        )
+    )
+
+
+def _owner_name(owner: Any) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return owner.__name__
+
+
+MARK_STYLE = {"taken by this request": ("black", 3), "refused: other stream": ("crimson", 2)}  # outline colour, width
+
+
+def mark_traces(marks: list[dict[str, Any]]) -> list:
+    """Outline bars for `StepThrough.marks`, one trace per kind (empty ones too, so a figure keeps its traces)."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for kind, (colour, width) in MARK_STYLE.items():
+        mine = [m for m in marks if m["kind"] == kind]
+        traces.append(
+            go.Bar(
+                orientation="h",
+                name=kind,
+                y=[m["row"] for m in mine],
+                x=[m["size"] for m in mine],
+                base=[m["base"] for m in mine],
+                marker=dict(color="rgba(0,0,0,0)", line=dict(color=colour, width=width)),
+                hoverinfo="skip",
+            )
+        )
+    return traces

@@ -1,0 +1,190 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Root cause: why the replay graphs cannot use the model graphs' free blocks
+#
+# **The question.** In 01 the replay capture, on a new stream, added segments to the graph
+# pool while the model capture's free blocks sat in the same pool. Why did the allocator not
+# hand it those blocks?
+#
+# **The rule (PyTorch's `CUDACachingAllocator.cpp`).** Free blocks are kept sorted by
+# `(stream, size, address)`. A request looks up the smallest free block of *its own stream*
+# that fits, lowest address first. A block of another stream is never handed out, however
+# large, and every block of a segment carries the stream of the segment's first allocation.
+# This notebook watches that rule decide, one request at a time, and then finds where vLLM
+# makes the second stream.
+
+# %%
+import html
+import inspect
+import tempfile
+from pathlib import Path
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import plotly.io as pio
+from IPython.display import display
+from tqdm.auto import tqdm
+
+import kit
+from kit.demo import FIXTURES, default_source, two_captures
+from kit.replica import cudagraph_utils, parallel_state
+from kit.walkthrough import StepThrough, mark_traces, pool_view
+
+pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
+SOURCE = default_source()
+print(f"data source: {SOURCE}")
+
+# %% [markdown]
+# ## The two captures, replayed on the simulator
+#
+# The experiment of 01: a model-like graph captured into a `graph_pool_handle()` pool, then
+# a smaller replay graph into the same pool on a **new** stream, recorded with the
+# allocator's memory history. The step-through below is the kit's simulator
+# (`kit/simulator.py`) replaying that recorded trace op by op, with the recording's own
+# segment addresses, so every decision can be shown with its reasons. The simulator matches
+# PyTorch's allocator block for block on all 64 workloads of the kit's H200 corpus (README);
+# on this trace the check is that its final state equals the recorded snapshot.
+
+# %%
+snap = two_captures(shared_stream=False, source=SOURCE)
+steps = StepThrough(snap)
+mismatches = steps.mismatches()
+print(f"data source: simulator, replaying the trace from: {snap.source_label}")
+print(f"{len(steps.ops)} allocator operations, {len(steps.steps)} of them allocations in the graph pool")
+print(f"simulated final state equals the recording, segment by segment and block by block: {not mismatches}")
+for line in mismatches:
+    print("  differs:", line)
+
+# %% [markdown]
+# ## One request at a time
+#
+# Move the slider through the graph pool's allocations. For each request: what it asked
+# for and on which stream; the free blocks of its pool just before it, each with the
+# allocator's verdict (`taken`, or refused: `other stream`, `too small`, `other size class`
+# for a small block offered to a large request or the reverse); then the pool's segment map
+# and the segment-by-stream table just after it. On the map the block the request got is
+# outlined in black, the blocks it may not take because they belong to another stream in
+# red. The slider starts at the replay capture's first request; drag it left to watch the
+# model capture fill the pool and reuse its own freed blocks.
+
+# %%
+COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free", "largest_free"]
+first_replay = steps.first_step_on("replay graphs stream")
+step = widgets.IntSlider(
+    min=1, max=len(steps.steps), value=first_replay.number + 1, description="request", continuous_update=False
+)
+step.add_class("kit-main-control")
+request, free_blocks, groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
+segment_map = go.FigureWidget()
+
+
+def show_step(change=None):
+    current = steps.steps[step.value - 1]
+    after = steps.after(current)
+    request.value = f"<p>{html.escape(steps.describe(current))}</p>"
+    blocks = steps.free_blocks(current)
+    free_blocks.value = "<b>Free blocks of its pool, before the request</b>" + (
+        kit.style_table(blocks).to_html() if len(blocks) else "<p>none: the pool has no free block</p>"
+    )
+    groups.value = (
+        "<b>Segment-by-stream table, after it</b>" + kit.style_table(kit.segment_table(after)[COLUMNS]).to_html()
+    )
+    fig = kit.segment_map_figure(pool_view(after, steps.pool))
+    with segment_map.batch_update():
+        segment_map.data = []
+        segment_map.add_traces([*fig.data, *mark_traces(steps.marks(current))])
+        segment_map.layout = fig.layout
+
+
+step.observe(show_step, names="value")
+show_step()
+display(widgets.VBox([step, request, free_blocks, groups, segment_map]))
+
+# %% [markdown]
+# At the replay capture's first request, its pool holds free blocks large enough, all on the
+# model graphs' stream: each is refused as `other stream`, and the request gets a new
+# segment. From then on the replay capture reuses only what it allocated itself. In numbers:
+
+# %%
+replay = [s.decision for s in steps.steps if s.decision.stream == "replay graphs stream"]
+made = [d for d in replay if d.outcome == "new_segment"]
+blocks = steps.free_blocks(first_replay)
+refused = blocks[blocks["verdict"] == "refused: other stream"]
+print(f"data source: simulator, replaying the trace from: {snap.source_label}")
+print(
+    f"replay capture: {len(replay)} requests in the graph pool, {len(made)} new segments, "
+    f"{kit.format_bytes(sum(d.segment_size for d in made))} of new graph-pool memory"
+)
+print(
+    f"free on the model graphs' stream when it began: {len(refused)} blocks, {kit.format_bytes(refused['free'].sum())},"
+    f" the largest {kit.format_bytes(refused['free'].max())}; its largest request: "
+    f"{kit.format_bytes(max(d.rounded for d in replay))}"
+)
+
+# %% [markdown]
+# ## Where vLLM makes the second stream
+#
+# The kit's replica rebuilds vLLM 0.33's capture path with vLLM's names: the model graphs'
+# `CudaGraphManager.capture()` and then the decoder replay graphs'
+# `DecoderReplayCudaGraphManager`, both capturing into the one global graph pool. The
+# capture recorder labels every capture with its manager, size and stream. (Live, the
+# replica runs in a fresh process, so that its allocator starts empty.)
+
+# %%
+if SOURCE == "live GPU":
+    from kit.replica.scenarios import run_all
+
+    out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
+    for name in tqdm(["unpatched"], desc="replica capture in a fresh process"):
+        run_all("small", out, names=(name,))
+    replica = kit.load_snapshot(out / "small_unpatched.pickle", label="replica, unpatched, just now on this GPU")
+else:
+    replica = kit.load_snapshot(FIXTURES / "replica" / "small_unpatched.pickle")
+print(f"data source: {SOURCE}: {replica.source_label}")
+captures = kit.capture_table(replica)
+shown = ["manager", "size", "stream_label", "pool", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]
+kit.style_table(captures[shown]).format({"new_segment_bytes": kit.format_bytes})
+
+# %% [markdown]
+# Every model graph was captured on one stream and every replay graph on another, into the
+# same pool `(0, 1)`. The replay graphs' first capture added segments of its own although
+# the model graphs had finished and freed their activations. The graph pool's groups:
+
+# %%
+table = kit.segment_table(replica)
+kit.style_table(table[table["pool_label"] == "global graph pool"][COLUMNS])
+
+# %% [markdown]
+# Two groups of the same pool, the replay graphs' one reserved and entirely free once its
+# captures ended, next to the model graphs' free blocks it could not use. The second stream
+# comes from `graph_capture()`, which every `CudaGraphManager.capture()` enters:
+
+# %%
+for function in (parallel_state.graph_capture, cudagraph_utils.CudaGraphManager.capture):
+    for line in inspect.getsource(function).splitlines():
+        print(line + ("    # <-- a new stream on every call" if "torch.cuda.Stream(" in line else ""))
+    print()
+
+# %% [markdown]
+# **What it shows.** The allocator did what its rule says: the replay capture's requests
+# looked only at free blocks of their own, new stream, found none, and made new segments,
+# while enough free memory sat in the same pool on the model graphs' stream. The stream is
+# new because `graph_capture()` makes one for every manager's `capture()`.
+#
+# **Next question.** If the replay graphs were captured on the model graphs' stream, as
+# PR 63155 does, how much would the pool shrink, and can the kit predict it from the
+# unpatched trace alone? Notebook 03 applies the patch.

@@ -1,0 +1,197 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The fix: the replay graphs on the model graphs' stream
+#
+# **The question.** 02 showed the replay graphs' requests refusing the model graphs' free
+# blocks because they belong to another stream, and `graph_capture()` making that stream.
+# PR 63155 hands the model graphs' stream to the replay-graph capture. What does that change
+# in the graph pool, how many bytes does it save, and could the kit have predicted it from
+# the unpatched recording alone?
+
+# %%
+import tempfile
+from pathlib import Path
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from IPython.display import display
+from tqdm.auto import tqdm
+
+import kit
+import kit.patch.replica
+from kit.demo import FIXTURES, default_source
+from kit.replica import parallel_state
+from kit.walkthrough import PREDICTION_BYTES, patch_diffs, prediction_table
+
+pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
+SOURCE = default_source()
+print(f"data source: {SOURCE}")
+
+# %% [markdown]
+# ## The patch, in-process
+#
+# `kit.patch.replica` applies the PR to the replica in this process by swapping functions:
+# `graph_capture()` takes an optional stream, `CudaGraphManager.capture()` records the one
+# it used, the runner hands the model graphs' stream to `capture_inner_cudagraphs()`, which
+# passes it to the replay graphs (unless aux hidden states come before the replay layers:
+# notebook 04). Swapping functions needs no GPU, so here it is applied, read, and reverted.
+
+# %%
+original = parallel_state.graph_capture
+patch = kit.patch.replica.apply(policy="pr")
+print(f"{patch}; it replaces:")
+for target in patch.targets():
+    print("  ", target)
+diffs = patch_diffs(patch)
+kit.patch.replica.revert()
+print(f"{patch}; graph_capture is vLLM 0.33's again: {parallel_state.graph_capture is original}")
+for where, diff in diffs.items():
+    print(f"\n# {where}\n{diff}")
+
+# %% [markdown]
+# ## The same capture, unpatched and patched
+#
+# The replica is captured twice, each time in a fresh process so that its allocator starts
+# empty: as vLLM 0.33 has it (`unpatched`) and under the PR (`kit.patch.replica.patched("pr")`,
+# scenario `patched`), at two sizes: `small` (hidden 1024, sizes 128 to 512) and `large`
+# (hidden 7168, sizes 512 to 8192, bf16).
+
+# %%
+PRESETS = ("small", "large")
+SCENARIO = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
+runs = {}
+if SOURCE == "live GPU":
+    from kit.replica.scenarios import run_all
+
+    out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
+    for preset, name in tqdm([(p, n) for p in PRESETS for n in SCENARIO.values()], desc="replica scenarios"):
+        run_all(preset, out, names=(name,))
+        runs[preset, name] = kit.load_snapshot(out / f"{preset}_{name}.pickle", label=f"{preset} {name}, just now")
+else:
+    for preset in PRESETS:
+        for name in SCENARIO.values():
+            runs[preset, name] = kit.load_snapshot(FIXTURES / "replica" / f"{preset}_{name}.pickle")
+for (preset, name), snap in runs.items():
+    print(f"data source: {SOURCE}: {preset} {name}: {snap.source_label}")
+
+# %% [markdown]
+# ## Before and after, side by side
+#
+# Left, vLLM 0.33; right, the run under the policy you pick (`pr` is PR 63155; `unpatched`
+# puts the same run on both sides). Below them, the change per group, matched by stream
+# name since the runs are separate processes (`kit.diff_tables(..., by="label")`), and the
+# bytes the graph pool saves; the bars show the right-hand run.
+
+# %%
+COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free"]
+CHANGE = ["pool_label", "stream_label", "status", "reserved_before", "reserved_after", "reserved", "free"]
+preset = widgets.ToggleButtons(options=PRESETS, description="preset")
+policy = widgets.ToggleButtons(options=list(SCENARIO), value="pr", description="policy")
+policy.add_class("kit-main-control")
+before_html, after_html, change_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
+bars = go.FigureWidget()
+
+
+def show_runs(change=None):
+    before, after = runs[preset.value, "unpatched"], runs[preset.value, SCENARIO[policy.value]]
+    old, new = kit.segment_table(before), kit.segment_table(after)
+    before_html.value = "<b>vLLM 0.33 (unpatched)</b>" + kit.style_table(old[COLUMNS]).to_html()
+    after_html.value = f"<b>policy {policy.value}</b>" + kit.style_table(new[COLUMNS]).to_html()
+    diff = kit.diff_tables(old, new, by="label")
+    pool = diff[diff["pool_label"] == "global graph pool"]
+    change_html.value = (
+        f"<p><b>graph pool: {kit.format_bytes(pool['reserved_before'].sum())} before, "
+        f"{kit.format_bytes(pool['reserved_after'].sum())} after: {kit.format_bytes(-pool['reserved'].sum())} saved "
+        f"({-pool['reserved'].sum():,} bytes)</b></p>" + kit.style_table(diff[CHANGE]).to_html()
+    )
+    fig = kit.group_bar_figure(after)
+    with bars.batch_update():
+        bars.data = []
+        bars.add_traces(fig.data)
+        bars.layout = fig.layout
+
+
+preset.observe(show_runs, names="value")
+policy.observe(show_runs, names="value")
+show_runs()
+display(widgets.VBox([preset, policy, widgets.HBox([before_html, after_html]), change_html, bars]))
+
+# %% [markdown]
+# Under the PR the graph pool has one group: the replay graphs' captures fit into the model
+# graphs' free blocks and added no segment, and the model graphs' group did not grow. The
+# replay graphs' stream is gone from the default pool too (its warm-up activations and its
+# own cuBLAS workspace).
+#
+# ## Predicted from the unpatched trace
+#
+# `kit.what_if(unpatched, {"replay graphs stream": "model graphs stream"})` turns the
+# unpatched recording's trace back into allocator operations, moves the replay stream's
+# onto the model graphs' stream and runs them on the simulator. Its prediction, next to what
+# the patched run measured:
+
+# %%
+tables, corrections = [], {}
+for name in PRESETS:
+    unpatched, patched = runs[name, "unpatched"], runs[name, "patched"]
+    whatif = kit.what_if(unpatched, {"replay graphs stream": "model graphs stream"})
+    corrections[name] = whatif.corrections
+    tables.append(prediction_table(unpatched, patched, whatif).assign(preset=name))
+comparison = pd.concat(tables, ignore_index=True)[["preset", "pool_label", *PREDICTION_BYTES]]
+comparison.attrs["source"] = f"predicted: simulator (what-if on the unpatched traces); measured: {SOURCE} runs"
+print(f"data source: simulator (prediction) and {SOURCE} (measured)")
+for row in comparison[comparison["pool_label"] == "global graph pool"].itertuples():
+    print(
+        f"{row.preset}: graph pool predicted {kit.format_bytes(row.predicted)}, measured "
+        f"{kit.format_bytes(row.patched)}; saved: predicted {row.saved_predicted:,} bytes, measured "
+        f"{row.saved_measured:,} bytes"
+    )
+kit.style_table(comparison).format(kit.format_bytes, subset=PREDICTION_BYTES)
+
+# %% [markdown]
+# On these runs the graph pool's prediction is the measurement. Where the prediction misses, in the
+# default pool, the what-if says why: the trace cannot know which per-stream caches a
+# shared-stream run would reuse instead of allocating again.
+
+# %%
+for name, notes in corrections.items():
+    for note in notes or ["none"]:
+        print(f"{name}: {note}")
+
+# %% [markdown]
+# ## Do the patched graphs still compute the same thing?
+#
+# Each run checked its graphs against eager execution of the same weights on fresh inputs,
+# every capture size and output compared bit for bit (`kit.check_equivalence`, stored in the
+# run's `kit["equivalence"]`):
+
+# %%
+print(f"data source: {SOURCE}")
+for (name, scenario), snap in runs.items():
+    check = kit.Equivalence(pd.DataFrame(snap.kit["equivalence"]))
+    print(f"{name} {scenario}: {check.summary()}")
+
+# %% [markdown]
+# **What it shows.** On the model graphs' stream the replay graphs reuse the model graphs'
+# free blocks: the graph pool loses the replay stream's whole group, the what-if predicted
+# exactly that from the unpatched trace, and every output is still bit-exact.
+#
+# **Next question.** Bit-exact here, but is sharing always safe? A replay graph now writes
+# into blocks the model graph freed. If the model graph still needs one of them across the
+# eager break (aux hidden states produced before the replay layers), sharing would corrupt
+# it. Notebook 04 looks at that exception, and at why the PR keeps a separate stream there.

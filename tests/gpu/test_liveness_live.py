@@ -1,0 +1,27 @@
+"""The liveness analysis on live captures: it predicts which capture sizes differ from eager."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kit import Equivalence, break_allocations, liveness_table
+
+pytestmark = pytest.mark.gpu
+
+
+def test_live_captures_the_trace_predicts_which_sizes_differ_from_eager(tmp_path):
+    from kit import Snapshot, load_snapshot
+    from kit.replica.model import replay_rows
+    from kit.replica.scenarios import run_all
+
+    names = ("patched", "early_aux_shared")
+    run_all("small", tmp_path, names=names)
+    for name in names:
+        snap = Snapshot(load_snapshot(tmp_path / f"small_{name}.pickle").raw, origin=name, live=True)
+        table = liveness_table(snap, replay_size_for=replay_rows)
+        equivalence = Equivalence(pd.DataFrame(snap.kit["equivalence"]))
+        differs = set(equivalence.rows[~equivalence.rows["bit_exact"]]["size"])
+        assert set(table[table["conflict"]]["capture_size"]) == differs
+        assert bool(differs) == (name == "early_aux_shared")
+        assert break_allocations(snap)["outside_pool"].all()

@@ -1,0 +1,194 @@
+"""Every walkthrough notebook runs in JupyterLab in a real browser, renders its widgets and plots, and reacts.
+
+One JupyterLab server (headless, a token, a free port, notebooks/ as its root) serves all notebooks;
+for each notebooks/NN_*.ipynb, tests/browser/run_notebook.mjs opens it in Debian's Chromium through
+playwright-core (no browser download), runs Run > Run All Cells, waits for an idle kernel, and
+reports what the page shows. The test requires no error output, at least one widget view, a
+rendered plotly plot where the notebook uses plotly, and, where the notebook marks a control with
+the CSS class `kit-main-control`, that moving it changes a plotly figure. Screenshots of the whole
+notebook before and after moving the control go to build/screenshots/.
+
+Lab runs with its own settings: autosave off (so running a notebook never writes its outputs into
+notebooks/), checkpoints in a temporary folder, every cell attached to the page (windowing off, so
+that off-screen outputs render), no news fetching. Chromium and playwright-core come from
+`make browser-deps`, which this test runs itself when either is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+DRIVER = ROOT / "tests" / "browser" / "run_notebook.mjs"
+PLAYWRIGHT = ROOT / "tests" / "browser" / "node_modules" / "playwright-core" / "package.json"
+CHROMIUM = Path(os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium"))
+SCREENSHOTS = ROOT / "build" / "screenshots"
+NOTEBOOK_SECONDS = 240  # one notebook: open, run all, render, move the control
+
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none", "scrollPastEnd": False},
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(base: str, token: str, path: str, method: str = "GET") -> dict | list | None:
+    req = urllib.request.Request(f"{base}{path}", headers={"Authorization": f"token {token}"}, method=method)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def uses_plotly(notebook: Path) -> bool:
+    """Whether the notebook's code makes plotly figures, so that its page must show one."""
+    nb = nbformat.read(notebook, as_version=4)
+    return any(re.search(r"plotly|FigureWidget", c.source) for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Path:
+    """Chromium and playwright-core, installed by `make browser-deps` if either is missing."""
+    if not (CHROMIUM.exists() and PLAYWRIGHT.exists()):
+        done = subprocess.run(
+            ["make", "--no-print-directory", "browser-deps", f"CHROMIUM={CHROMIUM}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, f"make browser-deps failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert CHROMIUM.exists(), f"{CHROMIUM} missing after make browser-deps"
+    assert PLAYWRIGHT.exists(), f"{PLAYWRIGHT} missing after make browser-deps"
+    assert shutil.which("node"), "node is not on PATH"
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A JupyterLab server on notebooks/, as `make lab` starts it, with the test's settings; yields (url, token)."""
+    tmp = tmp_path_factory.mktemp("lab")
+    for plugin, values in LAB_SETTINGS.items():
+        target = tmp / "settings" / f"{plugin}.jupyterlab-settings"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(values))
+    port, token = _free_port(), secrets.token_hex(16)
+    command = [
+        str(Path(sys.executable).parent / "jupyter"),
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        "--notebook-dir=notebooks",
+        f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}",
+    ]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+    }
+    log = (tmp / "lab.log").open("wb")
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp / "lab.log").read_text()[-3000:]
+            try:
+                _api(base, token, "/api/status")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "JupyterLab did not start"
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def shut_down_kernels(base: str, token: str, notebook: str) -> None:
+    """End the notebook's session so that its kernel does not compete with the next notebook's."""
+    for session in _api(base, token, "/api/sessions"):
+        if session.get("path") == notebook:
+            _api(base, token, f"/api/sessions/{session['id']}", method="DELETE")
+
+
+def test_notebooks_exist():
+    assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
+
+
+def test_playwright_core_is_pinned_exactly():
+    package = json.loads((DRIVER.parent / "package.json").read_text())
+    lock = json.loads((DRIVER.parent / "package-lock.json").read_text())
+    pinned = package["dependencies"]["playwright-core"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", pinned), pinned
+    assert lock["packages"]["node_modules/playwright-core"]["version"] == pinned
+    assert set(package["dependencies"]) == {"playwright-core"}, "the driver needs nothing else from npm"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[str, str], browser: Path):
+    base, token = lab
+    saved = notebook.read_bytes()
+    for stale in SCREENSHOTS.glob(f"{notebook.stem}*.png"):
+        stale.unlink()
+    expects_plot = uses_plotly(notebook)
+    command = ["node", str(DRIVER), "--base", base, "--token", token, "--notebook", notebook.name]
+    command += ["--screenshots", str(SCREENSHOTS), "--chromium", str(browser), "--timeout", str(NOTEBOOK_SECONDS)]
+    if expects_plot:
+        command.append("--expect-plot")
+    try:
+        done = subprocess.run(command, cwd=DRIVER.parent, capture_output=True, text=True, timeout=NOTEBOOK_SECONDS + 60)
+    finally:
+        shut_down_kernels(base, token, notebook.name)
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"the driver reported nothing (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    report = json.loads(lines[-1])
+    context = f"{notebook.name}: {json.dumps(report, indent=1)[:4000]}\n{done.stderr[-2000:]}"
+
+    assert "driver_error" not in report, context
+    execution = report["execution"]
+    assert execution["running"] == 0 and execution["executed"] == execution["code_cells"] > 0, context
+    assert not report["errors"], context
+    assert not report["console_errors"], context
+    assert report["widget_views"] > 0, f"no widget view rendered: {context}"
+    if expects_plot:
+        assert report["plotly_svgs"] > 0, f"the notebook uses plotly but no plot rendered: {context}"
+    assert (SCREENSHOTS / f"{notebook.stem}.png").stat().st_size > 10_000, context
+    if report["controls"]:
+        assert len(report["controls"]) == 1, f"more than one kit-main-control: {context}"
+        assert report["controls"][0]["kind"] in ("ToggleButtons", "IntSlider"), context
+        assert report["figure_changed"], f"moving the kit-main-control changed no plotly figure: {context}"
+        assert not report["errors_after"], context
+        for name in ("control", "after", "control_after"):
+            assert (SCREENSHOTS / f"{notebook.stem}_{name}.png").stat().st_size > 10_000, context
+    assert notebook.read_bytes() == saved, f"JupyterLab wrote to {notebook.name}"
