@@ -36,9 +36,42 @@ TINY = dict(
 )
 
 
+CASE_TIMEOUT_S = 150
+
+
+def _run_case(conn, fn, args) -> None:
+    import traceback
+
+    try:
+        fn(*args)
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent as text
+        conn.send(traceback.format_exc())
+    else:
+        conn.send(None)
+    finally:
+        conn.close()
+
+
 def in_fresh_process(fn, *args) -> None:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        pool.apply_async(fn, args).get(timeout=300)  # re-raises the child's assertion error here
+    """Run one case in a new process; fail with its traceback, its exit code if it died, or a timeout."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_run_case, args=(send, fn, args))
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(CASE_TIMEOUT_S):
+            pytest.fail(f"{fn.__name__} gave no result in {CASE_TIMEOUT_S} s (alive: {child.is_alive()})")
+        error = receive.recv()
+    except EOFError:
+        child.join(10)
+        pytest.fail(f"{fn.__name__}: the process died without a result, exit code {child.exitcode}")
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(10)
+    if error is not None:
+        pytest.fail(f"{fn.__name__} failed in its process:\n{error}")
 
 
 # --- what must hold after a fault -----------------------------------------------------------
