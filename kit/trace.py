@@ -47,6 +47,23 @@ from kit.tables import format_bytes, pool_label, segment_table, stream_labels
 REUSE_COLUMNS = ("allocs", "reused", "new_segments", "new_segment_bytes", "stranded_bytes")
 
 
+# One row per allocation of the walk (`TraceReplay.allocs`), in the row walk and the columnar one.
+ALLOC_COLUMNS = (
+    "index",
+    "time_us",
+    "addr",
+    "size",
+    "stream",
+    "pool",
+    "served",
+    "segment_bytes",
+    "other_block",
+    "other_block_size",
+    "other_stream",
+    "frames",
+)
+
+
 class _Segment:
     __slots__ = ("address", "size", "pool", "stream", "small", "starts", "sizes")
 
@@ -305,23 +322,7 @@ def _replay_rows(snap: Snapshot, device: int) -> TraceReplay:
                 row["other_block"], row["other_block_size"], row["other_stream"] = other
         fresh.clear()
         rows.append(row)
-    allocs = pd.DataFrame(
-        rows,
-        columns=[
-            "index",
-            "time_us",
-            "addr",
-            "size",
-            "stream",
-            "pool",
-            "served",
-            "segment_bytes",
-            "other_block",
-            "other_block_size",
-            "other_stream",
-            "frames",
-        ],
-    )
+    allocs = pd.DataFrame(rows, columns=list(ALLOC_COLUMNS))
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
     return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
 
@@ -374,7 +375,12 @@ def _compare_with_snapshot(snap: Snapshot, layout: _Layout, device: int) -> list
         for s in snap.segments
         if s.device == device
     }
-    got = {a: (s.size, dict(s.sizes)) for a, s in layout.by_start.items()}
+    return segment_differences(want, layout.by_start)
+
+
+def segment_differences(want: dict[int, tuple[int, dict[int, int]]], segments: dict) -> list[str]:
+    """How the walk's segments differ from the snapshot's: `want` maps address to (size, {block: size})."""
+    got = {a: (s.size, dict(s.sizes)) for a, s in segments.items()}
     out = []
     for address in sorted(want.keys() | got.keys()):
         if address not in got:

@@ -36,62 +36,28 @@ from kit.columns import ACTION_CODE, INACTIVE, TraceColumns, gc_paused, trace_co
 from kit.errors import KitError
 from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
 from kit.snapshot import Snapshot
-from kit.trace import TraceReplay
+from kit.trace import ALLOC_COLUMNS, TraceReplay, segment_differences
+from kit.trace import _Segment as _RowSegment
 
 ALLOC, FREE_COMPLETED = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 SEGMENT_ALLOC, SEGMENT_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
 MAPPING = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
 SMALL_SEGMENT = 2 * K_SMALL_SIZE
-ALLOC_COLUMNS = (
-    "index",
-    "time_us",
-    "addr",
-    "size",
-    "stream",
-    "pool",
-    "served",
-    "segment_bytes",
-    "other_block",
-    "other_block_size",
-    "other_stream",
-    "frames",
-)
 
 
-class _Segment:
+class _Segment(_RowSegment):
     """A segment in the walk: `kit.trace._Segment`'s rules, with what the columnar walk keeps beside them."""
 
-    __slots__ = ("address", "size", "end", "pool", "stream", "small", "limit", "starts", "sizes", "seq", "dirty")
+    __slots__ = ("end", "limit", "seq", "dirty")
 
     def __init__(self, address, size, pool, stream, small):
-        self.address, self.size, self.pool, self.stream, self.small = address, size, pool, stream, small
+        super().__init__(address, size, pool, stream, small)
         self.end = address + size
         # A block splits when what is left of it exceeds this (a small block keeps a
         # remainder of 512 bytes or more, a large one more than 1 MiB).
         self.limit = K_MIN_BLOCK_SIZE - 1 if small else K_SMALL_SIZE
-        self.starts: list[int] = []  # active block addresses, sorted
-        self.sizes: dict[int, int] = {}
         self.seq = 0  # its place in the walk's segment dict (the order `_free_elsewhere` searches in)
         self.dirty: set | None = None  # its group's set of segments whose gaps changed
-
-    def largest_gap(self) -> tuple[int, int]:
-        best, at, cursor = 0, 0, self.address
-        for start in self.starts:
-            if start - cursor > best:
-                best, at = start - cursor, cursor
-            cursor = max(cursor, start + self.sizes[start])
-        if self.end - cursor > best:
-            best, at = self.end - cursor, cursor
-        return best, at
-
-    def activate(self, address: int, size: int) -> None:
-        if address not in self.sizes:
-            insort(self.starts, address)
-        self.sizes[address] = size
-
-    def release(self, address: int) -> None:
-        if self.sizes.pop(address, None) is not None:
-            del self.starts[bisect_left(self.starts, address)]
 
 
 class _Group:
@@ -530,16 +496,7 @@ def _compare(snap: Snapshot, segments: dict[int, _Segment], device: int) -> list
             c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist(), c.block_state[lo:hi].tolist(), strict=True
         )
         want[int(c.address[i])] = (int(c.total_size[i]), {a: n for a, n, st in blocks if st != INACTIVE})
-    got = {a: (s.size, dict(s.sizes)) for a, s in segments.items()}
-    out = []
-    for address in sorted(want.keys() | got.keys()):
-        if address not in got:
-            out.append(f"segment {address:#x} is in the snapshot but not in the replayed trace")
-        elif address not in want:
-            out.append(f"segment {address:#x} is in the replayed trace but not in the snapshot")
-        elif want[address] != got[address]:
-            out.append(f"segment {address:#x}: blocks differ between the replayed trace and the snapshot")
-    return out
+    return segment_differences(want, segments)
 
 
 def _same_as_snapshot(c, on: np.ndarray, segments: dict[int, _Segment]) -> bool:
