@@ -21,17 +21,16 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from .servers import free_port, stop_process_group, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -46,12 +45,6 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none", "scrollPastEnd": False},
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _api(base: str, token: str, path: str, method: str = "GET") -> dict | list | None:
@@ -93,7 +86,7 @@ def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
         target = tmp / "settings" / f"{plugin}.jupyterlab-settings"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(values))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     command = [
         str(Path(sys.executable).parent / "jupyter"),
         "lab",
@@ -115,23 +108,15 @@ def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp / "lab.log").read_text()[-3000:]
-            try:
-                _api(base, token, "/api/status")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not start"
-                time.sleep(0.5)
+        wait_until_up(
+            proc,
+            lambda: _api(base, token, "/api/status"),
+            timeout=120,
+            why_it_died=lambda: (tmp / "lab.log").read_text()[-3000:],
+        )
         yield base, token
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
 
 

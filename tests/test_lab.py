@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
-import signal
-import socket
 import subprocess
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 
+from .servers import free_port, stop_process_group, wait_until_up
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _api(port: int, token: str, path: str, body: dict | None = None) -> dict | list:
@@ -89,7 +82,7 @@ async def _execute(port: int, token: str, kernel_id: str, code: str) -> str:
 
 
 def test_make_lab_serves_notebooks_with_kit_importable():
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     flags = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token}"
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "lab", f"LAB_FLAGS={flags}"],
@@ -99,15 +92,12 @@ def test_make_lab_serves_notebooks_with_kit_importable():
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 600  # the first `make lab` may still install
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
-            try:
-                _api(port, token, "/api/status")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not start"
-                time.sleep(1)
+        wait_until_up(  # the first `make lab` may still install
+            proc,
+            lambda: _api(port, token, "/api/status"),
+            timeout=600,
+            why_it_died=lambda: proc.stdout.read().decode(errors="replace")[-3000:],
+        )
         contents = _api(port, token, "/api/contents")
         names = {c["name"] for c in contents["content"]}
         assert "01_start_here.ipynb" in names, f"the server's root is not notebooks/: {names}"
@@ -119,9 +109,4 @@ def test_make_lab_serves_notebooks_with_kit_importable():
         assert Path(kit_file) == ROOT / "kit" / "__init__.py"
         assert Path(prefix) == ROOT / ".venv"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)

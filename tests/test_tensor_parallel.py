@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 import torch
@@ -13,13 +12,9 @@ from kit.replica.model import PRESETS
 from kit.replica.model_runner import GPUModelRunner
 from kit.replica.parallel_state import get_tensor_model_parallel_world_size, init_distributed_environment
 
+from .servers import free_port
+
 CONFIG = dataclasses.replace(PRESETS["small"], hidden_size=64, dtype="float32", cudagraph_capture_sizes=(8,))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _outputs() -> torch.Tensor:
@@ -43,7 +38,7 @@ def test_two_ranks_compute_what_one_does():
     whole = _outputs()
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(2, f"tcp://127.0.0.1:{_port()}", results), nprocs=2)
+        mp.spawn(_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", results), nprocs=2)
         results = dict(results)
     assert [results[r][:2] for r in (0, 1)] == [(2, CONFIG.ffn_size // 2)] * 2
     assert torch.equal(results[0][2], results[1][2])  # the all-reduce gives every rank the same sum
