@@ -3,7 +3,7 @@
 The public API, by idea:
 - snapshots: `load_snapshot`, `Snapshot`, `Segment`, `Block`, `TraceEntry`
 - tables: `segment_table`, `diff_tables`, `style_table`, `format_bytes`
-- pictures: `group_bar_figure`, `segment_map_figure` (plotly, imported on use)
+- pictures: `group_bar_figure`, `segment_map_figure`, `show_in` (plotly, imported on use)
 - report: `write_report`
 - simulator: `CachingAllocatorSim`, `simulate`, `Decision`
 - trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`, `what_if`
@@ -67,6 +67,7 @@ __all__ = [
     "group_bar_figure",
     "load_snapshot",
     "segment_map_figure",
+    "show_in",
     "segment_table",
     "style_table",
     "write_report",
@@ -74,7 +75,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in ("group_bar_figure", "segment_map_figure"):
+    if name in ("group_bar_figure", "segment_map_figure", "show_in"):
         from kit import pictures
 
         return getattr(pictures, name)

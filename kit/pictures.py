@@ -11,6 +11,8 @@ Every figure's title names its data source.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
@@ -166,3 +168,15 @@ def _runs(c, i: int) -> tuple[list, list, list, list]:
     sizes = np.add.reduceat(c.block_size[lo:hi], first)
     counts = np.diff(np.append(first, hi - lo))
     return c.block_address[lo:hi][first].tolist(), sizes.tolist(), state[first].tolist(), counts.tolist()
+
+
+def show_in(widget: go.FigureWidget, figure: go.Figure, extra_traces: Sequence = ()) -> None:
+    """Replace what a FigureWidget shows with `figure` (and `extra_traces` on top), in one update.
+
+    The widget stays the same object, so a notebook's controls redraw it in
+    place instead of adding a new figure per change.
+    """
+    with widget.batch_update():
+        widget.data = []
+        widget.add_traces([*figure.data, *extra_traces])
+        widget.layout = figure.layout

@@ -112,11 +112,7 @@ figures = {kit.group_bar_figure: go.FigureWidget(), kit.segment_map_figure: go.F
 def show(change=None):
     snap = shared_stream if choice.value.startswith("shared") else new_stream
     for make, widget in figures.items():
-        fig = make(snap)
-        with widget.batch_update():
-            widget.data = []
-            widget.add_traces(fig.data)
-            widget.layout = fig.layout
+        kit.show_in(widget, make(snap))
 
 
 choice.observe(show, names="value")

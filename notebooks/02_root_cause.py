@@ -103,11 +103,7 @@ def show_step(change=None):
     groups.value = (
         "<b>Segment-by-stream table, after it</b>" + kit.style_table(kit.segment_table(after)[COLUMNS]).to_html()
     )
-    fig = kit.segment_map_figure(pool_view(after, steps.pool))
-    with segment_map.batch_update():
-        segment_map.data = []
-        segment_map.add_traces([*fig.data, *mark_traces(steps.marks(current))])
-        segment_map.layout = fig.layout
+    kit.show_in(segment_map, kit.segment_map_figure(pool_view(after, steps.pool)), mark_traces(steps.marks(current)))
 
 
 step.observe(show_step, names="value")

@@ -120,11 +120,7 @@ def show_runs(change=None):
         f"{kit.format_bytes(pool['reserved_after'].sum())} after: {kit.format_bytes(-pool['reserved'].sum())} saved "
         f"({-pool['reserved'].sum():,} bytes)</b></p>" + kit.style_table(diff[CHANGE]).to_html()
     )
-    fig = kit.group_bar_figure(after)
-    with bars.batch_update():
-        bars.data = []
-        bars.add_traces(fig.data)
-        bars.layout = fig.layout
+    kit.show_in(bars, kit.group_bar_figure(after))
 
 
 preset.observe(show_runs, names="value")

@@ -372,10 +372,7 @@ timeline = go.FigureWidget(shown(policy.value, early_aux.value)[2])  # the first
 
 def update(change=None) -> None:
     name, shares, fig = shown(policy.value, early_aux.value)
-    with timeline.batch_update():
-        timeline.data = []
-        timeline.add_traces(fig.data)
-        timeline.layout = fig.layout
+    kit.show_in(timeline, fig)
     snapshot = snapshots[name]
     decision = "share the model graphs' stream" if shares else "keep a stream of their own"
     status.value = (

@@ -196,11 +196,7 @@ def show(snapshot: kit.Snapshot) -> None:
     segments_html.value = segment_view(snapshot).to_html()
     reuse_html.value, verdicts_html.value = reuse_section(snapshot)
     for make, widget in figures.items():
-        fig = make(snapshot)
-        with widget.batch_update():
-            widget.data = []
-            widget.add_traces(fig.data)
-            widget.layout = fig.layout
+        kit.show_in(widget, make(snapshot))
 
 
 def show_or_say(load) -> None:

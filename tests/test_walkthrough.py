@@ -157,3 +157,18 @@ def test_patch_diffs_show_each_replaced_function_and_need_the_patch_applied():
     with pytest.raises(ValueError, match="apply it first"):
         patch_diffs(patch)
     assert "torch.cuda.Stream(device=device)" in inspect.getsource(parallel_state.graph_capture)
+
+
+def test_show_in_redraws_the_same_widget_with_the_new_figure_and_extra_traces():
+    import plotly.graph_objects as go
+
+    from kit.pictures import group_bar_figure, segment_map_figure, show_in
+
+    snap = kit.load_snapshot(FIXTURES / "two_streams.pickle")
+    widget = go.FigureWidget(group_bar_figure(snap))
+    same = widget
+    fig = segment_map_figure(snap)
+    show_in(widget, fig, [go.Scatter(x=[0], y=[0], name="mark")])
+    assert widget is same
+    assert [t.name for t in widget.data] == [*(t.name for t in fig.data), "mark"]
+    assert widget.layout.title.text == fig.layout.title.text
