@@ -160,6 +160,8 @@ def _trace_length(torch) -> int:
 
 def history_enabled(torch) -> bool:
     """Whether this process records CUDA memory history now (see the module's notes for how it is told)."""
+    if not torch.cuda.is_initialized():
+        return False  # switching history on initialises CUDA; asking the allocator before that segfaults
     probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
     if probe is not None:
         with contextlib.suppress(Exception):

@@ -123,6 +123,7 @@ class FakeCuda:
 
         self.Graph = Graph
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
         monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
@@ -609,3 +610,11 @@ def test_the_kits_other_recordings_leave_history_as_they_found_it(monkeypatch, h
         raise RuntimeError("inside")
     assert cuda.history == history
     assert cuda.history_calls == ([] if history else ["all", None])
+
+
+def test_history_is_off_without_asking_the_allocator_before_cuda_starts(monkeypatch):
+    # On a GPU, torch._C._cuda_isHistoryEnabled segfaults before CUDA is initialised.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: pytest.fail("asked the allocator"), raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda device=None: pytest.fail("asked the allocator"))
+    assert capture.history_enabled(torch) is False

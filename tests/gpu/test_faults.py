@@ -16,7 +16,9 @@ process, so a broken one cannot spoil the next, and every wait has a timeout.
 from __future__ import annotations
 
 import _thread
+import gc
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -36,12 +38,15 @@ TINY = dict(
 )
 
 
-CASE_TIMEOUT_S = 150
+CASE_TIMEOUT_S = int(os.environ.get("KIT_CASE_TIMEOUT_S", "150"))
 
 
 def _run_case(conn, fn, args) -> None:
+    import faulthandler
     import traceback
 
+    faulthandler.enable()  # a crash shows where it crashed
+    faulthandler.dump_traceback_later(CASE_TIMEOUT_S - 10, exit=True)  # and a hang where it hung
     try:
         fn(*args)
     except BaseException:  # noqa: BLE001 - everything goes back to the parent as text
@@ -79,6 +84,7 @@ def in_fresh_process(fn, *args) -> None:
 
 def _state() -> dict:
     """What a fault must not change: the patched functions, the recorder's wrappers, memory history."""
+    from kit.capture import history_enabled
     from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
 
     return {
@@ -91,7 +97,7 @@ def _state() -> dict:
             decoder_replay.DecoderReplayCudaGraphManager.capture_replay_graphs,
         ],
         "graph": (torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.capture_end),
-        "history": torch._C._cuda_isHistoryEnabled(),
+        "history": history_enabled(torch),
     }
 
 
@@ -130,6 +136,11 @@ def _still_works() -> None:
 def _runner():
     from kit.replica import GPUModelRunner, ReplicaConfig
 
+    # Every runner captures into the process's one graph pool. Once all of an earlier runner's graphs
+    # are gone, torch keeps that pool, with no users, until the cache is emptied, and refuses to capture
+    # into it again before then.
+    gc.collect()
+    torch.cuda.empty_cache()
     runner = GPUModelRunner(ReplicaConfig(**TINY))
     torch.cuda.synchronize()
     return runner
@@ -146,7 +157,7 @@ def exception_inside_a_capture(user_history: bool) -> None:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
         torch.empty(1 << 20, device="cuda")  # an entry of the user's own
     before = _state()
-    user_entries = len(torch.cuda.memory._snapshot()["device_traces"][0])
+    user_entries = len(torch.cuda.memory._snapshot()["device_traces"][0]) if user_history else 0
     runner = _runner()
     layer = runner.model.layers[0]
     forward = layer.forward
