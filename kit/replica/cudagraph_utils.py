@@ -21,7 +21,13 @@ _global_graph_pool = None
 
 
 def get_global_graph_pool():
-    """The one graph pool every manager captures into (vLLM's platform-global pool)."""
+    """The one graph pool every manager captures into (vLLM's platform-global pool).
+
+    It lives as long as the process. When every graph of a dropped runner is gone, torch keeps
+    the pool, unused, until `torch.cuda.empty_cache()`, and a capture into it before then fails
+    an internal assert (`use_count > 0`): a second runner in one process must follow
+    `gc.collect(); torch.cuda.empty_cache()`, as vLLM's own cleanup does.
+    """
     global _global_graph_pool
     if _global_graph_pool is None:
         _global_graph_pool = torch.cuda.graph_pool_handle()
