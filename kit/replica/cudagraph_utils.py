@@ -23,10 +23,10 @@ _global_graph_pool = None
 def get_global_graph_pool():
     """The one graph pool every manager captures into (vLLM's platform-global pool).
 
-    It lives as long as the process. When every graph of a dropped runner is gone, torch keeps
-    the pool, unused, until `torch.cuda.empty_cache()`, and a capture into it before then fails
-    an internal assert (`use_count > 0`): a second runner in one process must follow
-    `gc.collect(); torch.cuda.empty_cache()`, as vLLM's own cleanup does.
+    It lives as long as the process. Once every graph of a dropped runner is gone, torch keeps
+    the pool with no users and fails an internal assert (`use_count > 0`) on the next capture
+    into it; on the H200 that held even after `gc.collect()` and `torch.cuda.empty_cache()`.
+    A second runner in one process needs a pool of its own (set `_global_graph_pool = None`).
     """
     global _global_graph_pool
     if _global_graph_pool is None:

@@ -16,7 +16,6 @@ process, so a broken one cannot spoil the next, and every wait has a timeout.
 from __future__ import annotations
 
 import _thread
-import gc
 import multiprocessing
 import os
 import signal
@@ -134,13 +133,11 @@ def _still_works() -> None:
 
 
 def _runner():
-    from kit.replica import GPUModelRunner, ReplicaConfig
+    from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils
 
-    # Every runner captures into the process's one graph pool. Once all of an earlier runner's graphs
-    # are gone, torch keeps that pool, with no users, until the cache is emptied, and refuses to capture
-    # into it again before then.
-    gc.collect()
-    torch.cuda.empty_cache()
+    # Each runner gets a graph pool of its own, as in a fresh process: torch refuses to capture into
+    # the pool of a runner whose graphs are all gone (see get_global_graph_pool).
+    cudagraph_utils._global_graph_pool = None
     runner = GPUModelRunner(ReplicaConfig(**TINY))
     torch.cuda.synchronize()
     return runner
