@@ -77,10 +77,11 @@ def run_floor(path: str, only: set[str]) -> dict:
 
 
 def run_kit(path: str, only: set[str]) -> dict:
-    from kit.report import render_report
-    from kit.snapshot import Snapshot, load_snapshot
-    from kit.tables import segment_table
-    from kit.trace import replay_trace, reuse_table, stranding_report
+    from kit.analysis.tables import segment_table
+    from kit.analysis.trace.replay import replay_trace
+    from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.load.snapshot import Snapshot, load_snapshot
+    from kit.show.report import render_report
 
     snap, seconds = timed(lambda: load_snapshot(path))
     out = {"load": seconds, "peak load": peak_gib()}

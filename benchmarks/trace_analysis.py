@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kit.simulator import simulate  # noqa: E402
-from kit.snapshot import Snapshot  # noqa: E402
-from kit.trace import reuse_table  # noqa: E402
-from kit.workload import generate_workload, parse_workload  # noqa: E402
+from kit.allocator.simulator import simulate  # noqa: E402
+from kit.allocator.workload import generate_workload, parse_workload  # noqa: E402
+from kit.analysis.trace.reports import reuse_table  # noqa: E402
+from kit.load.snapshot import Snapshot  # noqa: E402
 
 
 def main() -> int:

@@ -22,16 +22,20 @@ Plotly is imported only when a picture is asked for, so the kit's tables load
 on a machine (such as the GPU machine) that has pandas but no plotly.
 """
 
-from kit.capture import CaptureRecorder, capture_table
+from kit.allocator.simulator import CachingAllocatorSim, Decision, simulate
+from kit.allocator.workload import generate_workload, load_workload, parse_workload, pr_scenario
+from kit.analysis.attribution import capture_attribution, capture_table
+from kit.analysis.equivalence import Equivalence, check_equivalence
+from kit.analysis.liveness import Liveness, break_allocations, liveness_table, liveness_verdicts
+from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
+from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.reports import reuse_table, stranding_report
+from kit.analysis.whatif import what_if
 from kit.errors import KitError
-from kit.ranks import load_ranks, rank_table, rank_verdicts
-from kit.safety import Equivalence, break_allocations, check_equivalence, liveness_table, liveness_verdicts
-from kit.simulator import CachingAllocatorSim, Decision, simulate
-from kit.snapshot import Block, Segment, Snapshot, TraceEntry, load_snapshot
-from kit.tables import diff_tables, format_bytes, segment_table, style_table
-from kit.trace import capture_attribution, replay_trace, reuse_table, stranding_report
-from kit.whatif import what_if
-from kit.workload import generate_workload, load_workload, parse_workload, pr_scenario
+from kit.load.rows import Block, Segment, TraceEntry
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.record.recorder import CaptureRecorder
 
 __all__ = [
     "Block",
@@ -40,6 +44,7 @@ __all__ = [
     "capture_table",
     "check_equivalence",
     "break_allocations",
+    "Liveness",
     "liveness_table",
     "liveness_verdicts",
     "load_ranks",
@@ -76,15 +81,15 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in ("group_bar_figure", "segment_map_figure", "show_in"):
-        from kit import pictures
+        from kit.show import pictures
 
         return getattr(pictures, name)
     if name == "run_on_gpu":
-        from kit.gpu import run_on_gpu
+        from kit.allocator.on_gpu import run_on_gpu
 
         return run_on_gpu
     if name == "write_report":
-        from kit.report import write_report
+        from kit.show.report import write_report
 
         return write_report
     raise AttributeError(f"module 'kit' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The `python -m kit` command line.
 
-Commands (contract in DESIGN.md): `table`, `diff`, `reuse`, `report`, `sim`
+Commands (their output is a contract, `docs/commands.md`): `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
 `vllm-patch` (what PR 63155 changes in the installed vLLM) and `ranks` (a
 multi-GPU run's ranks side by side) besides. Every command
@@ -18,7 +18,7 @@ from kit.errors import KitError
 
 
 def _print_table(table, as_json: bool) -> None:
-    from kit.tables import byte_columns, format_bytes, table_records
+    from kit.analysis.tables import byte_columns, format_bytes, table_records
 
     if as_json:
         json.dump(table_records(table), sys.stdout, indent=1)
@@ -32,21 +32,22 @@ def _print_table(table, as_json: bool) -> None:
 
 
 def cmd_table(args: argparse.Namespace) -> None:
-    from kit.tables import segment_table
+    from kit.analysis.tables import segment_table
 
     _print_table(segment_table(args.snapshot), args.json)
 
 
 def cmd_diff(args: argparse.Namespace) -> None:
-    from kit.tables import diff_tables, segment_table
+    from kit.analysis.tables import diff_tables, segment_table
 
     by = "label" if args.by_label else "stream"
     _print_table(diff_tables(segment_table(args.before), segment_table(args.after), by=by), args.json)
 
 
 def cmd_reuse(args: argparse.Namespace) -> None:
-    from kit.snapshot import load_snapshot
-    from kit.trace import replay_trace, reuse_table, stranding_report
+    from kit.analysis.trace.replay import replay_trace
+    from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(args.snapshot)
     replay = replay_trace(snap)
@@ -66,7 +67,7 @@ def cmd_reuse(args: argparse.Namespace) -> None:
 
 
 def cmd_what_if(args: argparse.Namespace) -> None:
-    from kit.whatif import what_if
+    from kit.analysis.whatif import what_if
 
     mapping = {}
     for item in args.map:
@@ -76,7 +77,7 @@ def cmd_what_if(args: argparse.Namespace) -> None:
         mapping[source] = target
     result = what_if(args.snapshot, mapping)
     if args.json:
-        from kit.tables import table_records
+        from kit.analysis.tables import table_records
 
         out = {
             "predicted": table_records(result.predicted),
@@ -95,7 +96,7 @@ def cmd_what_if(args: argparse.Namespace) -> None:
 
 
 def cmd_ranks(args: argparse.Namespace) -> None:
-    from kit.ranks import load_ranks, rank_table, rank_verdicts
+    from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 
     table = rank_table(load_ranks(args.folder), args.figure)
     if args.json:
@@ -107,7 +108,7 @@ def cmd_ranks(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from kit.report import write_report
+    from kit.show.report import write_report
 
     write_report(args.snapshot, args.output)
     print(f"wrote {args.output}")
@@ -126,10 +127,10 @@ def _write_snapshot(snap: dict, path: str, as_json: bool) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
-    from kit.simulator import recorded_segment_addresses, simulate
-    from kit.snapshot import load_snapshot
-    from kit.tables import segment_table
-    from kit.workload import load_workload
+    from kit.allocator.simulator import recorded_segment_addresses, simulate
+    from kit.allocator.workload import load_workload
+    from kit.analysis.tables import segment_table
+    from kit.load.snapshot import load_snapshot
 
     ops = load_workload(args.workload)
     addresses = None
@@ -144,8 +145,8 @@ def cmd_sim(args: argparse.Namespace) -> None:
 
 
 def cmd_run_workload(args: argparse.Namespace) -> None:
-    from kit.gpu import run_on_gpu
-    from kit.workload import load_workload
+    from kit.allocator.on_gpu import run_on_gpu
+    from kit.allocator.workload import load_workload
 
     snap = run_on_gpu(load_workload(args.workload))
     _write_snapshot(snap, args.output, args.json)
@@ -153,7 +154,7 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from kit.replica.scenarios import SCENARIOS, describe, run_all, summarize
+    from kit.experiments.scenarios import describe, replica_runs, run_all, summarize
 
     if args.live:
         import tempfile
@@ -162,15 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         summaries = run_all(args.preset, out)
         print(f"snapshots in {out}")
     else:
-        from kit.demo import FIXTURES
-
-        summaries = {}
-        for name in SCENARIOS:
-            path = FIXTURES / "replica" / f"{args.preset}_{name}.pickle"
-            if path.exists():
-                summaries[name] = summarize(str(path))
-        if not summaries:
-            raise KitError(f"no recorded replica fixtures for preset {args.preset!r}; run with --live on a GPU")
+        runs = replica_runs(args.preset, source="recorded")
+        summaries = {name: summarize(snapshot) for name, snapshot in runs.items()}
     for summary in summaries.values():
         print("\n".join(describe(summary)))
     if "unpatched" in summaries and "patched" in summaries:

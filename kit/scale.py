@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from kit.allocator.simulator import simulate
+from kit.allocator.workload import DEFAULT, Op
 from kit.fileio import atomic_write
-from kit.simulator import simulate
-from kit.workload import DEFAULT, Op
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 STREAMS = {

@@ -43,7 +43,7 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
-from kit.demo import default_source, two_captures
+from kit.experiments.two_captures import default_source, two_captures
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()

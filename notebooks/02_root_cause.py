@@ -40,9 +40,10 @@ from IPython.display import display
 from tqdm.auto import tqdm
 
 import kit
-from kit.demo import FIXTURES, default_source, two_captures
+from kit.experiments.two_captures import default_source, two_captures
+from kit.recordings import RECORDINGS as FIXTURES
 from kit.replica import cudagraph_utils, parallel_state
-from kit.walkthrough import StepThrough, mark_traces, pool_view
+from kit.show.stepthrough import StepThrough, mark_traces, pool_view
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
@@ -142,7 +143,7 @@ print(
 
 # %%
 if SOURCE == "live GPU":
-    from kit.replica.scenarios import run_all
+    from kit.experiments.scenarios import run_all
 
     out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
     for name in tqdm(["unpatched"], desc="replica capture in a fresh process"):

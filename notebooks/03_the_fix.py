@@ -35,9 +35,11 @@ from tqdm.auto import tqdm
 
 import kit
 import kit.patch.replica
-from kit.demo import FIXTURES, default_source
+from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
+from kit.experiments.two_captures import default_source
+from kit.patch.install import patch_diffs
+from kit.recordings import RECORDINGS as FIXTURES
 from kit.replica import parallel_state
-from kit.walkthrough import PREDICTION_BYTES, patch_diffs, prediction_table
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
@@ -77,7 +79,7 @@ PRESETS = ("small", "large")
 SCENARIO = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
 runs = {}
 if SOURCE == "live GPU":
-    from kit.replica.scenarios import run_all
+    from kit.experiments.scenarios import run_all
 
     out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
     for preset, name in tqdm([(p, n) for p in PRESETS for n in SCENARIO.values()], desc="replica scenarios"):

@@ -42,11 +42,12 @@ from tqdm.auto import tqdm
 
 import kit
 import kit.patch.replica
-from kit.demo import FIXTURES, default_source
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
+from kit.experiments.scenarios import SCENARIOS, run_all, summarize
+from kit.experiments.two_captures import default_source
+from kit.recordings import RECORDINGS as FIXTURES
 from kit.replica.decoder_replay import DecoderReplayLayers
 from kit.replica.model import replay_rows
-from kit.replica.scenarios import SCENARIOS, run_all, summarize
-from kit.safety import BREAK_INPUT, HELD, RELEASED
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()  # set to "recorded" to use the H200 recordings on a GPU machine
@@ -69,7 +70,7 @@ print(inspect.getsource(DecoderReplayLayers.has_early_aux))
 #
 # The replica (hidden 1024, 6 layers, replay layers from layer 3, sizes 128-512) is captured
 # four ways. Each capture needs an empty allocator, so on a GPU each runs in a fresh process
-# (`kit.replica.scenarios.run_all`); without one, the H200 recordings of the same runs load.
+# (`kit.experiments.scenarios.run_all`); without one, the H200 recordings of the same runs load.
 
 
 # %%
@@ -97,7 +98,7 @@ print(f"data source: {SOURCE}: {source_of(snapshots['patched'])}")
 
 def overview(name: str, snapshot: kit.Snapshot) -> dict:
     figures = summarize(snapshot)
-    liveness = kit.liveness_table(snapshot)
+    liveness = kit.liveness_table(snapshot).rows
     equivalence = kit.Equivalence(pd.DataFrame(snapshot.kit["equivalence"]))
     return {
         "scenario": name,
@@ -155,7 +156,7 @@ def liveness_view(liveness: pd.DataFrame, source: str):
 
 
 patched = snapshots["patched"]
-liveness_view(kit.liveness_table(patched, replay_size_for=replay_rows), source_of(patched))
+liveness_view(kit.liveness_table(patched, replay_size_for=replay_rows).rows, source_of(patched))
 
 # %%
 for line in kit.liveness_verdicts(kit.liveness_table(patched, replay_size_for=replay_rows)):
@@ -226,7 +227,7 @@ forced = snapshots["early_aux_shared"]
 forced_liveness = kit.liveness_table(forced, replay_size_for=replay_rows)
 for line in kit.liveness_verdicts(forced_liveness):
     print(line)
-liveness_view(forced_liveness, source_of(forced))
+liveness_view(forced_liveness.rows, source_of(forced))
 
 # %% [markdown]
 # Each break now holds two blocks: the break input, and the aux hidden state, *held after
@@ -236,7 +237,7 @@ liveness_view(forced_liveness, source_of(forced))
 # Which sizes does the trace predict will differ from eager, and which do?
 
 # %%
-predicted = sorted({int(s) for s in forced_liveness[forced_liveness["conflict"]]["capture_size"]})
+predicted = sorted({int(s) for s in forced_liveness.rows[forced_liveness.rows["conflict"]]["capture_size"]})
 rows = equivalence_of(forced).rows
 measured = sorted({int(s) for s in rows[~rows["bit_exact"]]["size"]})
 print(f"early_aux_shared: {equivalence_of(forced).summary()}")
@@ -277,7 +278,7 @@ MARKS = {  # does the replay graph that allocated over the block run in the bloc
     True: ("a replay graph of this break allocates here", "x", "black"),
     False: ("a replay graph of another break allocates here", "circle-open", "grey"),
 }
-tables = {name: kit.liveness_table(snap, replay_size_for=replay_rows) for name, snap in snapshots.items()}
+tables = {name: kit.liveness_table(snap, replay_size_for=replay_rows).rows for name, snap in snapshots.items()}
 
 
 def scenario_for(policy_name: str, has_early_aux: bool) -> tuple[str, bool]:

@@ -39,7 +39,7 @@
 # In your own runner, put the same two calls around `capture_model()`. With workers in
 # other processes (tensor or data parallel), wrap the capture in `kit.CaptureRecorder()` in
 # the worker, or collect every rank's allocator from the driver with
-# `kit.vllm.snapshot_all_ranks(llm)`, which returns one snapshot per rank (see
+# `kit.record.vllm_ranks.snapshot_all_ranks(llm)`, which returns one snapshot per rank (see
 # `06_vllm_in_process`).
 #
 # The same analyses from a shell:
@@ -63,8 +63,9 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
-from kit.demo import FIXTURES, default_source, two_captures
-from kit.trace import stranding_verdicts
+from kit.analysis.trace.reports import stranding_verdicts
+from kit.experiments.two_captures import default_source, two_captures
+from kit.recordings import RECORDINGS as FIXTURES
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 REPO = Path(kit.__file__).resolve().parents[1]  # relative paths are read from the repository, not the cwd

@@ -36,7 +36,7 @@ import torch
 from IPython.display import Code, display
 
 import kit
-from kit.demo import FIXTURES
+from kit.recordings import RECORDINGS as FIXTURES
 
 logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # e.g. "no vllm._C" on a machine without CUDA
@@ -162,14 +162,14 @@ display(captures[["manager", "size", "stream_label", "graphs", "eager_breaks", "
 kit.style_table(kit.segment_table(snapshot))
 
 # %% [markdown]
-# With several GPUs, each worker holds its own allocator: `kit.vllm.snapshot_all_ranks(llm)`
+# With several GPUs, each worker holds its own allocator: `kit.record.vllm_ranks.snapshot_all_ranks(llm)`
 # collects one snapshot per rank through `collective_rpc`, to compare rank by rank.
 
 # %%
 if llm is not None:
-    import kit.vllm
+    import kit.record.vllm_ranks
 
-    for rank_snapshot in kit.vllm.snapshot_all_ranks(llm):
+    for rank_snapshot in kit.record.vllm_ranks.snapshot_all_ranks(llm):
         print(rank_snapshot.source_label)
         display(kit.style_table(kit.segment_table(rank_snapshot)))
 

@@ -145,7 +145,7 @@ def run_atheris(target: str, seconds: float, out: Path, seed: int, chunk: int) -
 
     with atheris.instrument_imports(include=["kit"]):
         import kit  # noqa: F401 - instrumented for coverage before anything else imports it
-        import kit.report  # noqa: F401
+        import kit.show.report  # noqa: F401
     from tests import fuzz_targets
 
     fuzz_targets.warm_up()

@@ -4,7 +4,7 @@ Run on a machine with a CUDA GPU (one command re-records everything):
 
     python scripts/record_corpus.py --out tests/fixtures/corpus
 
-It writes each workload (seeded random ones from `kit.workload.generate_workload`
+It writes each workload (seeded random ones from `kit.allocator.workload.generate_workload`
 and the PR's two scenarios) as `NAME.json`, runs it with
 `python -m kit run-workload` in a fresh process (several at once), and writes
 `NAME.pickle` beside it, plus `PROVENANCE.json` (GPU, torch, date, command and
@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from kit.allocator.workload import generate_workload, pr_scenario  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
-from kit.workload import generate_workload, pr_scenario  # noqa: E402
 
 COMMAND = "python scripts/record_corpus.py --out tests/fixtures/corpus"
 

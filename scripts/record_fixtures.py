@@ -4,7 +4,7 @@ Run on a machine with a CUDA GPU (one command re-records everything):
 
     python scripts/record_fixtures.py --out tests/fixtures      # or: make fixtures
 
-Each scenario runs `kit.demo.run_two_captures` in a fresh process, so its
+Each scenario runs `kit.experiments.two_captures.run_two_captures` in a fresh process, so its
 allocator starts empty, with memory history recorded from the first allocation:
 
 - `two_streams`: the replay capture on a new stream, as vLLM 0.33 does;
@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kit.demo import run_two_captures  # noqa: E402
+from kit.experiments.two_captures import run_two_captures  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
-from kit.snapshot import load_snapshot, safe_unpickle  # noqa: E402
+from kit.load.snapshot import load_snapshot  # noqa: E402
+from kit.load.unpickle import safe_unpickle  # noqa: E402
 
 SCENARIOS = {
     "two_streams": "replay capture on a new stream (vLLM 0.33)",

@@ -2,7 +2,7 @@
 
     python scripts/record_replica.py --out tests/fixtures/replica
 
-Runs every scenario of `kit.replica.scenarios` at the small preset and the
+Runs every scenario of `kit.experiments.scenarios` at the small preset and the
 unpatched and patched ones at the large preset, each in a fresh process.
 Stack frames are cut to the innermost few per entry to keep the files small;
 everything else is the allocator's snapshot as torch returned it, with the
@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kit.experiments.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
-from kit.replica.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
-from kit.snapshot import load_snapshot, safe_unpickle  # noqa: E402
+from kit.load.snapshot import load_snapshot  # noqa: E402
+from kit.load.unpickle import safe_unpickle  # noqa: E402
 
 RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
 COMMAND = "python scripts/record_replica.py --out tests/fixtures/replica"

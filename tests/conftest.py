@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from kit.recordings import RECORDINGS
+
+FIXTURES = RECORDINGS  # the H200 recordings shipped with the kit
 RECORDED = {"two_streams": FIXTURES / "two_streams.pickle", "shared_stream": FIXTURES / "shared_stream.pickle"}
 MIB = 1024 * 1024
 

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
+from kit.recordings import RECORDINGS
 
-FIXTURES = Path(__file__).parent / "fixtures"
-REGRESSIONS = FIXTURES / "fuzz"  # inputs that once crashed the kit, kept as regression tests
+FIXTURES = RECORDINGS
+REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz"  # inputs that once crashed the kit, kept as regression tests
 MIB = 1 << 20
 
 
@@ -106,12 +107,13 @@ def _check_message(e: KitError) -> None:
 
 def snapshot_target(data: bytes, *, report: bool = False) -> str:
     """Load `data` as a snapshot file and run every analysis the command line offers on it."""
-    from kit.capture import capture_table
+    from kit.analysis.attribution import capture_table
+    from kit.analysis.tables import diff_tables, segment_table, stream_labels
+    from kit.analysis.trace.replay import replay_trace
+    from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.analysis.whatif import what_if
     from kit.cli import _print_table
-    from kit.snapshot import snapshot_from_bytes
-    from kit.tables import diff_tables, segment_table, stream_labels
-    from kit.trace import replay_trace, reuse_table, stranding_report
-    from kit.whatif import what_if
+    from kit.load.snapshot import snapshot_from_bytes
 
     try:
         with no_code_execution():
@@ -131,7 +133,7 @@ def snapshot_target(data: bytes, *, report: bool = False) -> str:
                 if len(names) >= 2:
                     what_if(snap, {names[0]: names[1]})
         if report:
-            from kit.report import render_report
+            from kit.show.report import render_report
 
             render_report(snap)
     except KitError as e:
@@ -142,10 +144,10 @@ def snapshot_target(data: bytes, *, report: bool = False) -> str:
 
 def workload_target(data: bytes) -> str:
     """Read `data` as a workload file, validate it, and run it on the simulator."""
-    from kit.simulator import simulate
-    from kit.snapshot import Snapshot
-    from kit.tables import segment_table
-    from kit.workload import workload_from_bytes
+    from kit.allocator.simulator import simulate
+    from kit.allocator.workload import workload_from_bytes
+    from kit.analysis.tables import segment_table
+    from kit.load.snapshot import Snapshot
 
     try:
         ops = workload_from_bytes(data, "fuzz workload")
@@ -185,7 +187,7 @@ def _trim(raw: dict) -> dict:
 
 def seed_snapshots() -> dict[str, bytes]:
     """Real snapshots (recorded on the H200, simulated, foreign torch versions), as pickle and JSON bytes."""
-    from kit.snapshot import safe_unpickle
+    from kit.load.unpickle import safe_unpickle
 
     from .foreign_snapshots import FOREIGN
 
@@ -496,7 +498,8 @@ def shared_reference_bomb(rng: random.Random) -> bytes:
 
 def next_input(target: str, seeds: list[bytes], rng: random.Random, marker: str) -> bytes:
     """One input for `target`, made from the seeds."""
-    from kit.snapshot import _check_expansion, safe_unpickle
+    from kit.load.unpickle import check_expansion as _check_expansion
+    from kit.load.unpickle import safe_unpickle
 
     r = rng.random()
     if target == "snapshot" and r < 0.02:

@@ -1,7 +1,7 @@
 """The kit's per-row tables and segment map as they were before the columnar rewrite (commit 4cbaa57).
 
 Kept, unchanged but for imports, as the reference the vectorised versions in
-`kit.tables` and `kit.pictures` must equal on every fixture
+`kit.analysis.tables` and `kit.show.pictures` must equal on every fixture
 (tests/test_scale.py). They read `Snapshot.segments` and `Snapshot.trace`,
 the typed records. The trace walk's reference is the kit's own walk entry by
 entry, `kit.trace._replay_rows`.
@@ -15,9 +15,10 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from kit.pictures import MIB, STATE_STYLE, _titled
-from kit.snapshot import DEFAULT_STREAM, Snapshot, load_snapshot
-from kit.tables import FIGURES, KEY, _letters, format_bytes, pool_label
+from kit.allocator.rules import DEFAULT_STREAM
+from kit.analysis.tables import FIGURES, KEY, _letters, format_bytes, pool_label
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.show.pictures import MIB, STATE_STYLE, _titled
 
 
 def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:

@@ -27,11 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kit.capture as capture
 import kit.patch.replica as replica_patch
+import kit.record.history as kit_history
+import kit.record.recorder as capture
 from kit import CaptureRecorder, KitError
 from kit.fileio import atomic_write
-from kit.patch import interrupts_deferred
+from kit.patch.install import interrupts_deferred
 from kit.replica import cudagraph_utils, parallel_state
 from kit.replica.breakable_cudagraph import (
     BreakableCUDAGraphCapture,
@@ -318,7 +319,7 @@ def test_an_error_inside_the_recorders_hook_never_breaks_the_capture(clean, monk
 
     with CaptureRecorder() as rec:
         with monkeypatch.context() as m:
-            m.setattr(capture, "_trace_length", broken)
+            m.setattr(capture, "trace_length", broken)
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin()
             graph.capture_end()
@@ -537,7 +538,7 @@ def test_a_missing_output_folder_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_an_interrupted_scenario_run_leaves_the_previous_snapshot_whole(tmp_path, monkeypatch):
-    from kit.replica import scenarios
+    from kit.experiments import scenarios
 
     out = tmp_path / "unpatched.pickle"
     out.write_bytes(b"the good one")
@@ -603,9 +604,9 @@ def test_the_snapshot_writer_round_trips(tmp_path):
 
 @pytest.mark.parametrize("history", [None, "all"])
 def test_the_kits_other_recordings_leave_history_as_they_found_it(monkeypatch, history):
-    """`kit.demo.run_two_captures` and `run-workload` record through `recording_history`."""
+    """`kit.experiments.two_captures.run_two_captures` and `run-workload` record through `recording_history`."""
     cuda = FakeCuda(monkeypatch, history=history)
-    with pytest.raises(RuntimeError, match="inside"), capture.recording_history(max_entries=10, stacks="python"):
+    with pytest.raises(RuntimeError, match="inside"), kit_history.recording_history(max_entries=10, stacks="python"):
         assert cuda.history == (history or "all")
         raise RuntimeError("inside")
     assert cuda.history == history
@@ -617,4 +618,4 @@ def test_history_is_off_without_asking_the_allocator_before_cuda_starts(monkeypa
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: pytest.fail("asked the allocator"), raising=False)
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda device=None: pytest.fail("asked the allocator"))
-    assert capture.history_enabled(torch) is False
+    assert kit_history.history_enabled(torch) is False

@@ -12,7 +12,7 @@ import pickle
 import pytest
 
 from kit import KitError, load_snapshot, reuse_table, segment_table
-from kit.trace import replay_trace
+from kit.analysis.trace.replay import replay_trace
 
 from . import foreign_snapshots as foreign
 from .conftest import RECORDED

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kit import KitError, load_snapshot, segment_table
-from kit.snapshot import BLOCK_STATES, TRACE_ACTIONS
+from kit.load.rows import BLOCK_STATES, TRACE_ACTIONS
 
 from . import foreign_snapshots as foreign
 from . import fuzz_targets as ft
@@ -191,7 +191,7 @@ def test_hostile_pickles_are_refused_and_never_run(tmp_path_factory, seed):
     data = ft.hostile_pickle(random.Random(seed), str(marker))
     with pytest.raises(KitError, match="refused to load global"):
         with ft.no_code_execution():
-            from kit.snapshot import snapshot_from_bytes
+            from kit.load.snapshot import snapshot_from_bytes
 
             snapshot_from_bytes(data, "hostile.pickle")
     assert not marker.exists()
@@ -240,7 +240,7 @@ def test_any_workload_parses_or_fails_in_one_line(workload):
 @settings(FAST, max_examples=40)
 @given(st.integers(0, 2**32), st.integers(1, 200))
 def test_every_valid_workload_simulates(seed, n_ops):
-    from kit.workload import generate_workload
+    from kit.allocator.workload import generate_workload
 
     assert ft.workload_target(json.dumps(generate_workload(seed, n_ops)).encode()) == "ok"
 

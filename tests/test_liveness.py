@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from kit import Equivalence, KitError, break_allocations, format_bytes, liveness_table, liveness_verdicts
-from kit.safety import BREAK_INPUT, HELD, RELEASED
-from kit.trace import replay_trace
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness
+from kit.analysis.trace.replay import replay_trace
 
 from .conftest import FIXTURES, segment
 
@@ -47,10 +47,12 @@ def _early_aux_layers(snap) -> list[int]:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_conflict_exactly_when_early_aux_shares_the_model_stream(name):
     snap = _fixture(name)
-    table = liveness_table(snap)
+    liveness = liveness_table(snap)
+    table = liveness.rows
     expected = snap.kit["scenario"]["has_early_aux"] and _replay_shares_the_model_stream(snap)
     assert table["conflict"].any() == expected
-    verdicts = liveness_verdicts(table)
+    verdicts = liveness_verdicts(liveness)
+    assert verdicts == liveness.verdicts()
     assert len(verdicts) == len({c["capture"] for c in snap.kit["captures"] if c["manager"] == "model graphs"})
     assert all(("CONFLICT" in v) == expected for v in verdicts)
     assert all((": safe: " in v) != expected for v in verdicts)
@@ -59,7 +61,7 @@ def test_conflict_exactly_when_early_aux_shares_the_model_stream(name):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_each_break_holds_its_input_and_the_early_aux_states(name):
     snap = _fixture(name)
-    table = liveness_table(snap)
+    table = liveness_table(snap).rows
     assert set(table["capture_size"]) == set(snap.kit["scenario"]["config"]["cudagraph_capture_sizes"])
     for size, rows in table.groupby("capture_size"):
         hidden = _hidden_state_bytes(snap, size)
@@ -77,11 +79,12 @@ def test_each_break_holds_its_input_and_the_early_aux_states(name):
 
 def test_the_conflict_is_the_early_aux_state_and_names_its_bytes():
     snap = _fixture("small_early_aux_shared")
-    table = liveness_table(snap)
+    liveness = liveness_table(snap)
+    table = liveness.rows
     bad = table[table["conflict"]]
     assert (bad["class"] == HELD).all()
     assert all(names for names in bad["replay_in_break"])
-    for line, (capture, rows) in zip(liveness_verdicts(table), table.groupby("capture", sort=False), strict=True):
+    for line, (capture, rows) in zip(liveness_verdicts(liveness), table.groupby("capture", sort=False), strict=True):
         conflict = rows[rows["conflict"]]
         assert line.startswith(f"{capture}: CONFLICT: {format_bytes(conflict['bytes'].sum())}")
         assert f"{conflict['addr'].iloc[0]:#x}" in line
@@ -91,14 +94,14 @@ def test_pairing_each_break_with_its_replay_graph_predicts_the_sizes_that_differ
     from kit.replica.model import replay_rows
 
     snap = _fixture("small_early_aux_shared")
-    table = liveness_table(snap, replay_size_for=replay_rows)
+    table = liveness_table(snap, replay_size_for=replay_rows).rows
     equivalence = Equivalence(pd.DataFrame(snap.kit["equivalence"]))
     assert not equivalence.bit_exact and round(equivalence.max_abs_diff, 2) == 5.34
     differs = equivalence.rows[~equivalence.rows["bit_exact"]]
     assert set(table[table["conflict"]]["capture_size"]) == set(differs["size"])
     assert set(differs["output"]) == {f"aux_hidden_state[{i}]" for i in _early_aux_layers(snap)}
     # the conservative reading (any replay graph may run in any break) flags every model capture
-    assert set(liveness_table(snap)[lambda t: t["conflict"]]["capture_size"]) == set(table["capture_size"])
+    assert set(liveness_table(snap).rows[lambda t: t["conflict"]]["capture_size"]) == set(table["capture_size"])
 
 
 @pytest.mark.parametrize("name", ["small_patched", "small_unpatched", "small_early_aux_pr"])
@@ -114,8 +117,8 @@ def test_every_eager_break_allocates_outside_the_graph_pool(name):
 
 
 def test_shared_stream_replay_graphs_reuse_the_break_input_only_when_they_share():
-    shared = liveness_table(_fixture("small_patched"))
-    separate = liveness_table(_fixture("small_unpatched"))
+    shared = liveness_table(_fixture("small_patched")).rows
+    separate = liveness_table(_fixture("small_unpatched")).rows
     assert shared["overlapping_replay"].map(bool).any()
     assert not separate["overlapping_replay"].map(bool).any()
 
@@ -248,8 +251,8 @@ def _replay_capture(t: Trace, size: int, addrs: list[tuple[int, int]]) -> None:
     t.graph(f"replay graphs {size}", "replay graphs", size, 0, begin)
 
 
-def _by_addr(table: pd.DataFrame) -> dict[int, pd.Series]:
-    return {row["addr"]: row for _, row in table.iterrows()}
+def _by_addr(liveness: Liveness) -> dict[int, pd.Series]:
+    return {row["addr"]: row for _, row in liveness.rows.iterrows()}
 
 
 def test_synthetic_trace_replays_to_its_own_snapshot():

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from kit import KitError, load_snapshot
-from kit.ranks import load_ranks, rank_table, rank_verdicts
-from kit.tables import segment_table
+from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
+from kit.analysis.tables import segment_table
 
 from .conftest import FIXTURES, MIB, segment
 

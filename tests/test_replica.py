@@ -15,11 +15,12 @@ import torch
 
 import kit.patch.replica as replica_patch
 from kit import KitError
-from kit.capture import capture_table, label_from_stack, manager_name
-from kit.patch import Patch
+from kit.analysis.attribution import capture_table
+from kit.experiments.scenarios import SCENARIOS, summarize
+from kit.patch.install import Patch
+from kit.record.recorder import label_from_stack, manager_name
 from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils, decoder_replay, model, parallel_state
 from kit.replica.model_runner import GPUModelRunner as Runner
-from kit.replica.scenarios import SCENARIOS, summarize
 from tests.conftest import FIXTURES
 
 REPLICA = FIXTURES / "replica"
@@ -260,7 +261,7 @@ def test_large_preset_saves_hundreds_of_mib(recorded):
 
 
 def test_capture_table_labels_each_capture(recorded):
-    from kit.snapshot import load_snapshot
+    from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(REPLICA / "small_unpatched.pickle")
     table = capture_table(snap)
@@ -286,7 +287,7 @@ def test_demo_command_prints_the_recorded_figures(capsys):
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_what_if_from_the_unpatched_trace_predicts_the_patched_graph_pool(preset):
     from kit import segment_table, what_if
-    from kit.snapshot import load_snapshot
+    from kit.load.snapshot import load_snapshot
 
     unpatched = load_snapshot(REPLICA / f"{preset}_unpatched.pickle")
     patched = load_snapshot(REPLICA / f"{preset}_patched.pickle")
@@ -300,8 +301,8 @@ def test_what_if_from_the_unpatched_trace_predicts_the_patched_graph_pool(preset
 
 def test_eager_breaks_allocate_outside_the_graph_pool():
     """What a break allocates (its output buffers, the gathered rows) lands in the default pool."""
-    from kit.snapshot import load_snapshot
-    from kit.trace import replay_trace
+    from kit.analysis.trace.replay import replay_trace
+    from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(REPLICA / "small_unpatched.pickle")
     allocs = replay_trace(snap).allocs
@@ -327,7 +328,7 @@ def test_reading_the_stack_keeps_no_local_alive_past_its_rebinding():
     import gc
     import weakref
 
-    from kit.capture import label_from_stack
+    from kit.record.recorder import label_from_stack
 
     class Tensor:
         pass

@@ -2,8 +2,8 @@
 
 Correctness first: every vectorised table and figure must equal what the
 per-row implementations they replaced give (tests/rowwise.py), and the
-columnar walk (`kit.walk`) what the walk entry by entry gives
-(`kit.trace._replay_rows`), on every recorded fixture, on traces cut to start
+columnar walk (`kit.analysis.trace.columnar`) what the walk entry by entry gives
+(`kit.analysis.trace.rows.replay_rows`), on every recorded fixture, on traces cut to start
 mid-process, on a generated snapshot, and on inconsistent traces that take
 the walk's slow paths.
 """
@@ -20,15 +20,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import kit.columns
-import kit.snapshot
+import kit.load.columns
+import kit.load.rows
+import kit.load.unpickle
 from kit import KitError, Snapshot, load_snapshot
-from kit.columns import _record_columns, trace_columns
-from kit.pictures import segment_map_figure
+from kit.analysis.tables import segment_frame, segment_table, stream_labels
+from kit.analysis.trace.columnar import _holders
+from kit.analysis.trace.columnar import replay_columns as fast_replay
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.reports import reuse_table, stranding_report
+from kit.analysis.trace.rows import replay_rows as _replay_rows
+from kit.load.columns import _record_columns
 from kit.scale import scale_snapshot, summary, write_scale_snapshot
-from kit.tables import segment_frame, segment_table, stream_labels
-from kit.trace import _replay_rows, replay_trace, reuse_table, stranding_report
-from kit.walk import _holders, fast_replay
+from kit.show.pictures import segment_map_figure
 
 from . import rowwise
 from .conftest import FIXTURES, MIB, segment
@@ -113,8 +117,8 @@ def test_trace_columns_equal_the_entries(generated):
     for name, raw in _cases(generated):
         snap = Snapshot(raw)
         for device, entries in snap.traces.items():
-            tc = trace_columns(snap, device)
-            assert [kit.snapshot.TRACE_ACTIONS[a] for a in tc.action] == [e.action for e in entries], name
+            tc = snap.trace_columns[device]
+            assert [kit.load.rows.TRACE_ACTIONS[a] for a in tc.action] == [e.action for e in entries], name
             for column in ("addr", "size", "stream", "time_us"):
                 assert tc.__dict__[column].tolist() == [getattr(e, column) for e in entries], (name, column)
             assert [f if type(f) is list else [] for f in tc.frames] == [e.frames for e in entries], name
@@ -204,7 +208,8 @@ def _overlapping() -> dict:
 def test_inconsistent_traces_take_the_search_and_agree(make, monkeypatch):
     snap = Snapshot(make())
     seen = []
-    monkeypatch.setattr("kit.walk._holders", lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
+    placed = "kit.analysis.trace.columnar._holders"
+    monkeypatch.setattr(placed, lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
     _same_replay(snap, make.__name__)
     assert (seen[0] == -2).any()  # left to the search, which then placed them as the old walk did
 
@@ -325,9 +330,9 @@ def test_bulk_checks_accept_and_refuse_what_the_row_parser_does(recorded_path, m
     raw = pickle.loads(pickle.dumps(load_snapshot(recorded_path).raw))
     mutate(raw)
     try:
-        records = tuple(kit.snapshot._parse_segment(s, f"x: segment {i}") for i, s in enumerate(raw["segments"]))
-        kit.snapshot._check_no_overlap(records, "x")
-        entries = [kit.snapshot._parse_trace_entry(e, 0, "x", i) for i, e in enumerate(raw["device_traces"][0])]
+        records = tuple(kit.load.rows.parse_segment(s, f"x: segment {i}") for i, s in enumerate(raw["segments"]))
+        kit.load.rows.check_no_overlap(records, "x")
+        entries = [kit.load.rows.parse_trace_entry(e, 0, "x", i) for i, e in enumerate(raw["device_traces"][0])]
     except KitError as e:
         with pytest.raises(KitError) as got:
             Snapshot(raw, origin="x")
@@ -336,7 +341,7 @@ def test_bulk_checks_accept_and_refuse_what_the_row_parser_does(recorded_path, m
     snap = Snapshot(raw, origin="x")
     for key, value in _record_columns(records).items():
         assert np.array_equal(vars(snap.columns)[key], value), key
-    assert trace_columns(snap).size.tolist() == [e.size for e in entries]
+    assert snap.trace_columns[0].size.tolist() == [e.size for e in entries]
 
 
 def test_streamed_pickle_loads_as_bytes_do(recorded_path):
@@ -347,7 +352,7 @@ def test_a_large_load_leaves_the_collector_on_and_its_objects_frozen(tmp_path, m
     path = tmp_path / "snap.pickle"
     entries = [{"action": "alloc", "frames": []} for _ in range(5000)]  # 10,000 containers the collector tracks
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}))
-    monkeypatch.setattr(kit.columns, "FREEZE_ABOVE", 1000)
+    monkeypatch.setattr(kit.load.unpickle, "FREEZE_ABOVE", 1000)
     frozen = gc.get_freeze_count()
     try:
         load_snapshot(path)

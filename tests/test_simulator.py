@@ -9,19 +9,15 @@ from pathlib import Path
 import pytest
 
 from kit import load_snapshot, segment_table
-from kit.simulator import (
-    CachingAllocatorSim,
-    get_allocation_size,
-    recorded_segment_addresses,
-    round_size,
-    simulate,
-)
-from kit.workload import load_workload, parse_workload, pr_scenario
+from kit.allocator.rules import get_allocation_size, round_size
+from kit.allocator.simulator import CachingAllocatorSim, recorded_segment_addresses, simulate
+from kit.allocator.workload import load_workload, parse_workload, pr_scenario
+from kit.recordings import RECORDINGS
 
 from .conftest import MIB
 from .test_tables import run_kit
 
-CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+CORPUS = RECORDINGS / "corpus"
 WORKLOADS = sorted(p for p in CORPUS.glob("*.json") if p.name != "PROVENANCE.json")
 
 

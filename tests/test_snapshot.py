@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from kit import Block, KitError, Segment, Snapshot, TraceEntry, load_snapshot
-from kit.snapshot import safe_unpickle
+from kit.load.unpickle import safe_unpickle
 
 from .conftest import MIB
 

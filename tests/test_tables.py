@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from kit import diff_tables, format_bytes, load_snapshot, segment_table, style_table
-from kit.snapshot import safe_unpickle
-from kit.tables import FIGURES
+from kit.analysis.tables import FIGURES
+from kit.load.unpickle import safe_unpickle
 
 from .conftest import MIB, RECORDED
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from kit import load_snapshot
-from kit.trace import replay_trace, reuse_table, stranding_verdicts
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.reports import reuse_table, stranding_verdicts
 
 from .conftest import RECORDED
 from .test_simulator import CORPUS
@@ -64,7 +65,7 @@ def test_stranding_verdict_names_both_streams():
     (verdict,) = [v for v in stranding_verdicts(RECORDED["two_streams"]) if "graph pool" in v]
     assert "42.00 MiB reserved on replay graphs stream" in verdict
     assert "62.00 MiB sat free on model graphs stream" in verdict
-    from kit.trace import stranding_report
+    from kit.analysis.trace.reports import stranding_report
 
     report = stranding_report(RECORDED["two_streams"])
     row = report[report["pool"] == (0, 1)].iloc[0]
@@ -86,7 +87,7 @@ def test_forward_walk_ends_at_the_snapshot(workload):
 
 
 def test_capture_attribution_names_each_captures_segments():
-    from kit.trace import capture_attribution
+    from kit.analysis.attribution import capture_attribution
 
     table = capture_attribution(RECORDED["two_streams"])
     replay = table[table["graph"] == "replay graph"]
@@ -98,8 +99,8 @@ def test_capture_attribution_names_each_captures_segments():
 
 
 def test_what_if_from_separate_streams_predicts_the_shared_recording():
-    from kit.tables import segment_table
-    from kit.whatif import what_if
+    from kit.analysis.tables import segment_table
+    from kit.analysis.whatif import what_if
 
     result = what_if(RECORDED["two_streams"], {"replay graphs stream": "model graphs stream"})
     shared = segment_table(load_snapshot(RECORDED["shared_stream"]))

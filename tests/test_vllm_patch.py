@@ -20,8 +20,8 @@ from vllm.distributed import parallel_state
 from vllm.v1.worker.gpu import cudagraph_utils
 
 import kit.patch.vllm as patch_vllm
-from kit.capture import label_from_stack, manager_name
 from kit.errors import KitError
+from kit.record.recorder import label_from_stack, manager_name
 from tests import vllm_standins as standin
 
 VLLM_ROOT = Path(vllm.__file__).parent

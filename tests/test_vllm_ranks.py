@@ -1,4 +1,4 @@
-"""`kit.vllm.snapshot_all_ranks`: one snapshot per worker through vLLM's own `collective_rpc` machinery.
+"""`kit.record.vllm_ranks.snapshot_all_ranks`: one snapshot per worker through vLLM's own `collective_rpc` machinery.
 
 The workers' RPC runs as vLLM runs it for workers in other processes: the
 function is cloudpickled and called by `vllm.v1.serial_utils.run_method`.
@@ -19,13 +19,14 @@ import torch
 import vllm
 from vllm.v1.serial_utils import run_method
 
-import kit.capture
+import kit.record.recorder
+from kit.analysis.tables import segment_table
 from kit.errors import KitError
-from kit.snapshot import safe_unpickle
-from kit.tables import segment_table
-from kit.vllm import snapshot_all_ranks
+from kit.load.unpickle import safe_unpickle
+from kit.record.vllm_ranks import snapshot_all_ranks
+from kit.recordings import RECORDINGS
 
-REPLICA = Path(__file__).parent / "fixtures" / "replica"
+REPLICA = RECORDINGS / "replica"
 
 
 def _raw(name: str) -> dict:
@@ -53,7 +54,7 @@ def two_gpus(monkeypatch):
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", snapshot)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr(kit.capture, "_last_recording", [None])
+    monkeypatch.setattr(kit.record.recorder, "_last_recording", [None])
     return SimpleNamespace(collective_rpc=collective_rpc), by_rank
 
 
@@ -66,7 +67,7 @@ def test_one_snapshot_per_rank_in_rank_order_with_provenance(two_gpus):
         assert (prov["gpu"], prov["vllm"], prov["command"]) == (
             "NVIDIA H200",
             vllm.__version__,
-            "kit.vllm.snapshot_all_ranks",
+            "kit.record.vllm_ranks.snapshot_all_ranks",
         )
         assert prov["torch"] == str(torch.__version__) and prov["local_rank"] == rank
         assert snapshot.data_source == "live GPU"
@@ -83,7 +84,7 @@ def test_one_snapshot_per_rank_in_rank_order_with_provenance(two_gpus):
 
 def test_a_recorders_stream_names_come_along_but_not_its_windows(two_gpus, monkeypatch):
     llm, by_rank = two_gpus
-    monkeypatch.setattr(kit.capture, "_last_recording", [by_rank[0]])
+    monkeypatch.setattr(kit.record.recorder, "_last_recording", [by_rank[0]])
     snapshot = snapshot_all_ranks(llm)[0]
     assert snapshot.kit["streams"] == by_rank[0]["kit"]["streams"]
     assert "captures" not in snapshot.kit

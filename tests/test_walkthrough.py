@@ -8,17 +8,11 @@ import pytest
 
 import kit
 import kit.patch.replica as replica_patch
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.whatif import layout_differences, prediction_table
+from kit.patch.install import patch_diffs
 from kit.replica import parallel_state
-from kit.trace import replay_trace
-from kit.walkthrough import (
-    FITS,
-    TAKEN,
-    StepThrough,
-    layout_differences,
-    patch_diffs,
-    pool_view,
-    prediction_table,
-)
+from kit.show.stepthrough import FITS, TAKEN, StepThrough, pool_view
 
 from .conftest import FIXTURES, RECORDED
 
@@ -162,7 +156,7 @@ def test_patch_diffs_show_each_replaced_function_and_need_the_patch_applied():
 def test_show_in_redraws_the_same_widget_with_the_new_figure_and_extra_traces():
     import plotly.graph_objects as go
 
-    from kit.pictures import group_bar_figure, segment_map_figure, show_in
+    from kit.show.pictures import group_bar_figure, segment_map_figure, show_in
 
     snap = kit.load_snapshot(FIXTURES / "two_streams.pickle")
     widget = go.FigureWidget(group_bar_figure(snap))

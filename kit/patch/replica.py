@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kit.errors import KitError
-from kit.patch import Patch, interrupts_deferred
+from kit.patch.install import Patch, interrupts_deferred
 from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
 from kit.replica.parallel_state import GraphCaptureContext, _on_stream
 

@@ -51,7 +51,7 @@ from typing import Any
 import pandas as pd
 
 from kit.errors import KitError
-from kit.patch import Patch, interrupts_deferred
+from kit.patch.install import Patch, interrupts_deferred, qualified_name
 from kit.patch.source import Hunk, Rewrite, rewrite
 
 SUPPORTED_VERSION = "0.33.0"
@@ -374,10 +374,6 @@ def _modules_holding(obj: Any) -> list[Any]:
     return [m for m in list(sys.modules.values()) if getattr(m, "__dict__", {}).get("graph_capture") is obj]
 
 
-def _owner_name(owner: Any) -> str:
-    return f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
-
-
 def _args(params: tuple[str, ...]) -> str:
     return f"({', '.join(params)})"
 
@@ -443,7 +439,7 @@ def apply(policy: str = "pr") -> VllmPatch:
             if target.qualname == "graph_capture":
                 places += [m for m in _modules_holding(rw.original) if m is not owner]
             replacements += [(place, target.qualname.rsplit(".", 1)[-1], rw.function) for place in places]
-            handle.installed[target.where] = [_owner_name(place) for place in places]
+            handle.installed[target.where] = [qualified_name(place) for place in places]
         manager = owners[1]
         handle.rewrites = done
         handle._patch = Patch("PR 63155 on vLLM", replacements, additions=[(manager, "capture_stream", None)])

@@ -83,7 +83,7 @@ def in_fresh_process(fn, *args) -> None:
 
 def _state() -> dict:
     """What a fault must not change: the patched functions, the recorder's wrappers, memory history."""
-    from kit.capture import history_enabled
+    from kit.record.history import history_enabled
     from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
 
     return {
@@ -101,13 +101,13 @@ def _state() -> dict:
 
 
 def _assert_clean(before: dict) -> None:
-    import kit.capture
     import kit.patch.replica as replica_patch
+    import kit.record.recorder
 
     after = _state()
     assert after["replica"] == before["replica"] and not replica_patch.is_applied()
     assert after["graph"] == before["graph"]
-    assert not kit.capture.hooks_installed() and kit.capture.active_recorders() == []
+    assert not kit.record.recorder.hooks_installed() and kit.record.recorder.active_recorders() == []
     assert after["history"] == before["history"]
     assert not torch.cuda.is_current_stream_capturing()
     assert torch.cuda.current_stream() == torch.cuda.default_stream()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kit import reuse_table, segment_table, what_if
-from kit.demo import two_captures
+from kit.experiments.two_captures import two_captures
 
 pytestmark = pytest.mark.gpu
 

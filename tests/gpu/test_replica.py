@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.replica.scenarios import run_all
+from kit.experiments.scenarios import run_all
 
 pytestmark = pytest.mark.gpu
 

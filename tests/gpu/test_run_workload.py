@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kit import load_snapshot
-from kit.simulator import recorded_segment_addresses, simulate
-from kit.workload import generate_workload, parse_workload, pr_scenario
+from kit.allocator.simulator import recorded_segment_addresses, simulate
+from kit.allocator.workload import generate_workload, parse_workload, pr_scenario
 
 from ..test_simulator import canonical
 

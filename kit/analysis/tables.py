@@ -5,7 +5,7 @@ block's segment belongs to, so the natural unit for reading a snapshot is the
 group of segments sharing a (segment_pool_id, stream) pair. `segment_table`
 makes one row per group; `diff_tables` sets two such tables side by side.
 
-Column contract (DESIGN.md): `pool` (two ints), `stream` (int), `segments`,
+Column contract (`docs/commands.md`): `pool` (two ints), `stream` (int), `segments`,
 `reserved`, `allocated`, `active`, `free`, `largest_free` (bytes). The kit adds
 `device`, `pool_label` and `stream_label`.
 """
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kit.columns import trace_stream_order
-from kit.snapshot import DEFAULT_POOL, DEFAULT_STREAM, Snapshot, load_snapshot
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
+from kit.load.snapshot import Snapshot, load_snapshot
 
 FIGURES = ("segments", "reserved", "allocated", "active", "free", "largest_free")
 BYTE_COLUMNS = ("reserved", "allocated", "active", "free", "largest_free")
@@ -45,6 +46,15 @@ def _letters(i: int) -> str:
         i, r = divmod(i - 1, 26)
         out = string.ascii_uppercase[r] + out
     return out
+
+
+def trace_stream_order(snapshot: Snapshot) -> list[Any]:
+    """The streams in the order the trace first uses them, every device in turn (as `Snapshot.trace`)."""
+    order: dict[Any, None] = {}
+    for _, columns in sorted(snapshot.trace_columns.items()):
+        first = np.sort(np.unique(columns.stream, return_index=True)[1])
+        order.update(dict.fromkeys(columns.stream[first].tolist()))
+    return list(order)
 
 
 def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:

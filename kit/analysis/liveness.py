@@ -1,20 +1,15 @@
-"""The safety argument, checked: what is live across the eager break, and graphs against eager.
+"""The safety argument from a recorded trace: what each model graph holds across its eager break.
 
 PR 63155 is safe when no graph-pool tensor of the model graph is still needed
 while a replay graph runs in its eager break. If one is (aux hidden states
 produced before the replay layers, with the replay graphs forced onto the
-model graphs' stream), the replay graph overwrites it and the graph outputs
-no longer equal eager ones. Two views of that:
-
-- from a recorded trace (`CaptureRecorder` windows): `liveness_table` lists
-  the graph-pool blocks each model capture holds across each eager break, how
-  long it holds them, and which replay capture allocated over them;
-  `liveness_verdicts` says safe or conflict per capture, and
-  `break_allocations` checks that the breaks allocate outside the pool (their
-  outputs live there);
-- on the GPU: `check_equivalence` runs fresh inputs through the captured
-  graphs and through the same model eagerly, for every capture size, and
-  reports bit-exact equality or the largest difference.
+model graphs' stream), the replay graph overwrites it. From a recording with
+the capture recorder's windows: `liveness_table` lists the graph-pool blocks
+each model capture holds across each eager break, how long it holds them, and
+which replay capture allocated over them; `liveness_verdicts` says safe or
+conflict per capture, and `break_allocations` checks that the breaks allocate
+outside the pool (their outputs live there). `kit.analysis.equivalence` is
+the same question asked of the outputs on a GPU.
 """
 
 from __future__ import annotations
@@ -24,72 +19,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kit.errors import KitError, as_text
-from kit.snapshot import Snapshot, load_snapshot
-from kit.tables import format_bytes
-from kit.trace import _frame_line, replay_trace
-
-COLUMNS = ["size", "output", "bit_exact", "max_abs_diff", "mismatched_elements"]
-
-
-@dataclass
-class Equivalence:
-    rows: pd.DataFrame  # one row per (capture size, output)
-
-    @property
-    def bit_exact(self) -> bool:
-        return bool(self.rows["bit_exact"].all())
-
-    @property
-    def max_abs_diff(self) -> float:
-        return float(self.rows["max_abs_diff"].max()) if len(self.rows) else 0.0
-
-    def summary(self) -> str:
-        if self.bit_exact:
-            return f"graphs equal eager bit for bit ({len(self.rows)} outputs over {self.rows['size'].nunique()} sizes)"
-        bad = self.rows[~self.rows["bit_exact"]]
-        worst = bad.loc[bad["max_abs_diff"].idxmax()]
-        return (
-            f"graphs differ from eager in {len(bad)} of {len(self.rows)} outputs: largest difference "
-            f"{self.max_abs_diff:.4g} ({worst['output']} at size {int(worst['size'])})"
-        )
-
-    def to_records(self) -> list[dict]:
-        records = self.rows.to_dict("records")
-        return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in records]
-
-
-def compare(size: int, name: str, graph, eager) -> dict:
-    import torch
-
-    diff = (graph.float() - eager.float()).abs()
-    return {
-        "size": size,
-        "output": name,
-        "bit_exact": bool(torch.equal(graph, eager)),
-        "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
-        "mismatched_elements": int((graph != eager).sum()),
-    }
-
-
-def check_equivalence(runner, seed: int = 1234) -> Equivalence:
-    """Fresh random token ids per capture size; graph outputs against eager ones."""
-    import torch
-
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    rows = []
-    for size in sorted(runner.config.cudagraph_capture_sizes):
-        input_ids = torch.randint(runner.config.vocab_size, (size,), generator=generator).to(runner.device)
-        graph_out, graph_aux = runner.run(input_ids, use_cudagraph=True)
-        eager_out, eager_aux = runner.run(input_ids, use_cudagraph=False)
-        rows.append(compare(size, "hidden_states", graph_out, eager_out))
-        layers = runner.config.aux_hidden_state_layers
-        for layer, g, e in zip(sorted(set(layers)), graph_aux, eager_aux, strict=True):
-            rows.append(compare(size, f"aux_hidden_state[{layer}]", g, e))
-    return Equivalence(pd.DataFrame(rows, columns=COLUMNS))
-
-
-# --- Liveness across the eager break ------------------------------------------------------------
+from kit.analysis.attribution import captures_by_name, is_replay_capture
+from kit.analysis.frames import first_user_frame
+from kit.analysis.tables import format_bytes
+from kit.analysis.trace.replay import replay_trace
+from kit.errors import KitError
+from kit.load.snapshot import Snapshot, load_snapshot
 
 RELEASED = "released by the break"
 BREAK_INPUT = "break input"
@@ -117,6 +52,28 @@ BREAK_COLUMNS += ["unmapped", "outside_pool"]
 
 
 @dataclass
+class Liveness:
+    """What `liveness_table` found: one row per (model capture, break, held block), and what was paired.
+
+    `rows` has the columns of `LIVENESS_COLUMNS`; `model_captures` are the
+    captures with eager breaks, in recording order, `replay_captures` the
+    replay captures checked against them, and `paired` says whether each
+    break was paired with the one replay graph that runs in it
+    (`replay_size_for`) rather than with every replay graph.
+    """
+
+    rows: pd.DataFrame
+    source: str
+    model_captures: list[str]
+    replay_captures: list[str]
+    paired: bool
+
+    def verdicts(self) -> list[str]:
+        """One line per model capture: safe, or the conflict (`liveness_verdicts`)."""
+        return liveness_verdicts(self)
+
+
+@dataclass
 class _Life:
     index: int  # trace index of the alloc
     addr: int
@@ -130,22 +87,15 @@ class _Life:
         return self.addr < other.addr + other.size and other.addr < self.addr + self.size
 
 
-def _is_replay(graph: dict) -> bool:
-    return "replay" in str(graph.get("manager", ""))
-
-
 def _captures(snap: Snapshot) -> dict[str, list[dict]]:
-    """The recorded capture windows, per capture (its graphs in order)."""
-    graphs = snap.kit.get("captures") or []
-    if not graphs:
+    """The recorded capture windows, per capture; a one-line error when the snapshot has none."""
+    captures = captures_by_name(snap)
+    if not captures:
         raise KitError(
             f"{snap.origin}: no capture windows (the snapshot has no kit.captures): "
             "record the captures with kit.CaptureRecorder"
         )
-    out: dict[str, list[dict]] = {}
-    for g in graphs:
-        out.setdefault(g.get("capture", g["graph"]), []).append(g)
-    return {name: sorted(gs, key=lambda g: (g.get("index", 0), g["trace_begin"])) for name, gs in out.items()}
+    return captures
 
 
 def _lifetimes(snap: Snapshot, device: int) -> list[_Life]:
@@ -168,17 +118,9 @@ def _in_windows(index: int, graphs: list[dict]) -> bool:
     return any(g["trace_begin"] <= index < g["trace_end"] for g in graphs)
 
 
-def _first_frame(frames: list) -> str:
-    """The first stack frame outside torch itself, as `name (file:line)`."""
-    for f in frames or ():
-        if isinstance(f, dict) and "/torch/" not in as_text(f.get("filename", "")):
-            return _frame_line([f])
-    return _frame_line(frames[:1]) if frames else ""
-
-
 def liveness_table(
     snapshot: Snapshot | str | dict, *, replay_size_for: Callable[[int], int] | None = None, device: int = 0
-) -> pd.DataFrame:
+) -> Liveness:
     """The graph-pool blocks each model capture holds across each eager break, and who writes over them.
 
     From the snapshot's capture windows (`kit.captures`, written by
@@ -192,10 +134,10 @@ def liveness_table(
       returned: the break's argument, which the break gathered);
     - `break input`: when a break released no block, the newest block held
       across it, which is the break's argument (the forward computes it just
-      before the call). For recordings whose argument outlived the break for
-      reasons of the recording itself: the kit's recorder before 2026-12-03
-      read `f_locals` on Python 3.12 and older, which kept the forward's locals
-      alive until it returned (any tool that reads frame locals does the same);
+      before the call). This covers recordings in which the argument outlived
+      the break because of the recording itself: a tool that reads a frame's
+      `f_locals` on Python 3.12 and older keeps the forward's locals alive
+      until it returns;
     - `held after the break`: any other, freed later or never: the model graph
       may read it after the break (an aux hidden state, a residual).
 
@@ -214,18 +156,15 @@ def liveness_table(
     replays = {
         name: [life for life in lives if life.pool == tuple(gs[0]["pool"]) and _in_windows(life.index, gs)]
         for name, gs in captures.items()
-        if _is_replay(gs[0])
+        if is_replay_capture(gs[0].get("manager", ""))
     }
     rows = []
-    models = [name for name, gs in captures.items() if not _is_replay(gs[0]) and len(gs) > 1]
+    models = [name for name, gs in captures.items() if not is_replay_capture(gs[0].get("manager", "")) and len(gs) > 1]
     for name in models:
         rows += _breaks_of(name, captures[name], captures, lives, replays, replay_size_for)
     table = pd.DataFrame(rows, columns=LIVENESS_COLUMNS)
     table.attrs["source"] = snap.source_label
-    table.attrs["model_captures"] = models
-    table.attrs["replay_captures"] = list(replays)
-    table.attrs["paired"] = replay_size_for is not None
-    return table
+    return Liveness(table, snap.source_label, models, list(replays), paired=replay_size_for is not None)
 
 
 def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[dict]:
@@ -260,8 +199,8 @@ def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[
                     "alloc_index": life.index,
                     "free_index": life.free,
                     "class": classes[id(life)],
-                    "alloc_frame": _first_frame(life.frames),
-                    "free_frame": _first_frame(life.free_frames or []),
+                    "alloc_frame": first_user_frame(life.frames),
+                    "free_frame": first_user_frame(life.free_frames or []),
                     "overlapping_replay": names,
                     "replay_in_break": in_break,
                     "replay_overlaps": overlaps,
@@ -271,14 +210,15 @@ def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[
     return rows
 
 
-def liveness_verdicts(liveness: pd.DataFrame | Snapshot | str | dict) -> list[str]:
+def liveness_verdicts(liveness: Liveness | Snapshot | str | dict) -> list[str]:
     """One line per model capture: safe, or the conflict with the bytes and the replay graphs that overwrite them.
 
-    Takes a `liveness_table` or anything `liveness_table` takes.
+    Takes a `liveness_table` result or anything `liveness_table` takes.
     """
-    table = liveness if isinstance(liveness, pd.DataFrame) else liveness_table(liveness)
+    found = liveness if isinstance(liveness, Liveness) else liveness_table(liveness)
+    table = found.rows
     lines = []
-    for name in table.attrs.get("model_captures") or list(dict.fromkeys(table["capture"])):
+    for name in found.model_captures:
         rows = table[table["capture"] == name]
         bad = rows[rows["conflict"]]
         if len(bad):
@@ -287,7 +227,7 @@ def liveness_verdicts(liveness: pd.DataFrame | Snapshot | str | dict) -> list[st
             lines.append(
                 f"{name}: CONFLICT: {format_bytes(bad['bytes'].sum())} in {len(bad)} block(s) held after the break "
                 f"(first at {first['addr']:#x}, allocated at {first['alloc_frame'] or '?'}) are written over by "
-                f"{', '.join(writers)}, which {'runs' if table.attrs.get('paired') else 'may run'} in the break"
+                f"{', '.join(writers)}, which {'runs' if found.paired else 'may run'} in the break"
             )
         else:
             lines.append(f"{name}: safe: {_safe_detail(rows)}")

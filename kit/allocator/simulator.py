@@ -1,17 +1,16 @@
 """A model of PyTorch's CUDA caching allocator, faithful enough to match it block for block.
 
-The rules are those of `c10/cuda/CUDACachingAllocator.cpp` as ALLOCATOR.md
-(shared) and `kit/ALLOCATOR_NOTES.md` (what our H200 recordings added) state
-them; the names follow the C++ where one exists:
+The rules (`kit.allocator.rules`) are those of `c10/cuda/CUDACachingAllocator.cpp`
+as `docs/allocator.md` states them, with what the H200 recordings added; the
+names follow the C++ where one exists:
 
-- `round_size`, `get_allocation_size`: request rounding and segment sizing;
 - free blocks are kept per (pool, small/large) and looked up by
   (stream, size, address): a request takes the smallest free block of *its
   own stream* that fits, lowest address first, and never a block of another
   stream (the root cause PR 63155 is about);
-- `_split` and `_merge`: the low end of a found block serves the request, the
-  rest stays free if it is large enough; freed blocks merge with free
-  neighbours of their segment;
+- the low end of a found block serves the request, the rest stays free if
+  `should_split` says so; freed blocks merge with free neighbours of their
+  segment (`_merge`);
 - captures route allocations on the capture's stream to a private pool,
   shared between captures that name the same pool;
 - `empty_cache` releases whole free segments of the default pool (pools of
@@ -30,35 +29,20 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kit.allocator.rules import (
+    DEFAULT_POOL,
+    K_ROUND_LARGE,
+    get_allocation_size,
+    is_small_request,
+    round_size,
+    should_split,
+)
+from kit.allocator.workload import DEFAULT, Op
 from kit.errors import KitError
-from kit.workload import DEFAULT, Op
 
-K_MIN_BLOCK_SIZE = 512
-K_SMALL_SIZE = 1 << 20
-K_SMALL_BUFFER = 2 << 20
-K_MIN_LARGE_ALLOC = 10 << 20
-K_ROUND_LARGE = 2 << 20
-K_LARGE_BUFFER = 20 << 20
-DEFAULT_POOL = (0, 0)
 # Where simulated cudaMallocs land when no recorded addresses are given.
 FIRST_ADDRESS = 0x7F00_0000_0000
 RNG_STATE_BYTES = 8  # seed_extragraph_ and offset_extragraph_: one int64 each
-
-
-def round_size(size: int) -> int:
-    """Request rounding: at least 512 bytes, in multiples of 512."""
-    if size < K_MIN_BLOCK_SIZE:
-        return K_MIN_BLOCK_SIZE
-    return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE)
-
-
-def get_allocation_size(size: int) -> int:
-    """The size of a new segment (one cudaMalloc) for a rounded request."""
-    if size <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if size < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
-    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
 
 
 class Block:
@@ -185,7 +169,7 @@ class CachingAllocatorSim:
     def malloc(self, tid: str, size: int, stream_name: str) -> Block:
         stream = self.stream_id(stream_name)
         rounded = round_size(size)
-        small = rounded <= K_SMALL_SIZE
+        small = is_small_request(rounded)
         pool = self._pool_for(stream)
         refused = self._refusals(pool, small, stream, rounded) if self.explain else []
         block = self._get_free_block(pool, small, stream, rounded)
@@ -198,7 +182,7 @@ class CachingAllocatorSim:
             self.segments[address] = block
             self.trace.append(("segment_alloc", address, new_segment, stream))
         remaining = block.size - rounded
-        split = remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE
+        split = should_split(remaining, small)
         if split:
             rest = Block(block.address + rounded, remaining, stream, pool, small)
             rest.prev, rest.next = block, block.next
@@ -215,18 +199,18 @@ class CachingAllocatorSim:
         if self.explain:
             self.decisions.append(
                 Decision(
-                    self._op_index,
-                    tid,
-                    size,
-                    rounded,
-                    stream_name,
-                    pool,
-                    small,
-                    "new_segment" if new_segment else "reused",
-                    block.address,
-                    split,
-                    new_segment,
-                    refused,
+                    index=self._op_index,
+                    id=tid,
+                    requested=size,
+                    rounded=rounded,
+                    stream=stream_name,
+                    pool=pool,
+                    small=small,
+                    outcome="new_segment" if new_segment else "reused",
+                    block=block.address,
+                    split=split,
+                    segment_size=new_segment,
+                    refused=refused,
                 )
             )
         return block

@@ -9,7 +9,9 @@ the predicted segment table, the bytes saved per pool, and named corrections
 for what the trace cannot know a shared-stream run would do differently.
 
 It needs a trace recorded from an empty allocator and the capture windows
-that the kit's recorders write.
+that the kit's recorders write. `prediction_table` sets a prediction next to
+what a patched run measured, and `layout_differences` compares a simulated
+state with a recorded one segment by segment and block by block.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kit.allocator.rules import DEFAULT_POOL
+from kit.allocator.simulator import CachingAllocatorSim
+from kit.allocator.workload import DEFAULT, parse_workload
+from kit.analysis.tables import pool_label, segment_table, stream_labels
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.state import TraceReplay
 from kit.errors import KitError
-from kit.simulator import CachingAllocatorSim
-from kit.snapshot import DEFAULT_POOL, Snapshot, load_snapshot
-from kit.tables import segment_table
-from kit.trace import TraceReplay, replay_trace
-from kit.workload import DEFAULT, parse_workload
+from kit.load.snapshot import Snapshot, load_snapshot
 
 
 @dataclass
@@ -153,3 +157,67 @@ def _kept_on_mapped_streams(snap: Snapshot, stream_map: Mapping[str, str]) -> in
         for b in s.blocks
         if b.state == "active_allocated"
     )
+
+
+def canonical_layout(snapshot: Snapshot) -> list[tuple]:
+    """Segments and their blocks as the allocator laid them out, streams by name."""
+    labels = stream_labels(snapshot)
+    return [
+        (
+            s.address,
+            s.total_size,
+            s.segment_type,
+            s.segment_pool_id,
+            labels.get(s.stream, str(s.stream)),
+            tuple(
+                (b.address - s.address, b.size, b.state, b.requested_size if b.state == "active_allocated" else None)
+                for b in s.blocks
+            ),
+        )
+        for s in sorted(snapshot.segments, key=lambda s: s.address)
+    ]
+
+
+def layout_differences(simulated: Snapshot, recorded: Snapshot, limit: int = 5) -> list[str]:
+    """Segments that differ between two snapshots' layouts (address, size, pool, stream, blocks)."""
+    a = {s[0]: s for s in canonical_layout(simulated)}
+    b = {s[0]: s for s in canonical_layout(recorded)}
+    out = []
+    for address in sorted(set(a) | set(b)):
+        if a.get(address) != b.get(address):
+            out.append(f"segment {address:#x}: simulated {a.get(address)}, recorded {b.get(address)}")
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+PREDICTION_BYTES = ["unpatched", "predicted", "patched", "saved_predicted", "saved_measured", "predicted_minus_patched"]
+
+
+def prediction_table(unpatched: Snapshot, patched: Snapshot, whatif: WhatIf) -> pd.DataFrame:
+    """Per pool: reserved bytes of the unpatched run, the what-if's prediction from its trace, the patched run.
+
+    `saved_predicted` is the what-if's own figure (its simulated baseline minus
+    its prediction), `saved_measured` the unpatched run's reserved bytes minus
+    the patched run's; `predicted_minus_patched` is how far the prediction
+    missed (`whatif.corrections` names what the trace cannot know).
+    """
+    before, after, predicted = segment_table(unpatched), segment_table(patched), whatif.predicted
+    rows = []
+    for pool in sorted(set(before["pool"]) | set(after["pool"]) | set(predicted["pool"])):
+
+        def reserved(table: pd.DataFrame, pool: tuple = pool) -> int:
+            return int(table[table["pool"] == pool]["reserved"].sum())
+
+        rows.append(
+            {
+                "pool_label": pool_label(pool, unpatched.pool_names),
+                "unpatched": reserved(before),
+                "predicted": reserved(predicted),
+                "patched": reserved(after),
+                "saved_predicted": int(whatif.saved.get(pool, 0)),
+                "saved_measured": reserved(before) - reserved(after),
+                "predicted_minus_patched": reserved(predicted) - reserved(after),
+            }
+        )
+    table = pd.DataFrame(rows, columns=["pool_label", *PREDICTION_BYTES])
+    table.attrs["source"] = f"predicted: simulator (what-if on the unpatched trace); measured: {patched.source_label}"
+    return table

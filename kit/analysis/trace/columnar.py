@@ -1,11 +1,12 @@
-"""The trace walk of `kit.trace`, on the snapshot's columns: the same result, at millions of events.
+"""The trace walk on the snapshot's columns: the row walk's result, at millions of events.
 
-`kit.trace._replay_rows` walks the trace entry by entry over typed records; at
-DeepSeek scale (millions of events, tens of thousands of segments) that takes
-minutes, and its question "a fitting free block on another stream?" visits
-every segment for every new one. `fast_replay` returns the same `TraceReplay`:
+`kit.analysis.trace.rows.replay_rows` walks the trace entry by entry over
+typed records; at DeepSeek scale (millions of events, tens of thousands of
+segments) that takes minutes, and its question "a fitting free block on
+another stream?" visits every segment for every new one. `replay_columns`
+returns the same `TraceReplay`:
 
-- it reads the trace and the segments as numpy columns (`kit.columns`);
+- it reads the trace and the segments as numpy columns (`kit.load.columns`);
 - the rewind visits only the block events of segments that outlive it (a
   segment the trace allocated is dropped again at its segment_alloc);
 - the segment holding each block event's address is found at once with
@@ -18,8 +19,8 @@ every segment for every new one. `fast_replay` returns the same `TraceReplay`:
   refreshed only where blocks changed, answers the stranding question.
 
 Traces of expandable segments (`segment_map`, `segment_unmap`) are left to the
-walk entry by entry (`fast_replay` returns None). tests/test_scale.py holds
-the two walks side by side.
+walk entry by entry (`replay_columns` returns None). tests/test_scale.py
+holds the two walks side by side.
 """
 
 from __future__ import annotations
@@ -32,30 +33,27 @@ from operator import itemgetter
 import numpy as np
 import pandas as pd
 
-from kit.columns import ACTION_CODE, INACTIVE, TraceColumns, gc_paused, trace_columns
+from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, round_sizes, split_limit
+from kit.analysis.trace.state import ALLOC_COLUMNS, TraceReplay, WalkSegment, segment_differences
 from kit.errors import KitError
-from kit.simulator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_size
-from kit.snapshot import Snapshot
-from kit.trace import ALLOC_COLUMNS, TraceReplay, segment_differences
-from kit.trace import _Segment as _RowSegment
+from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns
+from kit.load.snapshot import Snapshot
+from kit.load.unpickle import gc_paused
 
 ALLOC, FREE_COMPLETED = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 SEGMENT_ALLOC, SEGMENT_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
 MAPPING = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
-SMALL_SEGMENT = 2 * K_SMALL_SIZE
 
 
-class _Segment(_RowSegment):
-    """A segment in the walk: `kit.trace._Segment`'s rules, with what the columnar walk keeps beside them."""
+class _Segment(WalkSegment):
+    """A segment in the walk: `WalkSegment`, with what the columnar walk keeps beside it."""
 
     __slots__ = ("end", "limit", "seq", "dirty")
 
     def __init__(self, address, size, pool, stream, small):
         super().__init__(address, size, pool, stream, small)
         self.end = address + size
-        # A block splits when what is left of it exceeds this (a small block keeps a
-        # remainder of 512 bytes or more, a large one more than 1 MiB).
-        self.limit = K_MIN_BLOCK_SIZE - 1 if small else K_SMALL_SIZE
+        self.limit = split_limit(small)  # `should_split`, read once per segment on the hot path
         self.seq = 0  # its place in the walk's segment dict (the order `_free_elsewhere` searches in)
         self.dirty: set | None = None  # its group's set of segments whose gaps changed
 
@@ -92,11 +90,11 @@ class _Group:
         return None
 
 
-def fast_replay(snap: Snapshot, device: int = 0) -> TraceReplay | None:
-    """`kit.trace.replay_trace` on the columns; None for a trace of expandable segments."""
+def replay_columns(snap: Snapshot, device: int = 0) -> TraceReplay | None:
+    """`replay_trace` on the columns; None for a trace of expandable segments."""
     if snap.history != "all":
         snap.require_trace(device)  # raises its one-line error, reading nothing
-    tc = trace_columns(snap, device)
+    tc = snap.trace_columns.get(device)
     if tc is None or len(tc) < 2:
         raise KitError(f"{snap.origin}: no trace recorded on device {device}")
     if np.isin(tc.action, MAPPING).any():
@@ -130,7 +128,7 @@ class _FinalSegments:
 
 
 def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, streams: list) -> dict[int, _Segment]:
-    """Rewind the final segments backwards through the trace to its first entry (`kit.trace._initial_state`).
+    """Rewind the final segments backwards through the trace to its first entry (as `kit.analysis.trace.rows` rewinds).
 
     The snapshot's segments enter the dict as row numbers and become
     `_Segment`s when a block event reaches them or when they outlast the
@@ -149,7 +147,7 @@ def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, stream
             # pools are not freed while their graphs live).
             if addr not in segments:
                 insort(starts, addr)
-            segments[addr] = _Segment(addr, sizes[r], (0, 0), streams[r], sizes[r] <= SMALL_SEGMENT)
+            segments[addr] = _Segment(addr, sizes[r], DEFAULT_POOL, streams[r], is_small_segment(sizes[r]))
         else:
             j = bisect_right(starts, addr) - 1
             if j < 0:
@@ -213,7 +211,7 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
     holder = _holders(live, instances, made_by, action, address)
     if (holder == -2).any():
         _search_holders(holder, live, instances, made_by, acts, addrs)
-    rounded = np.where(size < K_MIN_BLOCK_SIZE, K_MIN_BLOCK_SIZE, -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+    rounded = round_sizes(size)
     rows = np.flatnonzero((action == ALLOC) & (holder >= 0))
     fresh = _fresh_bytes(action, address, size, rounded, rows)
     # The per-(pool, size class, stream) groups that answer "a fitting free block on another stream?".
@@ -295,7 +293,7 @@ def _segments_made(final: _FinalSegments, action, acts, addrs, sizes, streams, i
         if acts[r] != SEGMENT_ALLOC:
             continue
         i, addr, size, stream = trace_index[r], addrs[r], sizes[r], streams[r]
-        pool, small = (known.get(addr) if i not in freed_later else None) or ((0, 0), size <= SMALL_SEGMENT)
+        pool, small = (known.get(addr) if i not in freed_later else None) or (DEFAULT_POOL, is_small_segment(size))
         made_by[r] = len(instances)
         instances.append(_Segment(addr, size, pool, stream, small))
         made.append((i, addr, size, pool, stream))
@@ -427,7 +425,7 @@ def _fresh_bytes(action, address, size, rounded, rows: np.ndarray) -> np.ndarray
 def _free_elsewhere(groups, live, versions, counter, new: _Segment, rounded: int) -> tuple:
     """The largest free block of the same pool and size class on another stream, if it fits.
 
-    As `kit.trace._free_elsewhere` finds it searching every segment in the
+    As the row walk's `_free_elsewhere` finds it searching every segment in the
     walk's order: the largest gap, the first segment on ties; (address, size,
     stream), or three Nones.
     """
@@ -481,7 +479,7 @@ def _alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fres
 
 
 def _compare(snap: Snapshot, segments: dict[int, _Segment], device: int) -> list[str]:
-    """`kit.trace._compare_with_snapshot`: what differs between the walk's end and the snapshot's segments."""
+    """As the row walk's `_compare_with_snapshot`: what differs between the walk's end and the snapshot's segments."""
     c = snap.columns
     on = c.device == device
     try:

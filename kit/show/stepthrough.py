@@ -1,36 +1,28 @@
-"""Helpers for the guided notebooks: block reuse step by step, the patch's diff, prediction against measurement.
+"""Block reuse step by step: a recorded trace replayed on the simulator, one graph-pool allocation at a time.
 
-Notebook 02 (root cause) steps through a recorded trace one graph-pool
-allocation at a time: `StepThrough` turns the trace back into a workload
-(`kit.whatif.trace_to_workload`), replays it on the simulator with the
-recording's own segment addresses and `explain=True`, and for each step gives
-the allocator state before and after it, the pool's free blocks with the
-verdict on each (taken, or why it was refused), and a sentence saying what
-happened. `layout_differences` checks the replay's final state against the
-recording, segment by segment and block by block.
-
-Notebook 03 (the fix) uses `patch_diffs` to show what `kit.patch.replica`
-replaces, and `prediction_table` to set the what-if prediction from the
-unpatched trace next to what the patched run measured.
+Notebook 02 (root cause) is built on this. `StepThrough` turns the trace back
+into a workload (`kit.analysis.whatif.trace_to_workload`), replays it on the
+simulator with the recording's own segment addresses and `explain=True`, and
+for each step gives the allocator state before and after it, the pool's free
+blocks with the verdict on each (taken, or why it was refused), and a
+sentence saying what happened. `mismatches()` checks the replay's final state
+against the recording, segment by segment and block by block;
+`mark_traces` outlines the blocks a step took or refused on a segment map.
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from kit.patch import Patch
-from kit.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
-from kit.snapshot import Snapshot, load_snapshot
-from kit.tables import format_bytes, pool_label, segment_table, stream_labels
-from kit.whatif import WhatIf, trace_to_workload
-from kit.workload import DEFAULT, Op, parse_workload
+from kit.allocator.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
+from kit.allocator.workload import DEFAULT, Op, parse_workload
+from kit.analysis.tables import format_bytes, pool_label, stream_labels
+from kit.analysis.whatif import layout_differences, trace_to_workload
+from kit.load.snapshot import Snapshot, load_snapshot
 
 GRAPH_POOL = "global graph pool"
 TAKEN = "taken"
@@ -193,103 +185,6 @@ def pool_view(snapshot: Snapshot, pool: tuple[int, int]) -> Snapshot:
     raw = dict(snapshot.raw)
     raw["segments"] = [s for s in snapshot.raw["segments"] if tuple(s["segment_pool_id"]) == tuple(pool)]
     return Snapshot(raw, origin=snapshot.origin, live=snapshot.live)
-
-
-def canonical_layout(snapshot: Snapshot) -> list[tuple]:
-    """Segments and their blocks as the allocator laid them out, streams by name."""
-    labels = stream_labels(snapshot)
-    return [
-        (
-            s.address,
-            s.total_size,
-            s.segment_type,
-            s.segment_pool_id,
-            labels.get(s.stream, str(s.stream)),
-            tuple(
-                (b.address - s.address, b.size, b.state, b.requested_size if b.state == "active_allocated" else None)
-                for b in s.blocks
-            ),
-        )
-        for s in sorted(snapshot.segments, key=lambda s: s.address)
-    ]
-
-
-def layout_differences(simulated: Snapshot, recorded: Snapshot, limit: int = 5) -> list[str]:
-    """Segments that differ between two snapshots' layouts (address, size, pool, stream, blocks)."""
-    a = {s[0]: s for s in canonical_layout(simulated)}
-    b = {s[0]: s for s in canonical_layout(recorded)}
-    out = []
-    for address in sorted(set(a) | set(b)):
-        if a.get(address) != b.get(address):
-            out.append(f"segment {address:#x}: simulated {a.get(address)}, recorded {b.get(address)}")
-    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
-
-
-PREDICTION_BYTES = ["unpatched", "predicted", "patched", "saved_predicted", "saved_measured", "predicted_minus_patched"]
-
-
-def prediction_table(unpatched: Snapshot, patched: Snapshot, whatif: WhatIf) -> pd.DataFrame:
-    """Per pool: reserved bytes of the unpatched run, the what-if's prediction from its trace, the patched run.
-
-    `saved_predicted` is the what-if's own figure (its simulated baseline minus
-    its prediction), `saved_measured` the unpatched run's reserved bytes minus
-    the patched run's; `predicted_minus_patched` is how far the prediction
-    missed (`whatif.corrections` names what the trace cannot know).
-    """
-    before, after, predicted = segment_table(unpatched), segment_table(patched), whatif.predicted
-    rows = []
-    for pool in sorted(set(before["pool"]) | set(after["pool"]) | set(predicted["pool"])):
-
-        def reserved(table: pd.DataFrame, pool: tuple = pool) -> int:
-            return int(table[table["pool"] == pool]["reserved"].sum())
-
-        rows.append(
-            {
-                "pool_label": pool_label(pool, unpatched.pool_names),
-                "unpatched": reserved(before),
-                "predicted": reserved(predicted),
-                "patched": reserved(after),
-                "saved_predicted": int(whatif.saved.get(pool, 0)),
-                "saved_measured": reserved(before) - reserved(after),
-                "predicted_minus_patched": reserved(predicted) - reserved(after),
-            }
-        )
-    table = pd.DataFrame(rows, columns=["pool_label", *PREDICTION_BYTES])
-    table.attrs["source"] = f"predicted: simulator (what-if on the unpatched trace); measured: {patched.source_label}"
-    return table
-
-
-def patch_diffs(patch: Patch) -> dict[str, str]:
-    """For an applied patch: each replaced function's unified diff, original to replacement.
-
-    Targets that held the same original (a function imported by name into a
-    second module) share one entry, keyed by all their names.
-    """
-    if not patch.applied:
-        raise ValueError(f"{patch.name}: apply it first, so that the originals are known")
-    entries: dict[tuple[int, int], tuple[list[str], Any, Any]] = {}
-    for (owner, attr, original), (_, _, new) in zip(patch.originals, patch.replacements, strict=False):
-        names, _, _ = entries.setdefault((id(original), id(new)), ([], original, new))
-        names.append(f"{_owner_name(owner)}.{attr}")
-    return {", ".join(names): _diff(original, new) for names, original, new in entries.values()}
-
-
-def _diff(original: Any, new: Any) -> str:
-    def lines(function: Any) -> list[str]:
-        return textwrap.dedent(inspect.getsource(function)).splitlines(keepends=True)
-
-    where = f"{original.__module__}.{original.__qualname__}"
-    return "".join(
-        difflib.unified_diff(
-            lines(original), lines(new), f"{where} (vLLM 0.33)", f"{new.__module__}.{new.__name__} (PR 63155)"
-        )
-    )
-
-
-def _owner_name(owner: Any) -> str:
-    if isinstance(owner, type):
-        return f"{owner.__module__}.{owner.__qualname__}"
-    return owner.__name__
 
 
 MARK_STYLE = {"taken by this request": ("black", 3), "refused: other stream": ("crimson", 2)}  # outline colour, width

@@ -3,11 +3,11 @@
 Real deployments capture graphs on every rank, each into its own allocator.
 `run_ranks` spawns one process per GPU, joins them into the tensor-parallel
 group over NCCL (NVLink multicast kept off), and in each runs the scenario as
-`kit.replica.scenarios.run_scenario` does on one GPU: capture under the
+`kit.experiments.scenarios.run_scenario` does on one GPU: capture under the
 recorder, the graph-versus-eager check, and the snapshot, written as
-`rank<N>.pickle` with the rank in its provenance. `kit.ranks` compares them.
+`rank<N>.pickle` with the rank in its provenance. `kit.analysis.ranks` compares them.
 
-    python -m kit.replica.tensor_parallel unpatched --tp 2 -o ranks_unpatched/
+    python -m kit.experiments.tensor_parallel unpatched --tp 2 -o ranks_unpatched/
     python -m kit ranks ranks_unpatched/
 """
 
@@ -36,9 +36,9 @@ def _run_rank(rank: int, world_size: int, name: str, preset: str, out_dir: str, 
     import torch
     import torch.distributed as dist
 
+    from kit.experiments.scenarios import run_scenario
     from kit.fileio import atomic_write
     from kit.replica.parallel_state import init_distributed_environment
-    from kit.replica.scenarios import run_scenario
 
     torch.cuda.set_device(rank)
     init_distributed_environment(world_size, rank, init_method)
@@ -47,7 +47,7 @@ def _run_rank(rank: int, world_size: int, name: str, preset: str, out_dir: str, 
         raw["kit"]["provenance"].update(
             rank=rank,
             world_size=world_size,
-            command=f"python -m kit.replica.tensor_parallel {name} --preset {preset} --tp {world_size}",
+            command=f"python -m kit.experiments.tensor_parallel {name} --preset {preset} --tp {world_size}",
         )
         with atomic_write(Path(out_dir) / f"rank{rank}.pickle", "wb") as f:
             pickle.dump(raw, f)
@@ -73,7 +73,7 @@ def run_ranks(name: str, preset: str, world_size: int, out_dir: str | os.PathLik
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kit.replica.scenarios import SCENARIOS, describe, summarize
+    from kit.experiments.scenarios import SCENARIOS, describe, summarize
 
     parser = argparse.ArgumentParser(
         description="Run one replica scenario with tensor parallelism, a snapshot per rank."

@@ -1,6 +1,6 @@
 """Workloads: a sequence of allocator operations, run on the simulator or on a real GPU.
 
-Format version 1 (JSON; DESIGN.md):
+Format version 1 (JSON; `docs/workloads.md`):
 
     {"version": 1, "ops": [
       {"op": "alloc", "id": "t0", "bytes": 4096, "stream": "s1"},
@@ -199,7 +199,7 @@ def dump_ops(ops: list[Op]) -> dict:
     return {"version": 1, "ops": out}
 
 
-# Sizes on and around every boundary of the allocator (ALLOCATOR.md: Sizes).
+# Sizes on and around every boundary of the allocator (`kit.allocator.rules`).
 MIB = 1024 * 1024
 BOUNDARY_SIZES = [
     1,

@@ -11,12 +11,12 @@ ranks lack.
 
 `load_ranks` reads a folder of per-rank snapshots (`rank0.pickle`,
 `rank1.pickle`, ...; the rank is taken from the snapshot's provenance where
-it has one, else from the file name), and `kit.vllm.snapshot_all_ranks`
+it has one, else from the file name), and `kit.record.vllm_ranks.snapshot_all_ranks`
 returns the same from a live `LLM`.
 
     snapshots = kit.ranks.load_ranks("capture_dp4/")
     table = kit.ranks.rank_table(snapshots)
-    kit.ranks.rank_verdicts(table)
+    kit.rank_verdicts(table)
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from kit.analysis.tables import FIGURES, format_bytes, segment_table
 from kit.errors import KitError
-from kit.snapshot import Snapshot, load_snapshot
-from kit.tables import FIGURES, format_bytes, segment_table
+from kit.load.snapshot import Snapshot, load_snapshot
 
 MIB = 1024 * 1024
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".json")

@@ -12,10 +12,10 @@ import os
 
 import plotly.offline
 
+from kit.analysis.tables import segment_table, style_table
 from kit.fileio import atomic_write
-from kit.pictures import group_bar_figure, segment_map_figure
-from kit.snapshot import Snapshot, load_snapshot
-from kit.tables import segment_table, style_table
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.show.pictures import group_bar_figure, segment_map_figure
 
 _PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>

@@ -13,7 +13,7 @@ as the recorder did; `recorded=True` returns the recorder's own snapshot
 instead (taken when it stopped, with its trace and one window per graph).
 
     llm = LLM(model, ...)
-    for snapshot in kit.vllm.snapshot_all_ranks(llm):
+    for snapshot in kit.record.vllm_ranks.snapshot_all_ranks(llm):
         kit.segment_table(snapshot)
 """
 
@@ -24,16 +24,17 @@ import pickle
 from typing import Any
 
 from kit.errors import KitError
-from kit.snapshot import Snapshot, safe_unpickle
+from kit.load.snapshot import Snapshot
+from kit.load.unpickle import safe_unpickle
 
 
 def worker_snapshot(worker: Any, recorded: bool = False) -> dict:
     """Run on a vLLM worker: its allocator snapshot (or its last recording), pickled, and who took it."""
     import torch
 
-    import kit.capture
+    import kit.record.recorder
 
-    recording = kit.capture.last_recording()
+    recording = kit.record.recorder.last_recording()
     if recorded:
         if recording is None:
             return {"error": "no CaptureRecorder has recorded in this worker's process"}
@@ -80,7 +81,7 @@ def snapshot_all_ranks(llm: Any, *, recorded: bool = False, timeout: float | Non
             "rank": rank,
             "local_rank": reply.get("local_rank"),
             "date": date,
-            "command": "kit.vllm.snapshot_all_ranks",
+            "command": "kit.record.vllm_ranks.snapshot_all_ranks",
         }
         snapshots.append((rank, Snapshot(raw, origin=f"vLLM rank {rank}", live=True)))
     return [s for _, s in sorted(snapshots, key=lambda pair: pair[0])]

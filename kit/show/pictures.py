@@ -17,8 +17,9 @@ import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 
-from kit.snapshot import BLOCK_STATES, Snapshot, load_snapshot
-from kit.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.load.rows import BLOCK_STATES
+from kit.load.snapshot import Snapshot, load_snapshot
 
 MIB = 1024 * 1024
 STATE_STYLE = {  # block state -> (legend name, opacity, bar pattern)

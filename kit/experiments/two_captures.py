@@ -7,16 +7,17 @@ into the same pool, either on a new stream (what vLLM 0.33's
 (what PR 63155 does for the decoder replay graphs). The returned snapshot
 carries a `kit` key naming the streams, the pool, the graphs, and the trace
 index range of each capture. Needs CUDA; `scripts/record_fixtures.py` records
-it for machines without one.
+it for machines without one (`kit.recordings`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
-from kit.snapshot import Snapshot, load_snapshot
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.record.history import recording_history, trace_length
+from kit.recordings import LIVE, check_source, default_source, recording
 
 
 def forward(x, layers):
@@ -30,12 +31,6 @@ def forward(x, layers):
     return h
 
 
-def _trace_length() -> int:
-    import torch
-
-    return len(torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()])
-
-
 def capture(name: str, pool, stream, x, layers, captures: list[dict]):
     """Warm up on `stream`, then capture `forward` into `pool` on it; log the trace window."""
     import torch
@@ -44,7 +39,7 @@ def capture(name: str, pool, stream, x, layers, captures: list[dict]):
         forward(x, layers)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    begin = _trace_length()
+    begin = trace_length(torch)
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = forward(x, layers)
     torch.cuda.synchronize()
@@ -54,7 +49,7 @@ def capture(name: str, pool, stream, x, layers, captures: list[dict]):
             "stream": stream.cuda_stream,
             "pool": list(pool),
             "trace_begin": begin,
-            "trace_end": _trace_length(),
+            "trace_end": trace_length(torch),
         }
     )
     return graph, out
@@ -71,9 +66,7 @@ def run_two_captures(
     import torch
 
     if not torch.cuda.is_available():
-        raise KitError("the two-capture experiment needs CUDA; load a recorded fixture instead")
-    from kit.capture import recording_history
-
+        raise KitError("the two-capture experiment needs CUDA; load its recording instead")
     with recording_history(max_entries=1_000_000, stacks="python"):
         dev = torch.device("cuda")
         gen = torch.Generator(device=dev).manual_seed(0)
@@ -118,23 +111,13 @@ def run_two_captures(
     return snap
 
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-RECORDED = {False: "two_streams.pickle", True: "shared_stream.pickle"}
-
-
-def default_source() -> str:
-    """`live GPU` where this process has CUDA, else `recorded` (the H200 fixtures)."""
-    import torch
-
-    return "live GPU" if torch.cuda.is_available() else "recorded"
+RECORDED_AS = {False: "two_streams.pickle", True: "shared_stream.pickle"}
 
 
 def two_captures(shared_stream: bool, source: str | None = None) -> Snapshot:
     """The two-capture experiment from `source`: run live, or its H200 recording."""
-    source = source or default_source()
-    if source == "live GPU":
+    source = check_source(source or default_source())
+    if source == LIVE:
         label = f"two-capture experiment, replay on {'shared' if shared_stream else 'new'} stream"
         return Snapshot(run_two_captures(shared_stream), origin=label, live=True)
-    if source == "recorded":
-        return load_snapshot(FIXTURES / RECORDED[shared_stream])
-    raise KitError(f"unknown data source {source!r}: use 'live GPU' or 'recorded'")
+    return load_snapshot(recording(RECORDED_AS[shared_stream]))

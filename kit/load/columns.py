@@ -8,79 +8,40 @@ are built only when someone asks for them.
 
 Each builder checks the raw rows in bulk (types, signs, that blocks tile their
 segment) with C-speed passes (`map`, `set`, numpy). Whatever those checks do
-not accept goes row by row through the parsers of `kit.snapshot`, which raise
+not accept goes row by row through the parsers of `kit.load.rows`, which raise
 the same one-line `KitError` as always: the columns accept exactly what the
 records accept, and hold the same values.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
 from itertools import chain
 from operator import itemgetter, methodcaller
-from typing import Any
 
 import numpy as np
 
-from kit.snapshot import (
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, is_small_segment
+from kit.load.rows import (
     BLOCK_STATES,
-    DEFAULT_POOL,
-    DEFAULT_STREAM,
     INT64_MAX,
     INT64_MIN,
     MAX_BYTES,
     MAX_DEVICE,
     TRACE_ACTIONS,
     Segment,
-    Snapshot,
     TraceEntry,
-    _check_no_overlap,
-    _parse_segment,
-    _parse_trace_entry,
+    check_no_overlap,
+    parse_segment,
+    parse_trace_entry,
 )
+from kit.load.unpickle import gc_paused
 
 STATE_CODE = {s: i for i, s in enumerate(BLOCK_STATES)}  # 0 allocated, 1 pending free, 2 inactive
 ACTION_CODE = {a: i for i, a in enumerate(TRACE_ACTIONS)}
 ALLOCATED, PENDING, INACTIVE = 0, 1, 2
-SMALL_SEGMENT_MAX = 2 * 1024 * 1024
-# The bulk checks take only what the row parsers take for certain; anything past these (a
-# size over 1 PiB, a device number over 1024, overlapping segments) goes row by row.
-LARGEST = MAX_BYTES
-LARGEST_DEVICE = MAX_DEVICE
 
 
-FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
-
-
-@contextlib.contextmanager
-def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
-    """Pause the cyclic garbage collector while millions of containers are made.
-
-    Every 700 new containers the collector runs, and its full passes walk
-    everything made so far: unpickling a large snapshot takes twice as long
-    with it running. Paused, the passes are only put off: the first ones after
-    it walk the new containers all the same, seconds each for a snapshot of
-    millions. With `freeze_above`, when more containers than that were made,
-    `gc.freeze()` moves everything then alive out of the collector's view for
-    good. A snapshot is plain data that holds no reference cycle, and frozen
-    objects are still freed when the last reference to them goes; what the
-    collector no longer sees are cycles among objects that already existed
-    (`gc.unfreeze()` hands them back).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-        if freeze_above is not None and gc.get_count()[0] > freeze_above:
-            gc.freeze()
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = LARGEST) -> np.ndarray | None:
+def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = MAX_BYTES) -> np.ndarray | None:
     """`values` as int64 if every one is a plain int (no bool) in range; else None."""
     if values and set(map(type, values)) != {int}:
         return None
@@ -133,13 +94,13 @@ class SegmentColumns:
 
     @classmethod
     def from_raw(cls, segments: list, origin: str) -> SegmentColumns:
-        """Check and convert the raw segment dicts; errors are those of `kit.snapshot`."""
+        """Check and convert the raw segment dicts; errors are those of `kit.load.rows`."""
         with gc_paused():
             fast = _fast_segment_columns(segments)
             if fast is not None:
                 return cls(fast)
-            records = tuple(_parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(segments))
-            _check_no_overlap(records, origin)
+            records = tuple(parse_segment(s, f"{origin}: segment {i}") for i, s in enumerate(segments))
+            check_no_overlap(records, origin)
             return cls(_record_columns(records), records)
 
 
@@ -152,7 +113,7 @@ _BLOCK_KEYS = itemgetter("address", "size", "requested_size", "state")
 
 
 def _column(
-    rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0, maximum: int | None = LARGEST
+    rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0, maximum: int | None = MAX_BYTES
 ) -> np.ndarray | None:
     """An int column of dicts `rows`; a missing key takes `default` (None: required)."""
     values = list(map(methodcaller("get", key, _MISSING), rows))
@@ -226,7 +187,7 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     allocated = _group_sums(np.where(state == ALLOCATED, size, 0), first, counts)
     active = allocated + _group_sums(np.where(state == PENDING, size, 0), first, counts)
     fields = {
-        "device": _column(segments, "device", 0, maximum=LARGEST_DEVICE),
+        "device": _column(segments, "device", 0, maximum=MAX_DEVICE),
         "address": address,
         "total_size": total,
         "allocated_size": _column(segments, "allocated_size", allocated),
@@ -245,7 +206,7 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     types = list(map(methodcaller("get", "segment_type"), segments))
     small = np.fromiter(
         (
-            t == "small" if t in _SEGMENT_TYPES else size_ <= SMALL_SEGMENT_MAX
+            t == "small" if t in _SEGMENT_TYPES else is_small_segment(size_)
             for t, size_ in zip(types, total.tolist(), strict=True)
         ),
         dtype=bool,
@@ -280,7 +241,7 @@ def _overlap(device: np.ndarray, address: np.ndarray, total: np.ndarray) -> bool
     """Whether two segments of one device share an address, or all of them reserve more than anything holds."""
     order = np.lexsort((address, device))
     d, a, t = device[order], address[order], total[order]
-    return bool(np.any((d[1:] == d[:-1]) & (a[:-1] + t[:-1] > a[1:]))) or sum(total.tolist()) > LARGEST
+    return bool(np.any((d[1:] == d[:-1]) & (a[:-1] + t[:-1] > a[1:]))) or sum(total.tolist()) > MAX_BYTES
 
 
 def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
@@ -356,7 +317,7 @@ def _trace_fields(entries: list) -> tuple[list, ...]:
 
 
 def _fast_trace_columns(entries: list) -> dict | None:
-    """Columns when every entry is a well-formed dict (`kit.snapshot`'s fast path); else None.
+    """Columns when every entry is a well-formed dict (`kit.load.rows.parse_trace_entry`'s fast path); else None.
 
     `device_free` (only `oom` entries carry it) is not a column, but it is
     checked as the row parser checks it.
@@ -421,20 +382,6 @@ def trace_columns_of(traces: list, origin: str) -> dict[int, TraceColumns]:
         for device, entries in enumerate(traces):
             fields = _fast_trace_columns(entries)
             if fields is None:  # the row parser raises the one-line error, or reads what it can
-                fields = _entry_columns(tuple(_parse_trace_entry(e, device, origin, i) for i, e in enumerate(entries)))
+                fields = _entry_columns(tuple(parse_trace_entry(e, device, origin, i) for i, e in enumerate(entries)))
             out[device] = TraceColumns(device, entries, fields)
     return out
-
-
-def trace_columns(snapshot: Snapshot, device: int = 0) -> TraceColumns | None:
-    """Device `device`'s trace as columns (None when it has no trace)."""
-    return snapshot.trace_columns.get(device)
-
-
-def trace_stream_order(snapshot: Snapshot) -> list[Any]:
-    """The streams in the order the trace first uses them, every device in turn (as `Snapshot.trace`)."""
-    order: dict[Any, None] = {}
-    for _, columns in sorted(snapshot.trace_columns.items()):
-        first = np.sort(np.unique(columns.stream, return_index=True)[1])
-        order.update(dict.fromkeys(columns.stream[first].tolist()))
-    return list(order)

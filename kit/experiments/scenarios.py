@@ -12,7 +12,7 @@ against eager execution; the snapshot it returns carries the scenario, the
 config and the check in its `kit` key. `summarize` reads the figures back
 from such a snapshot, live or recorded, so the CPU tests assert the same
 numbers the GPU printed. Run one scenario here with
-`python -m kit.replica.scenarios NAME --preset small -o OUT.pickle`.
+`python -m kit.experiments.scenarios NAME --preset small -o OUT.pickle`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,19 @@ import contextlib
 import dataclasses
 import json
 import pickle
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+from kit.analysis.attribution import capture_attribution, capture_table, is_replay_capture
+from kit.analysis.equivalence import check_equivalence
+from kit.analysis.tables import format_bytes, segment_table
 from kit.errors import KitError
+from kit.fileio import atomic_write
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.record.recorder import CaptureRecorder
+from kit.recordings import RECORDED, RECORDINGS, check_source, default_source
 
 SCENARIOS = {
     "unpatched": (None, False, "vLLM 0.33: replay graphs on a new stream"),
@@ -52,10 +62,8 @@ def run_scenario(name: str, preset: str = "small") -> dict:
     """Build the replica, capture it under the scenario's patch, check it; the snapshot dict."""
     import torch
 
-    from kit.capture import CaptureRecorder
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
-    from kit.safety import check_equivalence
 
     config = scenario_config(name, preset)
     policy, _, description = SCENARIOS[name]
@@ -76,17 +84,12 @@ def run_scenario(name: str, preset: str = "small") -> dict:
         "has_early_aux": runner.model.replay_layers.has_early_aux(),
     }
     raw["kit"]["equivalence"] = equivalence.to_records()
-    raw["kit"]["provenance"]["command"] = f"python -m kit.replica.scenarios {name} --preset {preset}"
+    raw["kit"]["provenance"]["command"] = f"python -m kit.experiments.scenarios {name} --preset {preset}"
     return raw
 
 
 def summarize(snapshot) -> dict:
     """The figures of one scenario's snapshot: graph-pool groups, replay captures' additions, the check."""
-    from kit.capture import capture_table
-    from kit.snapshot import load_snapshot
-    from kit.tables import segment_table
-    from kit.trace import capture_attribution
-
     snap = load_snapshot(snapshot)
     meta = snap.kit
     pool = tuple(meta["pools"]["global graph pool"])
@@ -100,7 +103,7 @@ def summarize(snapshot) -> dict:
             return None
         return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
 
-    replay_windows = [c for c in meta["captures"] if c["manager"] == "replay graphs"]
+    replay_windows = [c for c in meta["captures"] if is_replay_capture(c["manager"])]
     if replay_windows:  # from the first replay graph to the last: its breaks too
         replay_windows = [{**replay_windows[0], "trace_end": replay_windows[-1]["trace_end"]}]
     added = capture_attribution(snap, replay_windows)
@@ -108,7 +111,7 @@ def summarize(snapshot) -> dict:
     by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
     equivalence = meta.get("equivalence", [])
     captures = capture_table(snap)
-    replay_streams = set(captures[captures["manager"] == "replay graphs"]["stream_label"])
+    replay_streams = set(captures[captures["manager"].map(is_replay_capture)]["stream_label"])
     return {
         "scenario": meta.get("scenario", {}).get("name"),
         "policy": meta.get("scenario", {}).get("policy"),
@@ -126,16 +129,13 @@ def summarize(snapshot) -> dict:
 
 def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     """Each scenario in a fresh process (its allocator starts empty); their summaries."""
-    import subprocess
-    from pathlib import Path
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {}
     for name in names:
         path = out_dir / f"{preset}_{name}.pickle"
         done = subprocess.run(
-            [sys.executable, "-m", "kit.replica.scenarios", name, "--preset", preset, "-o", str(path)],
+            [sys.executable, "-m", "kit.experiments.scenarios", name, "--preset", preset, "-o", str(path)],
             capture_output=True,
             text=True,
         )
@@ -146,10 +146,35 @@ def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     return summaries
 
 
+def replica_runs(
+    preset: str, names: tuple[str, ...] = tuple(SCENARIOS), *, source: str | None = None, out_dir=None
+) -> dict[str, Snapshot]:
+    """The replica's scenarios from `source`: captured now, each in a fresh process, or their H200 recordings.
+
+    Live, the snapshots go to `out_dir` (a new temporary folder by default)
+    and a progress bar shows the runs. Recorded, scenarios without a
+    recording at this preset are left out; none at all is an error.
+    """
+    source = check_source(source or default_source())
+    if source == RECORDED:
+        paths = {name: RECORDINGS / "replica" / f"{preset}_{name}.pickle" for name in names}
+        runs = {name: load_snapshot(path) for name, path in paths.items() if path.exists()}
+        if not runs:
+            raise KitError(f"no recorded replica fixtures for preset {preset!r}; run with --live on a GPU")
+        return runs
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir or tempfile.mkdtemp(prefix="kit-replica-"))
+    runs = {}
+    for name in tqdm(names, desc=f"replica {preset}, a fresh process each"):
+        run_all(preset, out, names=(name,))
+        raw = load_snapshot(out / f"{preset}_{name}.pickle").raw
+        runs[name] = Snapshot(raw, origin=f"{preset} {name}, captured just now in a fresh process", live=True)
+    return runs
+
+
 def describe(summary: dict) -> list[str]:
     """The figures of one scenario as lines for a terminal."""
-    from kit.tables import format_bytes
-
     lines = [f"{summary['scenario']} (policy {summary['policy']}): {summary['source']}"]
     for label in ("model_group", "replay_group"):
         g = summary[label]
@@ -176,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="small")
     parser.add_argument("-o", "--output", required=True, help="snapshot pickle to write")
     args = parser.parse_args(argv)
-    from kit.fileio import atomic_write
-
     try:
         raw = run_scenario(args.scenario, args.preset)
     except KitError as e:

@@ -1,6 +1,6 @@
 """Running a workload on the real GPU allocator, in this process.
 
-The counterpart of `kit.simulator`: the same version-1 workload, executed with
+The counterpart of `kit.allocator.simulator`: the same version-1 workload, executed with
 `torch.empty` on named streams and raw `CUDAGraph.capture_begin/capture_end`
 (which, unlike `torch.cuda.graph`, neither synchronizes nor empties the cache),
 with memory history recorded from a clean allocator. The snapshot gets the same
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime
 
+from kit.allocator.workload import DEFAULT, Op
 from kit.errors import KitError
-from kit.workload import DEFAULT, Op
 
 
 def run_on_gpu(ops: list[Op]) -> dict:
@@ -34,7 +34,7 @@ def run_on_gpu(ops: list[Op]) -> dict:
             streams[name] = torch.cuda.Stream()
         return streams[name]
 
-    from kit.capture import recording_history
+    from kit.record.history import recording_history
 
     try:
         with recording_history(max_entries=4 * len(ops) + 1000, context=None, stacks="python"):

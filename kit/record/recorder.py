@@ -32,14 +32,11 @@ the exception propagates unchanged. Several
 threads may capture at once (vLLM's microbatch threads do): each graph is
 attributed to the thread and stream that captured it.
 
-Memory history: if it was off when the first recorder started, the recorder
-switches it on (`max_entries`, `stacks`) and off again when the last one
-stops; if it was on, it is left alone, and the recording uses the caller's
-history as it is (with its `max_entries`: a buffer too small for the
-captures leaves windows that point past its start). torch has no public
-getter for it; `history_enabled` asks `torch._C._cuda_isHistoryEnabled`
-(what torch's own CUDA-graph trees use), and on a torch without it takes a
-non-empty trace as on and an empty one as off.
+Memory history (`kit.record.history`): if it was off when the first
+recorder started, the recorder switches it on (`max_entries`, `stacks`) and
+off again when the last one stops; if it was on, it is left alone, and the
+recording uses the caller's history as it is (with its `max_entries`: a
+buffer too small for the captures leaves windows that point past its start).
 """
 
 from __future__ import annotations
@@ -57,9 +54,12 @@ from types import FrameType
 
 import pandas as pd
 
+from kit.analysis.attribution import capture_table
+from kit.analysis.tables import segment_table
 from kit.errors import KitError
-from kit.patch import Patch, interrupts_deferred
-from kit.snapshot import Snapshot
+from kit.load.snapshot import Snapshot
+from kit.patch.install import Patch, interrupts_deferred
+from kit.record.history import hold_history, release_history, trace_length
 
 # Display names where the one made from the class name would read badly; the
 # rest follow the class (DecoderReplayCudaGraphManager -> "decoder replay graphs").
@@ -152,48 +152,11 @@ def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tup
     return None
 
 
-def _trace_length(torch) -> int:
-    traces = torch.cuda.memory._snapshot().get("device_traces") or []
-    device = torch.cuda.current_device()
-    return len(traces[device]) if device < len(traces) else 0
-
-
-def history_enabled(torch) -> bool:
-    """Whether this process records CUDA memory history now (see the module's notes for how it is told)."""
-    if not torch.cuda.is_initialized():
-        return False  # switching history on initialises CUDA; asking the allocator before that segfaults
-    probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-    if probe is not None:
-        with contextlib.suppress(Exception):
-            return bool(probe())
-    traces = torch.cuda.memory._snapshot().get("device_traces") or []
-    return any(traces)  # switching history off clears the trace, so entries mean it is on
-
-
-@contextlib.contextmanager
-def recording_history(**kwargs) -> Iterator[None]:
-    """Memory history on for the block (`kwargs` go to `_record_memory_history`), unless it is on already.
-
-    Either way it is left as it was found: switched off again only if this switched it on.
-    """
-    import torch
-
-    was_on = history_enabled(torch)
-    if not was_on:
-        torch.cuda.memory._record_memory_history(**kwargs)
-    try:
-        yield
-    finally:
-        if not was_on:
-            torch.cuda.memory._record_memory_history(enabled=None)
-
-
 # --- the wrappers and the history, shared by every recorder -----------------------------
 
 _registry_lock = threading.RLock()
 _active: list[CaptureRecorder] = []
 _hooks: Patch | None = None
-_history = {"users": 0, "ours": False}
 
 
 def active_recorders() -> list[CaptureRecorder]:
@@ -252,22 +215,6 @@ def _remove_hooks_if_unused() -> None:
     _hooks = None
 
 
-def _acquire_history(torch, max_entries: int, stacks: str) -> None:
-    if _history["users"] == 0:
-        was_on = history_enabled(torch)
-        if not was_on:
-            torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
-        _history["ours"] = not was_on
-    _history["users"] += 1
-
-
-def _release_history(torch) -> None:
-    _history["users"] -= 1
-    if _history["users"] == 0 and _history["ours"]:
-        _history["ours"] = False
-        torch.cuda.memory._record_memory_history(enabled=None)
-
-
 class CaptureRecorder:
     """Records every graph capture between `start()` and `stop()`.
 
@@ -311,7 +258,7 @@ class CaptureRecorder:
                 self._started_on = (threading.get_ident(), torch.cuda.current_stream())
                 _install_hooks(torch)
                 if self.history:
-                    _acquire_history(torch, self.max_entries, self.stacks)
+                    hold_history(max_entries=self.max_entries, stacks=self.stacks)
                     self._holds_history = True
             except BaseException:
                 _active.remove(self)
@@ -347,7 +294,7 @@ class CaptureRecorder:
                     self._put_back_stream(torch)
                 if self._holds_history:
                     self._holds_history = False
-                    _release_history(torch)
+                    release_history()
         return self.snapshot
 
     def _put_back_stream(self, torch) -> None:
@@ -411,7 +358,7 @@ class CaptureRecorder:
         label = getattr(self._labels, "current", None) or label_from_stack(frame) or ("unlabelled graphs", None)
         stream = torch.cuda.current_stream()
         thread = threading.get_ident()
-        index = _trace_length(torch)
+        index = trace_length(torch)
         with self._lock:
             mine = [r for r in self.records if r.thread == thread]
             last = mine[-1] if mine else None
@@ -423,7 +370,7 @@ class CaptureRecorder:
     def _on_end(self, graph, frame: FrameType | None) -> None:
         import torch
 
-        index = _trace_length(torch)
+        index = trace_length(torch)
         with self._lock:
             entry = self._open.pop(id(graph), None)
             if entry is None:
@@ -459,7 +406,7 @@ class CaptureRecorder:
                 "torch": str(torch.__version__),
                 "cuda": torch.version.cuda,
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "command": "kit.capture.CaptureRecorder",
+                "command": "kit.CaptureRecorder",
             },
             "streams": streams,
             "pools": pool_names,
@@ -487,11 +434,11 @@ class CaptureRecorder:
         return self.snapshot
 
     def captures(self) -> pd.DataFrame:
+        """Per capture: manager, size, stream, pool, graphs, and the segments it added (`capture_table`)."""
         return capture_table(self._require_snapshot())
 
     def table(self) -> pd.DataFrame:
-        from kit.tables import segment_table
-
+        """The labelled segment-by-stream table of the recording."""
         return segment_table(self._require_snapshot())
 
 
@@ -499,51 +446,9 @@ _last_recording: list[dict | None] = [None]
 
 
 def last_recording() -> dict | None:
-    """The raw snapshot of the last recorder stopped in this process (what `kit.vllm` sends from a worker)."""
+    """The raw snapshot of the last recorder stopped in this process (what a vLLM worker sends back)."""
     return _last_recording[0]
 
 
 def graph_name(record: CaptureRecord) -> str:
     return f"{record.capture} graph {record.index}"
-
-
-def capture_table(snapshot: Snapshot) -> pd.DataFrame:
-    """Per recorded capture: manager, size, stream, pool, graphs, eager breaks, and the segments it added.
-
-    `new_segment_bytes` are the segments its graphs added to its pool;
-    `break_segment_bytes` those its eager breaks added elsewhere (the breaks
-    run outside the capture, so outside the graph pool).
-    """
-    from kit.tables import stream_labels
-    from kit.trace import replay_trace
-
-    graphs = snapshot.captures
-    made = replay_trace(snapshot).new_segments if graphs else None
-    labels = stream_labels(snapshot)
-    rows = []
-    for name in dict.fromkeys(g.get("capture", g["graph"]) for g in graphs):
-        mine = [g for g in graphs if g.get("capture", g["graph"]) == name]
-        first, last, pool = mine[0], mine[-1], tuple(mine[0]["pool"])
-        inside = made[(made["index"] >= first["trace_begin"]) & (made["index"] < last["trace_end"])]
-        in_pool = inside["pool"].map(lambda p, pool=pool: tuple(p) == pool).astype(bool)
-        rows.append(
-            {
-                "manager": first.get("manager", name),
-                "size": first.get("size"),
-                "stream": first["stream"],
-                "stream_label": labels.get(first["stream"], str(first["stream"])),
-                "pool": pool,
-                "graphs": len(mine),
-                "eager_breaks": len(mine) - 1,
-                "new_segments": int(in_pool.sum()),
-                "new_segment_bytes": int(inside[in_pool]["size"].sum()),
-                "break_segment_bytes": int(inside[~in_pool]["size"].sum()),
-                "trace_begin": first["trace_begin"],
-                "trace_end": last["trace_end"],
-            }
-        )
-    columns = ["manager", "size", "stream", "stream_label", "pool", "graphs", "eager_breaks", "new_segments"]
-    columns += ["new_segment_bytes", "break_segment_bytes", "trace_begin", "trace_end"]
-    table = pd.DataFrame(rows, columns=columns)
-    table.attrs["source"] = snapshot.source_label
-    return table

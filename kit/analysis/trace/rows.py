@@ -1,0 +1,197 @@
+"""The trace walk entry by entry: the reference walk, and the one for expandable segments.
+
+`replay_rows` rewinds the final snapshot to the trace's first entry (segments
+and active blocks), walks the trace forward again, and checks that the walk
+ends at the snapshot; any difference is reported in `TraceReplay.mismatches`,
+never ignored. Walking forward it classifies every `alloc`:
+
+- `reused`: served from a cached free block of its stream;
+- `new_segment`: needed a new segment (the `segment_alloc` just before it);
+- `stranded`: needed a new segment although a free block at least as large
+  sat in the same pool and size class on another stream, the case PR 63155 is
+  about. The row names that block and its stream.
+
+An allocation takes the low end of the free block (gap) that starts at its
+address, and the whole gap when `should_split` says the rest stays with it.
+
+Expandable segments (`expandable_segments:True`) grow and shrink by mapping
+pages (`segment_map`, `segment_unmap`), and a snapshot lists one segment per
+mapped range; the walk does the same, so an allocation that needed pages
+mapped counts as a new segment of the mapped bytes. Graph pools never use
+expandable segments. A trace that contradicts the snapshot (a free of a block
+never allocated, a segment freed twice) never stops the walk: what does not
+add up is reported in `mismatches`. Actions a newer torch adds are skipped.
+
+This walk visits every segment for every new one, which takes minutes at
+DeepSeek scale; `kit.analysis.trace.columnar` returns the same result from
+the snapshot's columns and is what `replay_trace` uses where it can.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, should_split
+from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceReplay, WalkSegment, segment_differences
+from kit.load.snapshot import Snapshot
+
+
+def _final_layout(snap: Snapshot, device: int) -> Layout:
+    """The snapshot's segments on `device` and their active blocks."""
+    layout = Layout()
+    for s in snap.segments:
+        if s.device != device:
+            continue
+        seg = WalkSegment(s.address, s.total_size, s.segment_pool_id, s.stream, s.segment_type == "small")
+        for b in s.blocks:
+            if b.state != "inactive":
+                seg.activate(b.address, b.size)
+        layout.add(seg)
+    return layout
+
+
+def _pool_at(final: Layout, address: int, size: int) -> tuple[tuple[int, int], bool]:
+    """Pool and size class of the snapshot's segment at `address`; the default pool's if none is there."""
+    seg = final.find(address)
+    if seg is not None:
+        return seg.pool, seg.small
+    return DEFAULT_POOL, is_small_segment(size)
+
+
+def _initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
+    """Rewind the final snapshot backwards through the trace to its first entry."""
+    layout = _final_layout(snap, device)
+    final = _final_layout(snap, device)
+    for e in reversed(entries):
+        action = e.action
+        if action == "segment_alloc":
+            layout.remove(e.addr)
+        elif action == "segment_free":
+            # A segment freed within the trace belonged to the default pool (graph
+            # pools are not freed while their graphs live).
+            layout.add(WalkSegment(e.addr, e.size, DEFAULT_POOL, e.stream, is_small_segment(e.size)))
+        elif action == "segment_map":
+            layout.unmap(e.addr, e.size)
+        elif action == "segment_unmap":
+            layout.map(e.addr, e.size, e.stream, *_pool_at(final, e.addr, e.size))
+        elif action == "alloc":
+            seg = layout.find(e.addr)
+            if seg is not None:
+                seg.release(e.addr)
+        elif action == "free_completed":
+            seg = layout.find(e.addr)
+            if seg is not None and e.addr not in seg.sizes:
+                seg.activate(e.addr, round_size(e.size))  # its exact size is not in the trace
+    return layout, len(layout.by_start)
+
+
+def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
+    """Walk the snapshot's trace entry by entry from its rewound start; classify every alloc."""
+    entries = snap.require_trace(device)
+    layout, rewound = _initial_state(snap, entries, device)
+    final = _final_layout(snap, device)
+    # A segment's pool is in the snapshot only for the segment there now. Addresses come
+    # back after a segment_free, so an earlier segment at the same address, one freed
+    # within the trace, is taken as the default pool's (graph pools are not freed while
+    # their graphs live).
+    freed_later = set()
+    last_alloc: dict[int, int] = {}
+    for i, e in enumerate(entries):
+        if e.action == "segment_alloc":
+            last_alloc[e.addr] = i
+        elif e.action == "segment_free" and e.addr in last_alloc:
+            freed_later.add(last_alloc[e.addr])
+    rows = []
+    made = []
+    fresh: list[tuple[int, int]] = []  # ranges cudaMalloc'ed or mapped since the last alloc
+    for i, e in enumerate(entries):
+        action = e.action
+        if action == "segment_alloc" or action == "segment_map":
+            if action == "segment_alloc":
+                known = final.by_start.get(e.addr) if i not in freed_later else None
+                pool, small = (known.pool, known.small) if known else (DEFAULT_POOL, is_small_segment(e.size))
+                seg = WalkSegment(e.addr, e.size, pool, e.stream, small)
+                layout.add(seg)
+            else:
+                pool, small = _pool_at(final, e.addr, e.size)
+                seg = layout.map(e.addr, e.size, e.stream, pool, small)
+            fresh.append((e.addr, e.size))
+            made.append((i, e.addr, e.size, seg.pool, e.stream))
+            continue
+        if action == "segment_free":
+            layout.remove(e.addr)
+            continue
+        if action == "segment_unmap":
+            layout.unmap(e.addr, e.size)
+            continue
+        if action == "free_completed":
+            seg = layout.find(e.addr)
+            if seg is not None:
+                seg.release(e.addr)
+            continue
+        if action != "alloc":
+            continue
+        seg = layout.find(e.addr)
+        if seg is None:
+            fresh.clear()
+            continue
+        rounded = round_size(e.size)
+        gap = seg.gap_at(e.addr)
+        seg.activate(e.addr, rounded if should_split(gap - rounded, seg.small) else max(gap, rounded))
+        row = {
+            "index": i,
+            "time_us": e.time_us,
+            "addr": e.addr,
+            "size": e.size,
+            "stream": e.stream,
+            "pool": seg.pool,
+            "served": "reused",
+            "segment_bytes": 0,
+            "other_block": None,
+            "other_block_size": 0,
+            "other_stream": None,
+            "frames": e.frames,
+        }
+        new_bytes = sum(size for a, size in fresh if a < e.addr + rounded and e.addr < a + size) if fresh else 0
+        if new_bytes:
+            row["served"] = "new_segment"
+            row["segment_bytes"] = new_bytes
+            other = _free_elsewhere(layout, seg, rounded)
+            if other:
+                row["served"] = "stranded"
+                row["other_block"], row["other_block_size"], row["other_stream"] = other
+        fresh.clear()
+        rows.append(row)
+    allocs = pd.DataFrame(rows, columns=list(ALLOC_COLUMNS))
+    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
+    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
+
+
+def _free_elsewhere(layout: Layout, new: WalkSegment, rounded: int) -> tuple[int, int, int] | None:
+    """The largest free block of the same pool and size class on another stream, if it fits."""
+    best = None
+    for seg in layout.by_start.values():
+        if seg is new or seg.pool != new.pool or seg.small != new.small or seg.stream == new.stream:
+            continue
+        size, at = seg.largest_gap()
+        if size >= rounded and (best is None or size > best[1]):
+            best = (at, size, seg.stream)
+    return best
+
+
+def _compare_with_snapshot(snap: Snapshot, layout: Layout, device: int) -> list[str]:
+    want = {
+        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"})
+        for s in snap.segments
+        if s.device == device
+    }
+    return segment_differences(want, layout.by_start)
+
+
+def _compare_with_snapshot(snap: Snapshot, layout: Layout, device: int) -> list[str]:
+    want = {
+        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"})
+        for s in snap.segments
+        if s.device == device
+    }
+    return segment_differences(want, layout.by_start)

@@ -1,0 +1,217 @@
+"""`Snapshot` and `load_snapshot`: an allocator snapshot from a file, a dict or this process, checked.
+
+`load_snapshot` reads from three places: the live process (`"live"`, when
+CUDA is available), a file (a pickle through `kit.load.unpickle`, which runs
+no code, or JSON), or a dict already in memory. `Snapshot` checks every row
+in bulk and keeps the segments, blocks and traces as numpy columns
+(`kit.load.columns`), which the tables, the trace walks and the pictures
+read; the typed records of `kit.load.rows` (`segments`, `traces`, `trace`)
+are made on first use. The layers go one way: rows, then columns, then this.
+
+A snapshot may carry a top-level `kit` key written by the kit's own tools:
+names for streams, pools and graphs, capture windows, and the provenance of a
+recording; malformed names are ignored, malformed capture windows refused.
+`Snapshot.history` says whether the trace is usable: "all", "state" (history
+recorded with `enabled="state"` keeps a one-entry trace) or "none".
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError, as_text, describe
+from kit.load.columns import SegmentColumns, trace_columns_of
+from kit.load.rows import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_DEVICE,
+    Segment,
+    TraceEntry,
+    capture_window,
+    is_pool,
+    parse_segment,
+    parse_trace_entry,
+)
+from kit.load.unpickle import decode, load_file
+
+
+def live_snapshot() -> dict:
+    """This process's allocator state, with its trace if history is recorded."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError("live snapshot: CUDA is not available in this process")
+    return torch.cuda.memory._snapshot()
+
+
+def load_snapshot(source: str | os.PathLike | dict | Snapshot, *, label: str | None = None) -> Snapshot:
+    """Load a snapshot from a path (pickle or JSON), a dict, or "live".
+
+    Raises `KitError` with a one-line message for anything that is not a
+    snapshot: a missing or unreadable file, a corrupt or truncated pickle, a
+    pickle that names a global, or a dict of the wrong shape.
+    """
+    if isinstance(source, Snapshot):
+        return source
+    if not isinstance(source, str | os.PathLike):
+        return Snapshot(source, origin=label or f"in-memory {type(source).__name__}")
+    if isinstance(source, str) and source == "live":
+        return Snapshot(live_snapshot(), origin=label or "live", live=True)
+    path = Path(source)
+    return Snapshot(load_file(path), origin=label or str(path))
+
+
+def snapshot_from_bytes(data: bytes, origin: str = "snapshot bytes") -> Snapshot:
+    """A snapshot from the bytes of a pickle or JSON file, as `load_snapshot` reads one."""
+    return Snapshot(decode(data, origin), origin=origin)
+
+
+class Snapshot:
+    """A normalised allocator snapshot; `raw` is the dict it was read from."""
+
+    def __init__(self, raw: Any, *, origin: str = "in-memory dict", live: bool = False) -> None:
+        if not isinstance(raw, dict):
+            raise KitError(f"{origin}: not a snapshot (top level is {type(raw).__name__}, expected a dict)")
+        if "segments" not in raw:
+            raise KitError(f"{origin}: not a snapshot (no 'segments' key)")
+        if not isinstance(raw["segments"], list | tuple):
+            raise KitError(f"{origin}: not a snapshot ('segments' is {type(raw['segments']).__name__})")
+        traces = raw.get("device_traces", [])
+        if traces is not None and not (
+            isinstance(traces, list | tuple)
+            and len(traces) <= MAX_DEVICE
+            and all(isinstance(t, list | tuple) for t in traces)
+        ):
+            raise KitError(f"{origin}: 'device_traces' is not a list of lists")
+        kit_meta = raw.get("kit", {})
+        if kit_meta is not None and not isinstance(kit_meta, dict):
+            raise KitError(f"{origin}: 'kit' is {describe(kit_meta)}, expected a dict")
+        self.raw = raw
+        self.origin = origin
+        self.live = live
+        # Checked here, as arrays: a bad segment or trace entry fails the load; records are made on first use.
+        self.columns = SegmentColumns.from_raw(raw["segments"], origin)
+        self.trace_columns = trace_columns_of(traces or [], origin)
+
+    @cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments as typed records, with their blocks."""
+        if self.columns.records is not None:
+            return self.columns.records
+        return tuple(parse_segment(s, f"{self.origin}: segment {i}") for i, s in enumerate(self.raw["segments"]))
+
+    @property
+    def kit(self) -> dict:
+        """The kit's own metadata: stream, pool and graph names, provenance."""
+        return self.raw.get("kit") or {}
+
+    @property
+    def provenance(self) -> dict | None:
+        prov = self.kit.get("provenance")
+        return prov if isinstance(prov, dict) else None
+
+    @property
+    def data_source(self) -> str:
+        """Which of the three data sources this snapshot is: live GPU, simulator or recorded."""
+        if self.live:
+            return "live GPU"
+        if self.kit.get("source") == "simulator":
+            return "simulator"
+        return "recorded"
+
+    @property
+    def source_label(self) -> str:
+        """One line naming where these numbers came from, for every table and figure."""
+        prov = self.provenance
+        if self.live:
+            if prov and isinstance(prov.get("rank"), int) and not isinstance(prov.get("rank"), bool):
+                return f"live GPU (vLLM rank {as_text(prov['rank'])}'s allocator, {as_text(prov.get('gpu', '?'))})"
+            return "live GPU (this process's allocator)"
+        if self.data_source == "simulator":
+            return f"simulator ({self.origin})"
+        if prov:
+            return (
+                f"recorded on {as_text(prov.get('gpu', '?'))}, torch {as_text(prov.get('torch', '?'))}, "
+                f"{as_text(prov.get('date', '?'))} ({self.origin})"
+            )
+        return f"recorded snapshot ({self.origin})"
+
+    @cached_property
+    def traces(self) -> dict[int, tuple[TraceEntry, ...]]:
+        """Trace entries per device; empty when history was not recorded."""
+        out = {}
+        for device, entries in enumerate(self.raw.get("device_traces") or []):
+            out[device] = tuple(parse_trace_entry(e, device, self.origin, i) for i, e in enumerate(entries))
+        return out
+
+    @cached_property
+    def trace(self) -> tuple[TraceEntry, ...]:
+        """All devices' trace entries, device by device."""
+        return tuple(e for entries in self.traces.values() for e in entries)
+
+    @property
+    def history(self) -> str:
+        """What memory history recorded: "all" (a trace), "state" (one entry at most: `enabled="state"`) or "none"."""
+        lengths = [len(t) for t in self.raw.get("device_traces") or []]
+        if any(n > 1 for n in lengths):
+            return "all"
+        return "state" if any(lengths) else "none"
+
+    @property
+    def has_trace(self) -> bool:
+        """Whether there is a trace to analyse (history recorded with enabled="all")."""
+        return self.history == "all"
+
+    def require_trace(self, device: int = 0) -> tuple[TraceEntry, ...]:
+        """The device's trace, or a one-line `KitError` saying why there is none to analyse."""
+        if self.history == "none":
+            raise KitError(
+                f"{self.origin}: no trace recorded (memory history was off); this needs one: record with "
+                "torch.cuda.memory._record_memory_history() before the code you look at"
+            )
+        if self.history == "state":
+            raise KitError(
+                f"{self.origin}: memory history was recorded with enabled='state', which keeps no trace; "
+                "this needs one: record with enabled='all' (the default)"
+            )
+        entries = self.traces.get(device, ())
+        if len(entries) < 2:
+            raise KitError(f"{self.origin}: no trace recorded on device {device}")
+        return entries
+
+    @property
+    def stream_names(self) -> dict[int, str]:
+        """Names the snapshot itself gives its streams (its `kit` key); malformed entries are ignored."""
+        names = self.kit.get("streams")
+        if not isinstance(names, dict):
+            return {}
+        return {
+            sid: name
+            for name, sid in names.items()
+            if isinstance(name, str)
+            and isinstance(sid, int)
+            and not isinstance(sid, bool)
+            and INT64_MIN <= sid <= INT64_MAX
+        }
+
+    @property
+    def pool_names(self) -> dict[tuple[int, int], str]:
+        names = self.kit.get("pools")
+        if not isinstance(names, dict):
+            return {}
+        return {(pid[0], pid[1]): name for name, pid in names.items() if isinstance(name, str) and is_pool(pid)}
+
+    @cached_property
+    def captures(self) -> list[dict]:
+        """The capture windows of the kit's recorders (`kit.captures`), one per graph, checked."""
+        windows = self.kit.get("captures") or []
+        if not isinstance(windows, list | tuple):
+            raise KitError(f"{self.origin}: 'kit.captures' is {describe(windows)}, expected a list")
+        return [capture_window(c, f"{self.origin}: capture window {i}") for i, c in enumerate(windows)]
+
+    def __repr__(self) -> str:
+        events = sum(len(t) for t in self.raw.get("device_traces") or [])
+        return f"<Snapshot {self.origin}: {len(self.columns)} segments, {events} trace entries>"

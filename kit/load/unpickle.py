@@ -1,0 +1,156 @@
+"""Reading a snapshot file safely: pickles that run no code and cannot expand, JSON, and a paused collector.
+
+`torch.cuda.memory._dump_snapshot` writes a pickle, and loading a pickle can
+run code. A snapshot holds nothing but dicts, lists, tuples, str, int, float,
+bool and None, which pickle encodes without naming a single global, so the
+unpickler here refuses every global and every persistent id. It also refuses
+a pickle whose shared references would expand a small file into millions of
+records (torch never writes those). JSON files (the same dict; pool ids as
+lists) are read too. Every failure is a one-line `KitError` naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from kit.errors import KitError
+
+FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
+
+
+@contextlib.contextmanager
+def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of containers are made.
+
+    Every 700 new containers the collector runs, and its full passes walk
+    everything made so far: unpickling a large snapshot takes twice as long
+    with it running. Paused, the passes are only put off: the first ones after
+    it walk the new containers all the same, seconds each for a snapshot of
+    millions. With `freeze_above`, when more containers than that were made,
+    `gc.freeze()` moves everything then alive out of the collector's view for
+    good. A snapshot is plain data that holds no reference cycle, and frozen
+    objects are still freed when the last reference to them goes; what the
+    collector no longer sees are cycles among objects that already existed
+    (`gc.unfreeze()` hands them back).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        if freeze_above is not None and gc.get_count()[0] > freeze_above:
+            gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: any global (class, function) is refused.
+
+    Snapshots hold nothing but dicts, lists, tuples, str, int, float, bool and
+    None, which pickle encodes without naming a single global, so refusing
+    every global refuses every way a pickle can call code.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise KitError(f"refused to load global '{module}.{name}': a snapshot holds plain data only")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise KitError("refused a persistent id: a snapshot holds plain data only")
+
+    def load(self) -> Any:
+        # The collector's passes over millions of new containers double a large load's time.
+        with gc_paused(freeze_above=FREEZE_ABOVE):
+            return super().load()
+
+
+def safe_unpickle(data: bytes | IO[bytes], where: str = "pickle") -> Any:
+    """Unpickle `data` (bytes or a binary file) admitting only plain built-in types."""
+    try:
+        return _SnapshotUnpickler(data if hasattr(data, "read") else io.BytesIO(data)).load()
+    except KitError as e:
+        raise KitError(f"{where}: {e}") from None
+    except RecursionError:
+        raise KitError(f"{where}: pickle nests too deeply") from None
+    except MemoryError:
+        raise KitError(f"{where}: pickle too large to load into memory") from None
+    except Exception as e:  # noqa: BLE001 - every unpickling failure is the input's fault
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise KitError(f"{where}: not a readable pickle ({detail})") from None
+
+
+def read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise KitError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise KitError(f"{path}: is a folder, not a snapshot file") from None
+    except OSError as e:
+        raise KitError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def decode(data: bytes, where: str) -> dict:
+    if not data:
+        raise KitError(f"{where}: empty file")
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark before JSON
+        data = data[3:]
+    if data.lstrip()[:1] in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise KitError(f"{where}: not readable JSON ({detail})") from None
+    raw = safe_unpickle(data, where)
+    check_expansion(raw, len(data), where)
+    return raw
+
+
+def check_expansion(raw: Any, size: int, where: str) -> None:
+    """Refuse a pickle whose records outnumber its bytes: shared references, which torch never writes.
+
+    A pickle can reference one object many times (a list of the same block a
+    million times, in a segment listed a million times) and so expand a few
+    kilobytes into billions of records. Every real record takes well over two
+    bytes of the file.
+    """
+    if not isinstance(raw, dict):
+        return
+    records = 0
+    for key in ("segments", "device_traces"):
+        outer = raw.get(key)
+        if isinstance(outer, list | tuple):
+            records += len(outer)
+            for inner in outer:
+                if isinstance(inner, list | tuple):
+                    records += len(inner)
+                elif isinstance(inner, dict) and isinstance(inner.get("blocks"), list | tuple):
+                    records += len(inner["blocks"])
+    if records > size // 2:
+        raise KitError(
+            f"{where}: {records} records in a {size}-byte pickle: it repeats shared references "
+            "(torch never writes those), refused rather than expanded"
+        )
+
+
+def load_file(path: Path) -> Any:
+    """A snapshot file's contents; a pickle streams from the file, so its bytes are never all in memory."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
+                return decode(head + f.read(), str(path))  # JSON, or not a pickle at all
+            f.seek(0)
+            raw = safe_unpickle(f, str(path))
+            check_expansion(raw, os.fstat(f.fileno()).st_size, str(path))
+            return raw
+    except OSError:
+        return decode(read_file(path), str(path))  # read_file names what went wrong

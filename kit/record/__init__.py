@@ -1,0 +1,8 @@
+"""Recording on a GPU: every CUDA graph capture labelled, memory history managed, a snapshot per rank.
+
+- `recorder`: `CaptureRecorder`, which wraps `CUDAGraph.capture_begin` and
+  `capture_end`, labels each capture by the graph manager on the stack and
+  writes capture windows into the snapshot's `kit` key;
+- `history`: memory history switched on for a recording and left as found;
+- `vllm_ranks`: one recorded snapshot per worker of a running vLLM.
+"""

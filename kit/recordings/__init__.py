@@ -1,0 +1,49 @@
+"""The H200 recordings shipped with the kit, and the choice between running live and reading them.
+
+Each file here was recorded on an NVIDIA H200 with torch 2.11; `PROVENANCE.json`
+beside it names the GPU, the torch and CUDA versions, the date, the command
+that made it and its sha256. They let every notebook, command and test run
+on a machine without a GPU, and they are what the simulator was checked
+against:
+
+- `two_streams.pickle`, `shared_stream.pickle`: the two-capture experiment
+  (`kit.experiments.two_captures`), replay capture on a new stream and on the
+  model capture's stream;
+- `replica/{small,large}_{scenario}.pickle`: the replica's experiments
+  (`kit.experiments.scenarios`);
+- `corpus/`: 64 workloads (seeded random ones and the PR's story) run on the
+  real allocator, each beside its workload JSON: the simulator's fidelity
+  corpus.
+
+`make recordings` records them all again on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.errors import KitError
+
+RECORDINGS = Path(__file__).resolve().parent
+LIVE, RECORDED = "live GPU", "recorded"
+
+
+def recording(name: str) -> Path:
+    """The path of a shipped recording, e.g. `recording("replica/small_patched.pickle")`."""
+    path = RECORDINGS / name
+    if not path.is_file():
+        raise KitError(f"no shipped recording {name!r} (they are in {RECORDINGS})")
+    return path
+
+
+def default_source() -> str:
+    """`live GPU` where this process has CUDA, else `recorded` (the shipped H200 recordings)."""
+    import torch
+
+    return LIVE if torch.cuda.is_available() else RECORDED
+
+
+def check_source(source: str) -> str:
+    if source not in (LIVE, RECORDED):
+        raise KitError(f"unknown data source {source!r}: use {LIVE!r} or {RECORDED!r}")
+    return source
