@@ -8,7 +8,7 @@ LAB_FLAGS ?=
 # Jupyter refuses to run as root unless told to; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv lab test walkthrough fixtures lint browser-deps screenshots
+.PHONY: venv lab test walkthrough recordings lint browser-deps screenshots
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -56,8 +56,9 @@ lint: venv
 walkthrough: venv
 	$(PY) scripts/walkthrough.py --out build
 
-# Re-record the real-GPU fixtures, the simulator's fidelity corpus and the replica's experiments (needs CUDA).
-fixtures:
-	$(PYTHON) scripts/record_fixtures.py --out tests/fixtures
-	$(PYTHON) scripts/record_corpus.py --out tests/fixtures/corpus
-	$(PYTHON) scripts/record_replica.py --out tests/fixtures/replica
+# Re-record the shipped H200 recordings (kit/recordings): the two-capture experiment, the simulator's
+# fidelity corpus and the replica's experiments (needs CUDA).
+recordings:
+	$(PYTHON) scripts/record_fixtures.py --out kit/recordings
+	$(PYTHON) scripts/record_corpus.py --out kit/recordings/corpus
+	$(PYTHON) scripts/record_replica.py --out kit/recordings/replica

@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_FILES = [ROOT / "build/scale/scale.pickle", ROOT / "tests/fixtures/replica/large_unpatched.pickle"]
+DEFAULT_FILES = [ROOT / "build/scale/scale.pickle", ROOT / "kit/recordings/replica/large_unpatched.pickle"]
 PAIRS = [  # (kit figure, what it is set against)
     ("load", "pickle.load"),
     ("segment table", "segsum"),

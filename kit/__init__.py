@@ -10,13 +10,21 @@ The public API, by idea:
 - workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
 - capture recorder: `CaptureRecorder`, `capture_table`
 - ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`
-- safety: `liveness_table`, `liveness_verdicts`, `break_allocations` (what is live across the
-  eager break, from a recorded trace), `check_equivalence`, `Equivalence` (graphs against eager)
+- safety: `liveness_table` (a `Liveness`), `liveness_verdicts`, `break_allocations` (what is live
+  across the eager break, from a recorded trace), `check_equivalence`, `Equivalence` (graphs
+  against eager)
 - errors: `KitError`
 
-Subpackages, imported on use (they need torch): `kit.replica`, the vLLM-shaped
-runner that reproduces the PR's story on any CUDA GPU; `kit.patch.replica`,
-PR 63155 applied to it in-process (`apply`, `revert`, `patched`).
+Where things live (`docs/architecture.md` draws the data flow):
+- `kit.load`: reading snapshots safely into checked numpy columns;
+- `kit.allocator`: the caching allocator's rules, its simulator, workloads;
+- `kit.analysis`: tables, the trace walk, what-if, attribution, liveness, ranks;
+- `kit.record`: the capture recorder and memory history, on a GPU;
+- `kit.patch`: PR 63155 applied in-process to the replica and to vLLM;
+- `kit.replica`: a small vLLM-shaped runner (needs torch, imported on use);
+- `kit.experiments`: the two-capture experiment and the replica's scenarios;
+- `kit.show`: figures, the HTML report and the notebooks' views (plotly);
+- `kit.recordings`: the H200 recordings shipped with the kit.
 
 Plotly is imported only when a picture is asked for, so the kit's tables load
 on a machine (such as the GPU machine) that has pandas but no plotly.

@@ -31,7 +31,7 @@
 #
 # Every table and figure names its source:
 # - **live GPU**: this process's own allocator, when CUDA is available;
-# - **recorded**: snapshots recorded on an H200 and shipped in `tests/fixtures`
+# - **recorded**: snapshots recorded on an H200 and shipped with the kit in `kit/recordings`
 #   (GPU, torch version, date and command are in each file's provenance).
 #
 # To force the recordings on a GPU machine, set `SOURCE = "recorded"` below.
@@ -43,7 +43,8 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
-from kit.experiments.two_captures import default_source, two_captures
+from kit.experiments.two_captures import two_captures
+from kit.recordings import default_source
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()

@@ -28,22 +28,17 @@
 # makes the second stream.
 
 # %%
-import html
 import inspect
-import tempfile
-from pathlib import Path
 
-import ipywidgets as widgets
-import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
-from tqdm.auto import tqdm
 
 import kit
-from kit.experiments.two_captures import default_source, two_captures
-from kit.recordings import RECORDINGS as FIXTURES
+from kit.experiments.scenarios import replica_runs
+from kit.experiments.two_captures import two_captures
+from kit.recordings import default_source
 from kit.replica import cudagraph_utils, parallel_state
-from kit.show.stepthrough import StepThrough, mark_traces, pool_view
+from kit.show.stepthrough import GROUP_COLUMNS, StepThrough, StepView
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
@@ -54,11 +49,12 @@ print(f"data source: {SOURCE}")
 #
 # The experiment of 01: a model-like graph captured into a `graph_pool_handle()` pool, then
 # a smaller replay graph into the same pool on a **new** stream, recorded with the
-# allocator's memory history. The step-through below is the kit's simulator
-# (`kit/simulator.py`) replaying that recorded trace op by op, with the recording's own
-# segment addresses, so every decision can be shown with its reasons. The simulator matches
-# PyTorch's allocator block for block on all 64 workloads of the kit's H200 corpus (README);
-# on this trace the check is that its final state equals the recorded snapshot.
+# allocator's memory history. The step-through below (`kit.show.stepthrough`) is the kit's
+# simulator (`kit/allocator/simulator.py`) replaying that recorded trace op by op, with the
+# recording's own segment addresses, so every decision can be shown with its reasons. The
+# simulator matches PyTorch's allocator block for block on all 64 workloads of the kit's
+# H200 corpus (`kit/recordings/corpus`); on this trace the check is that its final state
+# equals the recorded snapshot.
 
 # %%
 snap = two_captures(shared_stream=False, source=SOURCE)
@@ -83,33 +79,8 @@ for line in mismatches:
 # model capture fill the pool and reuse its own freed blocks.
 
 # %%
-COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free", "largest_free"]
 first_replay = steps.first_step_on("replay graphs stream")
-step = widgets.IntSlider(
-    min=1, max=len(steps.steps), value=first_replay.number + 1, description="request", continuous_update=False
-)
-step.add_class("kit-main-control")
-request, free_blocks, groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
-segment_map = go.FigureWidget()
-
-
-def show_step(change=None):
-    current = steps.steps[step.value - 1]
-    after = steps.after(current)
-    request.value = f"<p>{html.escape(steps.describe(current))}</p>"
-    blocks = steps.free_blocks(current)
-    free_blocks.value = "<b>Free blocks of its pool, before the request</b>" + (
-        kit.style_table(blocks).to_html() if len(blocks) else "<p>none: the pool has no free block</p>"
-    )
-    groups.value = (
-        "<b>Segment-by-stream table, after it</b>" + kit.style_table(kit.segment_table(after)[COLUMNS]).to_html()
-    )
-    kit.show_in(segment_map, kit.segment_map_figure(pool_view(after, steps.pool)), mark_traces(steps.marks(current)))
-
-
-step.observe(show_step, names="value")
-show_step()
-display(widgets.VBox([step, request, free_blocks, groups, segment_map]))
+display(StepView(steps, start=first_replay).widget)
 
 # %% [markdown]
 # At the replay capture's first request, its pool holds free blocks large enough, all on the
@@ -139,18 +110,11 @@ print(
 # `CudaGraphManager.capture()` and then the decoder replay graphs'
 # `DecoderReplayCudaGraphManager`, both capturing into the one global graph pool. The
 # capture recorder labels every capture with its manager, size and stream. (Live, the
-# replica runs in a fresh process, so that its allocator starts empty.)
+# replica runs in a fresh process, so that its allocator starts empty:
+# `kit.experiments.scenarios.replica_runs`.)
 
 # %%
-if SOURCE == "live GPU":
-    from kit.experiments.scenarios import run_all
-
-    out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
-    for name in tqdm(["unpatched"], desc="replica capture in a fresh process"):
-        run_all("small", out, names=(name,))
-    replica = kit.load_snapshot(out / "small_unpatched.pickle", label="replica, unpatched, just now on this GPU")
-else:
-    replica = kit.load_snapshot(FIXTURES / "replica" / "small_unpatched.pickle")
+replica = replica_runs("small", ("unpatched",), source=SOURCE)["unpatched"]
 print(f"data source: {SOURCE}: {replica.source_label}")
 captures = kit.capture_table(replica)
 shown = ["manager", "size", "stream_label", "pool", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]
@@ -163,7 +127,7 @@ kit.style_table(captures[shown]).format({"new_segment_bytes": kit.format_bytes})
 
 # %%
 table = kit.segment_table(replica)
-kit.style_table(table[table["pool_label"] == "global graph pool"][COLUMNS])
+kit.style_table(table[table["pool_label"] == "global graph pool"][GROUP_COLUMNS])
 
 # %% [markdown]
 # Two groups of the same pool, the replay graphs' one reserved and entirely free once its

@@ -23,23 +23,18 @@
 # the unpatched recording alone?
 
 # %%
-import tempfile
-from pathlib import Path
-
-import ipywidgets as widgets
 import pandas as pd
-import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
-from tqdm.auto import tqdm
 
 import kit
 import kit.patch.replica
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
-from kit.experiments.two_captures import default_source
+from kit.experiments.scenarios import replica_runs
 from kit.patch.install import patch_diffs
-from kit.recordings import RECORDINGS as FIXTURES
+from kit.recordings import default_source
 from kit.replica import parallel_state
+from kit.show.before_after import SCENARIO_OF, BeforeAfterView
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
@@ -72,23 +67,16 @@ for where, diff in diffs.items():
 # The replica is captured twice, each time in a fresh process so that its allocator starts
 # empty: as vLLM 0.33 has it (`unpatched`) and under the PR (`kit.patch.replica.patched("pr")`,
 # scenario `patched`), at two sizes: `small` (hidden 1024, sizes 128 to 512) and `large`
-# (hidden 7168, sizes 512 to 8192, bf16).
+# (hidden 7168, sizes 512 to 8192, bf16). `kit.experiments.scenarios.replica_runs` runs them
+# live on a GPU, or loads their H200 recordings.
 
 # %%
 PRESETS = ("small", "large")
-SCENARIO = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
-runs = {}
-if SOURCE == "live GPU":
-    from kit.experiments.scenarios import run_all
-
-    out = Path(tempfile.mkdtemp(prefix="kit-replica-"))
-    for preset, name in tqdm([(p, n) for p in PRESETS for n in SCENARIO.values()], desc="replica scenarios"):
-        run_all(preset, out, names=(name,))
-        runs[preset, name] = kit.load_snapshot(out / f"{preset}_{name}.pickle", label=f"{preset} {name}, just now")
-else:
-    for preset in PRESETS:
-        for name in SCENARIO.values():
-            runs[preset, name] = kit.load_snapshot(FIXTURES / "replica" / f"{preset}_{name}.pickle")
+runs = {
+    (preset, name): snap
+    for preset in PRESETS
+    for name, snap in replica_runs(preset, tuple(SCENARIO_OF.values()), source=SOURCE).items()
+}
 for (preset, name), snap in runs.items():
     print(f"data source: {SOURCE}: {preset} {name}: {snap.source_label}")
 
@@ -98,37 +86,10 @@ for (preset, name), snap in runs.items():
 # Left, vLLM 0.33; right, the run under the policy you pick (`pr` is PR 63155; `unpatched`
 # puts the same run on both sides). Below them, the change per group, matched by stream
 # name since the runs are separate processes (`kit.diff_tables(..., by="label")`), and the
-# bytes the graph pool saves; the bars show the right-hand run.
+# bytes the graph pool saves; the bars show the right-hand run (`kit.show.before_after`).
 
 # %%
-COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free"]
-CHANGE = ["pool_label", "stream_label", "status", "reserved_before", "reserved_after", "reserved", "free"]
-preset = widgets.ToggleButtons(options=PRESETS, description="preset")
-policy = widgets.ToggleButtons(options=list(SCENARIO), value="pr", description="policy")
-policy.add_class("kit-main-control")
-before_html, after_html, change_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
-bars = go.FigureWidget()
-
-
-def show_runs(change=None):
-    before, after = runs[preset.value, "unpatched"], runs[preset.value, SCENARIO[policy.value]]
-    old, new = kit.segment_table(before), kit.segment_table(after)
-    before_html.value = "<b>vLLM 0.33 (unpatched)</b>" + kit.style_table(old[COLUMNS]).to_html()
-    after_html.value = f"<b>policy {policy.value}</b>" + kit.style_table(new[COLUMNS]).to_html()
-    diff = kit.diff_tables(old, new, by="label")
-    pool = diff[diff["pool_label"] == "global graph pool"]
-    change_html.value = (
-        f"<p><b>graph pool: {kit.format_bytes(pool['reserved_before'].sum())} before, "
-        f"{kit.format_bytes(pool['reserved_after'].sum())} after: {kit.format_bytes(-pool['reserved'].sum())} saved "
-        f"({-pool['reserved'].sum():,} bytes)</b></p>" + kit.style_table(diff[CHANGE]).to_html()
-    )
-    kit.show_in(bars, kit.group_bar_figure(after))
-
-
-preset.observe(show_runs, names="value")
-policy.observe(show_runs, names="value")
-show_runs()
-display(widgets.VBox([preset, policy, widgets.HBox([before_html, after_html]), change_html, bars]))
+display(BeforeAfterView(runs, PRESETS).widget)
 
 # %% [markdown]
 # Under the PR the graph pool has one group: the replay graphs' captures fit into the model
@@ -181,8 +142,7 @@ for name, notes in corrections.items():
 # %%
 print(f"data source: {SOURCE}")
 for (name, scenario), snap in runs.items():
-    check = kit.Equivalence(pd.DataFrame(snap.kit["equivalence"]))
-    print(f"{name} {scenario}: {check.summary()}")
+    print(f"{name} {scenario}: {kit.Equivalence.recorded_in(snap).summary()}")
 
 # %% [markdown]
 # **What it shows.** On the model graphs' stream the replay graphs reuse the model graphs'

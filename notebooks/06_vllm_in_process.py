@@ -36,7 +36,7 @@ import torch
 from IPython.display import Code, display
 
 import kit
-from kit.recordings import RECORDINGS as FIXTURES
+from kit.recordings import recording
 
 logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # e.g. "no vllm._C" on a machine without CUDA
@@ -145,7 +145,7 @@ if not missing:
 else:
     print(f"The capture part needs {', '.join(missing)}, which this machine lacks.")
     name = "small_unpatched" if policy.value in ("installed", "separate") else "small_patched"
-    snapshot = kit.load_snapshot(FIXTURES / "replica" / f"{name}.pickle")
+    snapshot = kit.load_snapshot(recording(f"replica/{name}.pickle"))
     print(f"Showing the replica's recording of the same captures, {name}.pickle, instead.")
 print(f"data source: {snapshot.data_source} ({snapshot.source_label})")
 

@@ -4,7 +4,7 @@
     python scripts/fuzz.py --minutes 2 --engine mutate  # the mutation fuzzer of tests/fuzz_targets.py
 
 It first replays every stored reproducer of a crash found and fixed earlier
-(tests/fixtures/fuzz/*.bin), then fuzzes each target for its share of the
+(tests/fixtures/fuzz/*.bin.gz), then fuzzes each target for its share of the
 time, each in a process of its own with a memory limit: `snapshot` (the bytes
 of a snapshot file: loading, normalising, table, trace replay, reuse,
 stranding, captures, what-if) and `workload` (a workload file: parsing,

@@ -2,7 +2,7 @@
 
 Run on a machine with a CUDA GPU (one command re-records everything):
 
-    python scripts/record_corpus.py --out tests/fixtures/corpus
+    python scripts/record_corpus.py --out kit/recordings/corpus
 
 It writes each workload (seeded random ones from `kit.allocator.workload.generate_workload`
 and the PR's two scenarios) as `NAME.json`, runs it with
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from kit.allocator.workload import generate_workload, pr_scenario  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 
-COMMAND = "python scripts/record_corpus.py --out tests/fixtures/corpus"
+COMMAND = "python scripts/record_corpus.py --out kit/recordings/corpus"
 
 
 def workloads(n_random: int) -> dict[str, dict]:
@@ -51,7 +51,7 @@ def record(name: str, out: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "corpus")
+    parser.add_argument("--out", type=Path, default=ROOT / "kit" / "recordings" / "corpus")
     parser.add_argument("--random", type=int, default=62, help="how many random workloads")
     parser.add_argument("--jobs", type=int, default=8, help="processes at once (each one fresh)")
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 
 Run on a machine with a CUDA GPU (one command re-records everything):
 
-    python scripts/record_fixtures.py --out tests/fixtures      # or: make fixtures
+    python scripts/record_fixtures.py --out kit/recordings      # or: make recordings
 
 Each scenario runs `kit.experiments.two_captures.run_two_captures` in a fresh process, so its
 allocator starts empty, with memory history recorded from the first allocation:
@@ -36,7 +36,7 @@ SCENARIOS = {
     "two_streams": "replay capture on a new stream (vLLM 0.33)",
     "shared_stream": "replay capture on the model capture's stream (PR 63155)",
 }
-COMMAND = "python scripts/record_fixtures.py --out tests/fixtures"
+COMMAND = "python scripts/record_fixtures.py --out kit/recordings"
 
 
 def record(scenario: str, path: Path, sizes: dict) -> dict:
@@ -62,7 +62,7 @@ def record(scenario: str, path: Path, sizes: dict) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("tests/fixtures"))
+    parser.add_argument("--out", type=Path, default=Path("kit/recordings"))
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="record one scenario in this process")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=1024)

@@ -1,6 +1,6 @@
 """Record the replica's experiments on a CUDA GPU as fixtures the CPU tests replay.
 
-    python scripts/record_replica.py --out tests/fixtures/replica
+    python scripts/record_replica.py --out kit/recordings/replica
 
 Runs every scenario of `kit.experiments.scenarios` at the small preset and the
 unpatched and patched ones at the large preset, each in a fresh process.
@@ -26,7 +26,7 @@ from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
 
 RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
-COMMAND = "python scripts/record_replica.py --out tests/fixtures/replica"
+COMMAND = "python scripts/record_replica.py --out kit/recordings/replica"
 KEEP_FRAMES = 6
 
 
@@ -42,7 +42,7 @@ def trim_frames(raw: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("tests/fixtures/replica"))
+    parser.add_argument("--out", type=Path, default=Path("kit/recordings/replica"))
     parser.add_argument("--preset", choices=sorted(RUNS), action="append", help="only these presets")
     args = parser.parse_args()
     manifest = {}

@@ -56,6 +56,8 @@ class Op(NamedTuple):
 
 
 class _Where(NamedTuple):
+    """An op's place in its file, for error messages: "FILE: op INDEX (KIND)"."""
+
     file: str
     index: int
     kind: str
@@ -68,6 +70,7 @@ class _Where(NamedTuple):
 
 
 def _name(op: dict, key: str, where: object, *, optional: bool = False) -> str | None:
+    """The op's non-empty string `key`; None for a missing or null optional one."""
     value = op.get(key)
     if value is None and optional:
         return None
@@ -78,6 +81,19 @@ def _name(op: dict, key: str, where: object, *, optional: bool = False) -> str |
 
 def parse_workload(data: Any, where: str = "workload") -> list[Op]:
     """Validate a workload (a parsed JSON object) into a list of `Op`."""
+    checker = _Checker()
+    check = {kind: getattr(checker, kind) for kind in KEYS}  # op -> its checker's method
+    ops: list[Op] = []
+    for i, op in enumerate(_raw_ops(data, where)):
+        at = _checked_fields(op, i, where)
+        ops.append(check[op["op"]](op, at))
+    if checker.capture:
+        raise KitError(f"{where}: capture of '{checker.capture.graph}' has no capture_end")
+    return ops
+
+
+def _raw_ops(data: Any, where: str) -> list:
+    """The ops of a version-1 workload object, not yet checked."""
     if not isinstance(data, dict):
         raise KitError(f"{where}: expected a JSON object with 'version' and 'ops'")
     if data.get("version") != 1:
@@ -85,79 +101,103 @@ def parse_workload(data: Any, where: str = "workload") -> list[Op]:
     raw_ops = data.get("ops")
     if not isinstance(raw_ops, list):
         raise KitError(f"{where}: 'ops' must be a list")
-    ops: list[Op] = []
-    live: dict[str, str] = {}  # id -> stream it was allocated on
-    freed: set[str] = set()
-    graphs: set[str] = set()
-    capture: Op | None = None
-    for i, op in enumerate(raw_ops):
-        if not isinstance(op, dict):
-            raise KitError(f"{where}: op {i}: expected an object, not {describe(op)}")
-        kind = op.get("op")
-        if not isinstance(kind, str) or kind not in KEYS:
-            raise KitError(f"{where}: op {i}: unknown op {describe(kind)} (expected one of {', '.join(KEYS)})")
-        at = _Where(where, i, kind)  # formatted only for an error
-        required, allowed = KEYS[kind]
-        if not required.issubset(op):
-            raise KitError(f"{at}: missing {', '.join(sorted(required - op.keys()))}")
-        if not op.keys() <= allowed:
-            unknown = ", ".join(sorted(k if isinstance(k, str) else describe(k) for k in op.keys() - allowed))
-            raise KitError(f"{at}: unknown field {unknown}")
-        if kind == "alloc":
-            tid = _name(op, "id", at)
-            size = op["bytes"]
-            if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
-                raise KitError(f"{at}: 'bytes' must be an integer from 1 to {MAX_BYTES}, not {describe(size)}")
-            stream = _name(op, "stream", at, optional=True) or (capture.stream if capture else DEFAULT)
-            if capture and stream != capture.stream:
-                raise KitError(
-                    f"{at}: allocates on stream '{stream}' during capture of '{capture.graph}' "
-                    f"on stream '{capture.stream}'"
-                )
-            if tid in live:
-                raise KitError(f"{at}: id '{tid}' is already allocated")
-            live[tid] = stream
-            freed.discard(tid)
-            ops.append(Op("alloc", id=tid, bytes=size, stream=stream))
-        elif kind == "free":
-            tid = _name(op, "id", at)
-            if tid in freed:
-                raise KitError(f"{at}: double free of id '{tid}'")
-            if tid not in live:
-                raise KitError(f"{at}: unknown id '{tid}'")
-            if capture and live[tid] != capture.stream:
-                raise KitError(
-                    f"{at}: frees '{tid}' of stream '{live[tid]}' during capture of "
-                    f"'{capture.graph}' on stream '{capture.stream}'"
-                )
-            freed.add(tid)
-            ops.append(Op("free", id=tid, stream=live.pop(tid)))
-        elif kind == "capture_begin":
-            graph = _name(op, "graph", at)
-            stream = _name(op, "stream", at)
-            pool = _name(op, "pool", at, optional=True)
-            if capture:
-                raise KitError(f"{at}: capture of '{capture.graph}' is still underway")
-            if graph in graphs:
-                raise KitError(f"{at}: graph '{graph}' was already captured")
-            if stream == DEFAULT:
-                raise KitError(f"{at}: cannot capture on the default stream")
-            graphs.add(graph)
-            capture = Op("capture_begin", graph=graph, pool=pool, stream=stream)
-            ops.append(capture)
-        elif kind == "capture_end":
-            graph = _name(op, "graph", at)
-            if capture is None or capture.graph != graph:
-                raise KitError(f"{at}: no capture of '{graph}' is underway")
-            ops.append(Op("capture_end", graph=graph, stream=capture.stream))
-            capture = None
-        else:
-            if capture:
-                raise KitError(f"{at}: empty_cache during capture of '{capture.graph}'")
-            ops.append(Op("empty_cache"))
-    if capture:
-        raise KitError(f"{where}: capture of '{capture.graph}' has no capture_end")
-    return ops
+    return raw_ops
+
+
+def _checked_fields(op: Any, i: int, where: str) -> _Where:
+    """Where op `i` is, once it is an object of a known kind with the fields that kind takes."""
+    if not isinstance(op, dict):
+        raise KitError(f"{where}: op {i}: expected an object, not {describe(op)}")
+    kind = op.get("op")
+    if not isinstance(kind, str) or kind not in KEYS:
+        raise KitError(f"{where}: op {i}: unknown op {describe(kind)} (expected one of {', '.join(KEYS)})")
+    at = _Where(where, i, kind)  # formatted only for an error
+    required, allowed = KEYS[kind]
+    if not required.issubset(op):
+        raise KitError(f"{at}: missing {', '.join(sorted(required - op.keys()))}")
+    if not op.keys() <= allowed:
+        unknown = ", ".join(sorted(k if isinstance(k, str) else describe(k) for k in op.keys() - allowed))
+        raise KitError(f"{at}: unknown field {unknown}")
+    return at
+
+
+class _Checker:
+    """What decides whether an op may come next: the live and freed ids, the graphs, the capture underway.
+
+    One method per op kind: it checks the op against the workload so far,
+    records it, and returns it as an `Op`.
+    """
+
+    __slots__ = ("live", "freed", "graphs", "capture")
+
+    def __init__(self) -> None:
+        self.live: dict[str, str] = {}  # id -> stream it was allocated on
+        self.freed: set[str] = set()
+        self.graphs: set[str] = set()
+        self.capture: Op | None = None
+
+    def alloc(self, op: dict, at: _Where) -> Op:
+        """A new id, on its stream (the capture's during a capture)."""
+        capture = self.capture
+        tid = _name(op, "id", at)
+        size = op["bytes"]
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BYTES:
+            raise KitError(f"{at}: 'bytes' must be an integer from 1 to {MAX_BYTES}, not {describe(size)}")
+        stream = _name(op, "stream", at, optional=True) or (capture.stream if capture else DEFAULT)
+        if capture and stream != capture.stream:
+            raise KitError(
+                f"{at}: allocates on stream '{stream}' during capture of '{capture.graph}' on stream '{capture.stream}'"
+            )
+        if tid in self.live:
+            raise KitError(f"{at}: id '{tid}' is already allocated")
+        self.live[tid] = stream
+        self.freed.discard(tid)
+        return Op("alloc", id=tid, bytes=size, stream=stream)
+
+    def free(self, op: dict, at: _Where) -> Op:
+        """A live id, freed on the stream it was allocated on."""
+        capture, live = self.capture, self.live
+        tid = _name(op, "id", at)
+        if tid in self.freed:
+            raise KitError(f"{at}: double free of id '{tid}'")
+        if tid not in live:
+            raise KitError(f"{at}: unknown id '{tid}'")
+        if capture and live[tid] != capture.stream:
+            raise KitError(
+                f"{at}: frees '{tid}' of stream '{live[tid]}' during capture of "
+                f"'{capture.graph}' on stream '{capture.stream}'"
+            )
+        self.freed.add(tid)
+        return Op("free", id=tid, stream=live.pop(tid))
+
+    def capture_begin(self, op: dict, at: _Where) -> Op:
+        """A new graph, captured on a stream of its own, while no other capture is underway."""
+        graph = _name(op, "graph", at)
+        stream = _name(op, "stream", at)
+        pool = _name(op, "pool", at, optional=True)
+        if self.capture:
+            raise KitError(f"{at}: capture of '{self.capture.graph}' is still underway")
+        if graph in self.graphs:
+            raise KitError(f"{at}: graph '{graph}' was already captured")
+        if stream == DEFAULT:
+            raise KitError(f"{at}: cannot capture on the default stream")
+        self.graphs.add(graph)
+        self.capture = Op("capture_begin", graph=graph, pool=pool, stream=stream)
+        return self.capture
+
+    def capture_end(self, op: dict, at: _Where) -> Op:
+        """The end of the capture underway."""
+        graph = _name(op, "graph", at)
+        if self.capture is None or self.capture.graph != graph:
+            raise KitError(f"{at}: no capture of '{graph}' is underway")
+        stream, self.capture = self.capture.stream, None
+        return Op("capture_end", graph=graph, stream=stream)
+
+    def empty_cache(self, op: dict, at: _Where) -> Op:
+        """`torch.cuda.empty_cache()`, outside a capture."""
+        if self.capture:
+            raise KitError(f"{at}: empty_cache during capture of '{self.capture.graph}'")
+        return Op("empty_cache")
 
 
 def load_workload(path: str | os.PathLike) -> list[Op]:
@@ -180,23 +220,6 @@ def workload_from_bytes(data: bytes, where: str = "workload") -> list[Op]:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise KitError(f"{where}: not readable JSON ({detail})") from None
     return parse_workload(parsed, where)
-
-
-def dump_ops(ops: list[Op]) -> dict:
-    """The version-1 JSON object of `ops` (streams always explicit)."""
-    out = []
-    for op in ops:
-        if op.op == "alloc":
-            out.append({"op": "alloc", "id": op.id, "bytes": op.bytes, "stream": op.stream})
-        elif op.op == "free":
-            out.append({"op": "free", "id": op.id})
-        elif op.op == "capture_begin":
-            out.append({"op": "capture_begin", "graph": op.graph, "pool": op.pool, "stream": op.stream})
-        elif op.op == "capture_end":
-            out.append({"op": "capture_end", "graph": op.graph})
-        else:
-            out.append({"op": "empty_cache"})
-    return {"version": 1, "ops": out}
 
 
 # Sizes on and around every boundary of the allocator (`kit.allocator.rules`).

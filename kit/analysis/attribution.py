@@ -73,7 +73,7 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     """Segments and bytes each capture added, per (pool, stream) group.
 
     `windows` are dicts with `graph`, `trace_begin` and `trace_end` (trace
-    indices); by default the snapshot's own `kit.captures`.
+    indices); by default the snapshot's own (`Snapshot.captures`).
     """
     snap = load_snapshot(snapshot)
     windows = windows if windows is not None else snap.captures

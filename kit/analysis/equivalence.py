@@ -10,6 +10,7 @@ bit-exact equality or the largest difference per output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -19,6 +20,11 @@ COLUMNS = ["size", "output", "bit_exact", "max_abs_diff", "mismatched_elements"]
 @dataclass
 class Equivalence:
     rows: pd.DataFrame  # one row per (capture size, output)
+
+    @classmethod
+    def recorded_in(cls, snapshot: Any) -> Equivalence:
+        """The check a replica scenario made right after its capture and kept in its snapshot (`kit["equivalence"]`)."""
+        return cls(pd.DataFrame(snapshot.kit["equivalence"], columns=COLUMNS))
 
     @property
     def bit_exact(self) -> bool:

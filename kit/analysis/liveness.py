@@ -92,7 +92,7 @@ def _captures(snap: Snapshot) -> dict[str, list[dict]]:
     captures = captures_by_name(snap)
     if not captures:
         raise KitError(
-            f"{snap.origin}: no capture windows (the snapshot has no kit.captures): "
+            f"{snap.origin}: no capture windows (the snapshot's kit key lists no captures): "
             "record the captures with kit.CaptureRecorder"
         )
     return captures
@@ -123,7 +123,7 @@ def liveness_table(
 ) -> Liveness:
     """The graph-pool blocks each model capture holds across each eager break, and who writes over them.
 
-    From the snapshot's capture windows (`kit.captures`, written by
+    From the snapshot's capture windows (`Snapshot.captures`, written by
     `CaptureRecorder`): a capture's consecutive graphs are its segments, the
     gaps between them its eager breaks. A block of the capture's pool is held
     across a break when it was allocated in the capture before the break and

@@ -14,8 +14,8 @@ ranks lack.
 it has one, else from the file name), and `kit.record.vllm_ranks.snapshot_all_ranks`
 returns the same from a live `LLM`.
 
-    snapshots = kit.ranks.load_ranks("capture_dp4/")
-    table = kit.ranks.rank_table(snapshots)
+    snapshots = kit.load_ranks("capture_dp4/")
+    table = kit.rank_table(snapshots)
     kit.rank_verdicts(table)
 """
 

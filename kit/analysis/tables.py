@@ -80,25 +80,6 @@ def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int,
     return labels
 
 
-def segment_frame(snapshot: Snapshot) -> pd.DataFrame:
-    """One row per segment, with its free bytes and largest free block."""
-    c = snapshot.columns
-    return pd.DataFrame(
-        {
-            "device": c.device,
-            "pool": c.pools(),
-            "stream": c.stream,
-            "address": c.address,
-            "reserved": c.total_size,
-            "allocated": c.allocated_size,
-            "active": c.active_size,
-            "free": c.free,
-            "largest_free": c.largest_free,
-            "segment_type": np.where(c.small, "small", "large").astype(object),
-        }
-    )
-
-
 def segment_table(
     snapshot: Snapshot | str | dict,
     *,

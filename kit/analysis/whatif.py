@@ -2,7 +2,7 @@
 
 `what_if(snapshot, {"replay graphs stream": "model graphs stream"})` turns the
 snapshot's trace back into a workload (allocations, frees, the captures in the
-snapshot's `kit.captures` windows, and an `empty_cache` for each run of
+snapshot's capture windows (`Snapshot.captures`), and an `empty_cache` for each run of
 `segment_free`), moves the mapped streams' operations onto their targets, and
 runs both the original and the mapped workload on the simulator. The result is
 the predicted segment table, the bytes saved per pool, and named corrections

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from itertools import chain
 from operator import itemgetter, methodcaller
+from typing import NamedTuple
 
 import numpy as np
 
@@ -135,27 +136,58 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     """Columns for well-formed torch segments, or None for anything unusual (the row parser decides)."""
     if segments and set(map(type, segments)) != {dict}:
         return None
-    n = len(segments)
     address, total = _column(segments, "address", None, maximum=None), _column(segments, "total_size", None)
     if address is None or total is None:
         return None
-    blocks_of = list(map(methodcaller("get", "blocks", _MISSING), segments))
-    if set(map(type, blocks_of)) - {list}:
-        return None  # missing, None or tuples: the row parser reads those
-    counts = np.fromiter(map(len, blocks_of), dtype=np.int64, count=n)
-    blocks = list(chain.from_iterable(blocks_of))
-    if blocks and set(map(type, blocks)) != {dict}:
+    blocks = _block_columns(segments, address, total)
+    if blocks is None:
         return None
-    try:  # one pass over the block dicts when they have every key, as torch writes them
-        flat = list(chain.from_iterable(map(_BLOCK_KEYS, blocks)))
-        addresses, sizes, requested, states = flat[0::4], flat[1::4], flat[2::4], flat[3::4]
-    except KeyError:
-        try:
-            sizes, states = list(map(itemgetter("size"), blocks)), list(map(itemgetter("state"), blocks))
-        except KeyError:
-            return None
-        addresses = list(map(methodcaller("get", "address", _MISSING), blocks))
-        requested = list(map(methodcaller("get", "requested_size"), blocks))
+    fields = _segment_fields(segments, address, total, blocks)
+    if fields is None:
+        return None
+    pools = _pool_columns(segments)
+    if pools is None or _overlap(fields["device"], address, total):
+        return None
+    free, largest_free = _free_space(blocks, total, fields["active_size"])
+    return {
+        **fields,
+        "pool_a": pools[0],
+        "pool_b": pools[1],
+        "small": _size_classes(segments, total),
+        "free": free,
+        "largest_free": largest_free,
+        "first_block": blocks.first,
+        "n_blocks": blocks.counts,
+        "block_segment": blocks.segment,
+        "block_address": blocks.address,
+        "block_size": blocks.size,
+        "block_requested": blocks.requested,
+        "block_state": blocks.state,
+    }
+
+
+class _Blocks(NamedTuple):
+    """Every segment's blocks as columns, checked, in snapshot order."""
+
+    counts: np.ndarray  # blocks per segment
+    first: np.ndarray  # each segment's first block
+    segment: np.ndarray  # each block's segment
+    address: np.ndarray
+    size: np.ndarray
+    requested: np.ndarray
+    state: np.ndarray  # a `STATE_CODE`
+
+
+def _block_columns(segments: list, address: np.ndarray, total: np.ndarray) -> _Blocks | None:
+    """The blocks as columns if every one is well-formed and they tile their segments; else None."""
+    listed = _block_lists(segments)
+    if listed is None:
+        return None
+    counts, blocks = listed
+    fields = _block_fields(blocks)
+    if fields is None:
+        return None
+    addresses, sizes, requested, states = fields
     size = _ints(sizes)
     try:
         codes = list(map(STATE_CODE.get, states))
@@ -163,14 +195,57 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
         return None
     if size is None or None in codes:
         return None
-    state = np.array(codes, dtype=np.int8)
-    first = np.zeros(n, dtype=np.int64)
+    first = np.zeros(len(segments), dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
-    seg_of_block = np.repeat(np.arange(n, dtype=np.int64), counts)
-    # Blocks tile their segment: each starts where the one before it ended.
+    segment = np.repeat(np.arange(len(segments), dtype=np.int64), counts)
+    block_address = _tiled_addresses(addresses, address, total, size, first, counts, segment)
+    block_requested = _requested_sizes(requested, sizes)
+    if block_address is None or block_requested is None:
+        return None
+    state = np.array(codes, dtype=np.int8)
+    return _Blocks(counts, first, segment, block_address, size, block_requested, state)
+
+
+def _block_lists(segments: list) -> tuple[np.ndarray, list[dict]] | None:
+    """How many blocks each segment lists, and all the block dicts in one list; None if not lists of dicts."""
+    blocks_of = list(map(methodcaller("get", "blocks", _MISSING), segments))
+    if set(map(type, blocks_of)) - {list}:
+        return None  # missing, None or tuples: the row parser reads those
+    counts = np.fromiter(map(len, blocks_of), dtype=np.int64, count=len(segments))
+    blocks = list(chain.from_iterable(blocks_of))
+    if blocks and set(map(type, blocks)) != {dict}:
+        return None
+    return counts, blocks
+
+
+def _block_fields(blocks: list[dict]) -> tuple[list, list, list, list] | None:
+    """Each block's address, size, requested size and state, as read (`_MISSING` or None where absent)."""
+    try:  # one pass over the block dicts when they have every key, as torch writes them
+        flat = list(chain.from_iterable(map(_BLOCK_KEYS, blocks)))
+        return flat[0::4], flat[1::4], flat[2::4], flat[3::4]
+    except KeyError:
+        try:
+            sizes, states = list(map(itemgetter("size"), blocks)), list(map(itemgetter("state"), blocks))
+        except KeyError:
+            return None
+        addresses = list(map(methodcaller("get", "address", _MISSING), blocks))
+        return addresses, sizes, list(map(methodcaller("get", "requested_size"), blocks)), states
+
+
+def _tiled_addresses(
+    addresses: list,
+    address: np.ndarray,
+    total: np.ndarray,
+    size: np.ndarray,
+    first: np.ndarray,
+    counts: np.ndarray,
+    segment: np.ndarray,
+) -> np.ndarray | None:
+    """The blocks' addresses if blocks tile their segments, else None; blocks listed without one get theirs."""
+    # Each block starts where the one before it in its segment ended, and together they fill the segment.
     before = np.cumsum(size, dtype=np.int64) - size
-    expected = address[seg_of_block] + before - before[first[seg_of_block]]
-    if blocks and set(map(type, addresses)) == {_Missing}:
+    expected = address[segment] + before - before[first[segment]]
+    if addresses and set(map(type, addresses)) == {_Missing}:
         block_address = expected
     else:
         block_address = _ints(addresses, maximum=None)
@@ -179,62 +254,70 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
     with_blocks = counts > 0
     if not np.array_equal(_group_sums(size, first, counts)[with_blocks], total[with_blocks]):
         return None
-    block_requested = _ints(requested)
-    if block_requested is None:  # as the row parser: anything but an int means "the block's size"
-        block_requested = _ints([r if type(r) is int else s for r, s in zip(requested, sizes, strict=True)])
-        if block_requested is None:
-            return None
-    allocated = _group_sums(np.where(state == ALLOCATED, size, 0), first, counts)
-    active = allocated + _group_sums(np.where(state == PENDING, size, 0), first, counts)
+    return block_address
+
+
+def _requested_sizes(requested: list, sizes: list) -> np.ndarray | None:
+    """The blocks' requested sizes; as the row parser, anything but an int means "the block's size"."""
+    out = _ints(requested)
+    if out is None:
+        out = _ints([r if type(r) is int else s for r, s in zip(requested, sizes, strict=True)])
+    return out
+
+
+def _segment_fields(
+    segments: list, address: np.ndarray, total: np.ndarray, blocks: _Blocks
+) -> dict[str, np.ndarray] | None:
+    """The segments' int fields; sizes torch leaves out are summed from the blocks. None if one is malformed."""
+    allocated = _group_sums(np.where(blocks.state == ALLOCATED, blocks.size, 0), blocks.first, blocks.counts)
+    pending = _group_sums(np.where(blocks.state == PENDING, blocks.size, 0), blocks.first, blocks.counts)
     fields = {
         "device": _column(segments, "device", 0, maximum=MAX_DEVICE),
         "address": address,
         "total_size": total,
         "allocated_size": _column(segments, "allocated_size", allocated),
-        "active_size": _column(segments, "active_size", active),
+        "active_size": _column(segments, "active_size", allocated + pending),
         "requested_size": _column(segments, "requested_size", 0),
         "stream": _column(segments, "stream", DEFAULT_STREAM, minimum=None, maximum=None),
     }
-    if any(v is None for v in fields.values()):
-        return None
+    return None if any(v is None for v in fields.values()) else fields
+
+
+def _pool_columns(segments: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The two ints of every segment's `segment_pool_id`, as two columns; None if one is not a pair of ints."""
     pools = list(map(methodcaller("get", "segment_pool_id", DEFAULT_POOL), segments))
     if set(map(type, pools)) - {tuple, list} or set(map(len, pools)) - {2}:
         return None
     pool_a, pool_b = _ints([p[0] for p in pools], maximum=None), _ints([p[1] for p in pools], maximum=None)
-    if pool_a is None or pool_b is None or _overlap(fields["device"], address, total):
-        return None
-    types = list(map(methodcaller("get", "segment_type"), segments))
-    small = np.fromiter(
-        (
-            t == "small" if t in _SEGMENT_TYPES else is_small_segment(size_)
-            for t, size_ in zip(types, total.tolist(), strict=True)
-        ),
-        dtype=bool,
-        count=n,
-    )
-    inactive_size = np.where(state == INACTIVE, size, 0)
-    unblocked = total - fields["active_size"]  # a segment listed without its blocks
-    largest = unblocked.copy()
-    if blocks:
-        largest[with_blocks] = np.maximum.reduceat(inactive_size, first[with_blocks])
-    return {
-        **fields,
-        "pool_a": pool_a,
-        "pool_b": pool_b,
-        "small": small,
-        "free": np.where(with_blocks, _group_sums(inactive_size, first, counts), unblocked),
-        "largest_free": largest,
-        "first_block": first,
-        "n_blocks": counts,
-        "block_segment": seg_of_block,
-        "block_address": block_address,
-        "block_size": size,
-        "block_requested": block_requested,
-        "block_state": state,
-    }
+    return None if pool_a is None or pool_b is None else (pool_a, pool_b)
 
 
 _SEGMENT_TYPES = ("small", "large")
+
+
+def _size_classes(segments: list, total: np.ndarray) -> np.ndarray:
+    """Whether each segment is a small one: its `segment_type`, or its size where that is missing or odd."""
+    types = list(map(methodcaller("get", "segment_type"), segments))
+    return np.fromiter(
+        (
+            t == "small" if t in _SEGMENT_TYPES else is_small_segment(size)
+            for t, size in zip(types, total.tolist(), strict=True)
+        ),
+        dtype=bool,
+        count=len(segments),
+    )
+
+
+def _free_space(blocks: _Blocks, total: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment: its free bytes and its largest free block (`Segment.free_size`, `Segment.largest_free`)."""
+    inactive_size = np.where(blocks.state == INACTIVE, blocks.size, 0)
+    with_blocks = blocks.counts > 0
+    unblocked = total - active  # a segment listed without its blocks
+    largest = unblocked.copy()
+    if blocks.size.size:
+        largest[with_blocks] = np.maximum.reduceat(inactive_size, blocks.first[with_blocks])
+    free = np.where(with_blocks, _group_sums(inactive_size, blocks.first, blocks.counts), unblocked)
+    return free, largest
 
 
 def _overlap(device: np.ndarray, address: np.ndarray, total: np.ndarray) -> bool:
@@ -347,23 +430,24 @@ def _fast_trace_columns(entries: list) -> dict | None:
         return None
     addr, size = _ints(addrs, maximum=None), _ints(sizes)
     stream = _ints(streams, minimum=None, maximum=None)
-    if addr is None or size is None or stream is None:
-        return None
-    kinds = set(map(type, times))
-    if kinds == {int}:
-        time_us = _ints(times, minimum=None, maximum=None)
-        if time_us is None:
-            return None
-    elif kinds <= {int, type(None)}:
-        if _ints([t for t in times if t is not None], minimum=None, maximum=None) is None:
-            return None
-        time_us = np.array(times, dtype=object)
-    else:
+    time_us = _time_column(times)
+    if addr is None or size is None or stream is None or time_us is None:
         return None
     return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us, "frames": frames}
 
 
+def _time_column(times: list) -> np.ndarray | None:
+    """The entries' times: int64, or objects when some entries have none; None if one is not an int64."""
+    kinds = set(map(type, times))
+    if kinds == {int}:
+        return _ints(times, minimum=None, maximum=None)
+    if not kinds <= {int, type(None)} or _ints([t for t in times if t is not None], minimum=None, maximum=None) is None:
+        return None
+    return np.array(times, dtype=object)
+
+
 def _entry_columns(entries: tuple[TraceEntry, ...]) -> dict:
+    """The same columns, from parsed entries (the path for unusual input)."""
     times = [e.time_us for e in entries]
     return {
         "action": np.array([ACTION_CODE.get(e.action, -1) for e in entries], dtype=np.int8),

@@ -69,32 +69,37 @@ def snapshot_from_bytes(data: bytes, origin: str = "snapshot bytes") -> Snapshot
     return Snapshot(decode(data, origin), origin=origin)
 
 
+def _check_top_level(raw: Any, origin: str) -> None:
+    """Raise a one-line `KitError` unless `raw` has a snapshot's shape: segments, device traces, the kit's key."""
+    if not isinstance(raw, dict):
+        raise KitError(f"{origin}: not a snapshot (top level is {type(raw).__name__}, expected a dict)")
+    if "segments" not in raw:
+        raise KitError(f"{origin}: not a snapshot (no 'segments' key)")
+    if not isinstance(raw["segments"], list | tuple):
+        raise KitError(f"{origin}: not a snapshot ('segments' is {type(raw['segments']).__name__})")
+    traces = raw.get("device_traces", [])
+    if traces is not None and not (
+        isinstance(traces, list | tuple)
+        and len(traces) <= MAX_DEVICE
+        and all(isinstance(t, list | tuple) for t in traces)
+    ):
+        raise KitError(f"{origin}: 'device_traces' is not a list of lists")
+    kit_meta = raw.get("kit", {})
+    if kit_meta is not None and not isinstance(kit_meta, dict):
+        raise KitError(f"{origin}: 'kit' is {describe(kit_meta)}, expected a dict")
+
+
 class Snapshot:
     """A normalised allocator snapshot; `raw` is the dict it was read from."""
 
     def __init__(self, raw: Any, *, origin: str = "in-memory dict", live: bool = False) -> None:
-        if not isinstance(raw, dict):
-            raise KitError(f"{origin}: not a snapshot (top level is {type(raw).__name__}, expected a dict)")
-        if "segments" not in raw:
-            raise KitError(f"{origin}: not a snapshot (no 'segments' key)")
-        if not isinstance(raw["segments"], list | tuple):
-            raise KitError(f"{origin}: not a snapshot ('segments' is {type(raw['segments']).__name__})")
-        traces = raw.get("device_traces", [])
-        if traces is not None and not (
-            isinstance(traces, list | tuple)
-            and len(traces) <= MAX_DEVICE
-            and all(isinstance(t, list | tuple) for t in traces)
-        ):
-            raise KitError(f"{origin}: 'device_traces' is not a list of lists")
-        kit_meta = raw.get("kit", {})
-        if kit_meta is not None and not isinstance(kit_meta, dict):
-            raise KitError(f"{origin}: 'kit' is {describe(kit_meta)}, expected a dict")
+        _check_top_level(raw, origin)
         self.raw = raw
         self.origin = origin
         self.live = live
         # Checked here, as arrays: a bad segment or trace entry fails the load; records are made on first use.
         self.columns = SegmentColumns.from_raw(raw["segments"], origin)
-        self.trace_columns = trace_columns_of(traces or [], origin)
+        self.trace_columns = trace_columns_of(raw.get("device_traces") or [], origin)
 
     @cached_property
     def segments(self) -> tuple[Segment, ...]:
@@ -110,6 +115,7 @@ class Snapshot:
 
     @property
     def provenance(self) -> dict | None:
+        """Where the kit's recorder made this snapshot (GPU, torch, date, ...), when it says."""
         prov = self.kit.get("provenance")
         return prov if isinstance(prov, dict) else None
 
@@ -129,7 +135,9 @@ class Snapshot:
         if self.live:
             if prov and isinstance(prov.get("rank"), int) and not isinstance(prov.get("rank"), bool):
                 return f"live GPU (vLLM rank {as_text(prov['rank'])}'s allocator, {as_text(prov.get('gpu', '?'))})"
-            return "live GPU (this process's allocator)"
+            if self.origin in ("live", "capture recorder"):
+                return "live GPU (this process's allocator)"
+            return f"live GPU ({as_text(prov.get('gpu', '?')) if prov else '?'}: {self.origin})"
         if self.data_source == "simulator":
             return f"simulator ({self.origin})"
         if prov:
@@ -199,6 +207,7 @@ class Snapshot:
 
     @property
     def pool_names(self) -> dict[tuple[int, int], str]:
+        """Names the snapshot itself gives its pools (its `kit` key); malformed entries are ignored."""
         names = self.kit.get("pools")
         if not isinstance(names, dict):
             return {}

@@ -2,7 +2,12 @@
 
 - `pictures`: the group bar chart, the segment map, `show_in` for widgets;
 - `report`: a self-contained HTML page for one snapshot;
-- `stepthrough`: the root cause one allocator request at a time.
+- `stepthrough`: the root cause one allocator request at a time (`StepThrough`,
+  and notebook 02's slider view `StepView`);
+- `before_after`: the replica unpatched and under a policy, side by side (notebook 03);
+- `timeline`: the blocks a model graph holds across its eager breaks (notebook 04);
+- `safety`: the scenarios side by side and the policy explorer (notebook 04);
+- `explorer`: any snapshot in, tables, verdicts and figures out (notebook 05).
 
 Plotly is imported here only, so the tables and analyses run on a machine
 that has pandas but no plotly (the GPU machine).

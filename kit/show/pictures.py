@@ -80,9 +80,36 @@ def segment_map_figure(
     c = snapshot.columns
     labels = stream_labels(snapshot, names.get("stream_names"))
     pools = {**snapshot.pool_names, **(names.get("pool_names") or {})}
-    pool_of, stream_of, address_of = c.pools(), c.stream.tolist(), c.address.tolist()
-    device_of, total_of = c.device.tolist(), c.total_size.tolist()
-    order = sorted(range(len(c)), key=lambda i: (device_of[i], pool_of[i], labels.get(stream_of[i], ""), address_of[i]))
+    pool_of = c.pools()
+    order, dropped, merged = _drawn(c, _map_order(c, pool_of, labels), max_segments, max_bars)
+    bars, rows = _bars(c, order, _runs if merged else _blocks, pool_of, pools)
+    fig = go.Figure()
+    _add_bars(fig, bars, labels)
+    title = "Segment map: blocks of each segment, coloured by stream"
+    if dropped:
+        title += f" ({dropped} smallest segments not drawn)"
+    if merged:
+        title += " (neighbouring blocks of one state drawn as one bar)"
+    fig.update_layout(
+        barmode="overlay",
+        title=_titled(title, snapshot.source_label),
+        xaxis_title="offset in segment (MiB)",
+        yaxis=dict(categoryorder="array", categoryarray=rows, autorange="reversed", title="pool | segment"),
+        height=max(300, 80 + 22 * len(rows)),
+        legend_title="stream: block state",
+    )
+    return fig
+
+
+def _map_order(c, pool_of: list[tuple[int, int]], labels: dict[int, str]) -> list[int]:
+    """The segments in the map's order: by device, pool, stream label, address."""
+    stream_of, address_of, device_of = c.stream.tolist(), c.address.tolist(), c.device.tolist()
+    return sorted(range(len(c)), key=lambda i: (device_of[i], pool_of[i], labels.get(stream_of[i], ""), address_of[i]))
+
+
+def _drawn(c, order: list[int], max_segments: int, max_bars: int) -> tuple[list[int], int, bool]:
+    """The segments to draw, how many were left out, and whether neighbouring blocks are merged to fit `max_bars`."""
+    total_of = c.total_size.tolist()
     dropped = 0
     if len(order) > max_segments:
         dropped = len(order) - max_segments
@@ -93,8 +120,14 @@ def segment_map_figure(
         keep = max(1, len(order) * 3 // 4)
         dropped += len(order) - keep
         order = _largest(order, total_of, keep)
-    palette = px.colors.qualitative.Plotly
-    colour = {sid: palette[i % len(palette)] for i, sid in enumerate(labels)}
+    return order, dropped, merged
+
+
+def _bars(
+    c, order: list[int], bars_of, pool_of: list[tuple[int, int]], pools: dict
+) -> tuple[dict[tuple[int, str], dict[str, list]], list[str]]:
+    """The bars per (stream, block state), and the map's rows ("pool | address"), top to bottom."""
+    stream_of, address_of = c.stream.tolist(), c.address.tolist()
     bars: dict[tuple[int, str], dict[str, list]] = {}
     rows = []
     for i in order:
@@ -110,7 +143,13 @@ def segment_map_figure(
             bar["x"].append(size / MIB)
             what = f"{format_bytes(size)} {STATE_STYLE[state][0]} at +{format_bytes(start - address)}"
             bar["text"].append(what if count == 1 else f"{count} blocks, {what}")
-    fig = go.Figure()
+    return bars, rows
+
+
+def _add_bars(fig: go.Figure, bars: dict[tuple[int, str], dict[str, list]], labels: dict[int, str]) -> None:
+    """One trace per (stream, block state): the stream's colour, the state's opacity and pattern."""
+    palette = px.colors.qualitative.Plotly
+    colour = {sid: palette[i % len(palette)] for i, sid in enumerate(labels)}
     for (sid, state), bar in sorted(bars.items(), key=lambda kv: (labels.get(kv[0][0], ""), kv[0][1])):
         name, opacity, pattern = STATE_STYLE[state]
         fig.add_bar(
@@ -129,20 +168,6 @@ def segment_map_figure(
                 line=dict(width=0.5, color="white"),
             ),
         )
-    title = "Segment map: blocks of each segment, coloured by stream"
-    if dropped:
-        title += f" ({dropped} smallest segments not drawn)"
-    if merged:
-        title += " (neighbouring blocks of one state drawn as one bar)"
-    fig.update_layout(
-        barmode="overlay",
-        title=_titled(title, snapshot.source_label),
-        xaxis_title="offset in segment (MiB)",
-        yaxis=dict(categoryorder="array", categoryarray=rows, autorange="reversed", title="pool | segment"),
-        height=max(300, 80 + 22 * len(rows)),
-        legend_title="stream: block state",
-    )
-    return fig
 
 
 def _largest(order: list[int], total_size: list[int], keep: int) -> list[int]:

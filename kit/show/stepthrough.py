@@ -8,21 +8,26 @@ blocks with the verdict on each (taken, or why it was refused), and a
 sentence saying what happened. `mismatches()` checks the replay's final state
 against the recording, segment by segment and block by block;
 `mark_traces` outlines the blocks a step took or refused on a segment map.
+`StepView` is the notebook's slider over the steps.
 """
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ipywidgets as widgets
 import pandas as pd
+import plotly.graph_objects as go
 
 from kit.allocator.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
 from kit.allocator.workload import DEFAULT, Op, parse_workload
-from kit.analysis.tables import format_bytes, pool_label, stream_labels
+from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels, style_table
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.show.pictures import segment_map_figure, show_in
 
 GRAPH_POOL = "global graph pool"
 TAKEN = "taken"
@@ -192,8 +197,6 @@ MARK_STYLE = {"taken by this request": ("black", 3), "refused: other stream": ("
 
 def mark_traces(marks: list[dict[str, Any]]) -> list:
     """Outline bars for `StepThrough.marks`, one trace per kind (empty ones too, so a figure keeps its traces)."""
-    import plotly.graph_objects as go
-
     traces = []
     for kind, (colour, width) in MARK_STYLE.items():
         mine = [m for m in marks if m["kind"] == kind]
@@ -209,3 +212,50 @@ def mark_traces(marks: list[dict[str, Any]]) -> list:
             )
         )
     return traces
+
+
+GROUP_COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free", "largest_free"]
+
+
+class StepView:
+    """A slider over a `StepThrough`'s steps; for the step picked, what notebook 02 shows of it.
+
+    The request in a sentence, its pool's free blocks just before it with the
+    allocator's verdict on each, the segment-by-stream table just after it,
+    and the pool's segment map with the block it took and the blocks it
+    refused as another stream's outlined. `widget` is the view to display;
+    `step` is its main control.
+    """
+
+    def __init__(self, steps: StepThrough, start: Step | None = None) -> None:
+        self.steps = steps
+        first = (start.number if start is not None else 0) + 1
+        self.step = widgets.IntSlider(
+            min=1, max=len(steps.steps), value=first, description="request", continuous_update=False
+        )
+        self.step.add_class("kit-main-control")
+        self.request, self.free_blocks, self.groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        self.segment_map = go.FigureWidget()
+        self.step.observe(self.show, names="value")
+        self.show()
+
+    @property
+    def widget(self) -> widgets.VBox:
+        return widgets.VBox([self.step, self.request, self.free_blocks, self.groups, self.segment_map])
+
+    @property
+    def current(self) -> Step:
+        return self.steps.steps[self.step.value - 1]
+
+    def show(self, change=None) -> None:
+        steps, current = self.steps, self.current
+        after = steps.after(current)
+        self.request.value = f"<p>{html.escape(steps.describe(current))}</p>"
+        blocks = steps.free_blocks(current)
+        self.free_blocks.value = "<b>Free blocks of its pool, before the request</b>" + (
+            style_table(blocks).to_html() if len(blocks) else "<p>none: the pool has no free block</p>"
+        )
+        table = style_table(segment_table(after)[GROUP_COLUMNS]).to_html()
+        self.groups.value = "<b>Segment-by-stream table, after it</b>" + table
+        figure = segment_map_figure(pool_view(after, steps.pool))
+        show_in(self.segment_map, figure, mark_traces(steps.marks(current)))

@@ -29,6 +29,7 @@ from bisect import bisect_left, bisect_right, insort
 from heapq import heappop, heappush
 from itertools import chain
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -54,40 +55,33 @@ class _Segment(WalkSegment):
         super().__init__(address, size, pool, stream, small)
         self.end = address + size
         self.limit = split_limit(small)  # `should_split`, read once per segment on the hot path
-        self.seq = 0  # its place in the walk's segment dict (the order `_free_elsewhere` searches in)
+        self.seq = 0  # its place in the walk's segment dict (the order `free_elsewhere` searches in)
         self.dirty: set | None = None  # its group's set of segments whose gaps changed
 
 
-class _Group:
-    """The segments of one (pool, size class, stream), by largest free gap: a heap, refreshed lazily.
+class _Events(NamedTuple):
+    """The trace entries that move memory (alloc, free_completed, segment_alloc, segment_free), in trace order.
 
-    A segment whose blocks changed is only marked dirty; its gap is measured
-    again when another stream's new segment asks, so a walk of millions of
-    events measures each segment at most once between two such questions.
+    Each field twice: numpy arrays for the vectorised steps, lists for the
+    loops (a list hands out its ints as they are; an array makes each anew).
     """
 
-    __slots__ = ("heap", "dirty")
+    index: np.ndarray  # each event's entry in the trace
+    action: np.ndarray
+    address: np.ndarray
+    size: np.ndarray
+    acts: list
+    addrs: list
+    sizes: list
+    streams: list
 
-    def __init__(self) -> None:
-        self.heap: list[tuple] = []  # (-gap, seq, version, at, segment)
-        self.dirty: set[_Segment] = set()
 
-    def best(self, live: dict[int, _Segment], versions: dict[_Segment, int], counter: list[int]):
-        """(gap, seq, at) of the live segment with the largest gap, the earliest on ties; None if none."""
-        heap = self.heap
-        for seg in self.dirty:
-            if live.get(seg.address) is seg:
-                gap, at = seg.largest_gap()
-                counter[0] += 1
-                versions[seg] = counter[0]
-                heappush(heap, (-gap, seg.seq, counter[0], at, seg))
-        self.dirty.clear()
-        while heap:
-            gap, seq, version, at, seg = heap[0]
-            if versions.get(seg) == version and live.get(seg.address) is seg:
-                return -gap, seq, at
-            heappop(heap)
-        return None
+def _events(tc: TraceColumns) -> _Events:
+    """The entries that move memory; the walk skips the rest."""
+    index = np.flatnonzero(np.isin(tc.action, (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)))
+    action, address, size = tc.action[index], tc.addr[index], tc.size[index]
+    lists = action.tolist(), address.tolist(), size.tolist(), tc.stream[index].tolist()
+    return _Events(index, action, address, size, *lists)
 
 
 def replay_columns(snap: Snapshot, device: int = 0) -> TraceReplay | None:
@@ -101,6 +95,29 @@ def replay_columns(snap: Snapshot, device: int = 0) -> TraceReplay | None:
         return None
     with gc_paused():  # the walk makes a few hundred thousand objects that almost all die with it
         return _walk(snap, tc, device)
+
+
+def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
+    """Rewind to the trace's start, find each event's segment, walk forward classifying allocs, compare at the end."""
+    events = _events(tc)
+    final = _FinalSegments(snap, device)
+    live = _rewound(final, events)  # address -> segment, in the walk's dict order
+    rewound = len(live)
+    instances = list(live.values())  # every segment of the walk: the rewound ones, then one per segment_alloc
+    made, made_by = _segments_made(final, events, instances)
+    holder = _holders(live, instances, made_by, events.action, events.address)
+    if (holder == -2).any():
+        _search_holders(holder, live, instances, made_by, events.acts, events.addrs)
+    rounded = round_sizes(events.size)
+    rows = np.flatnonzero((events.action == ALLOC) & (holder >= 0))  # the allocs placed: the frame's rows
+    fresh = _fresh_bytes(events.action, events.address, events.size, rounded, rows)
+    asks = _asks(len(events.acts), rows, fresh)
+    new_rows = _walk_forward(events, holder, rounded, asks, instances, live)
+    pools = np.empty(len(instances), dtype=object)
+    pools[:] = [seg.pool for seg in instances]
+    allocs = _alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, new_rows)
+    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
+    return TraceReplay(allocs, new_segments, _compare(snap, live, device), rewound, device)
 
 
 class _FinalSegments:
@@ -119,6 +136,7 @@ class _FinalSegments:
         self.stream, self.small = c.stream[on].tolist(), c.small[on].tolist()
 
     def make(self, i: int) -> _Segment:
+        """Segment `i`, with its active blocks."""
         seg = _Segment(self.address[i], self.size[i], self.pool[i], self.stream[i], self.small[i])
         lo, hi = self.at[i], self.at[i + 1]
         if hi > lo:
@@ -127,7 +145,7 @@ class _FinalSegments:
         return seg
 
 
-def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, streams: list) -> dict[int, _Segment]:
+def _rewound(final: _FinalSegments, events: _Events) -> dict[int, _Segment]:
     """Rewind the final segments backwards through the trace to its first entry (as `kit.analysis.trace.rows` rewinds).
 
     The snapshot's segments enter the dict as row numbers and become
@@ -135,9 +153,10 @@ def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, stream
     rewind: most of a long trace's segments are dropped again at their
     segment_alloc without ever being needed.
     """
+    acts, addrs, sizes, streams = events.acts, events.addrs, events.sizes, events.streams
     segments: dict = {address: i for i, address in enumerate(final.address)}
     starts = sorted(segments)
-    for r in reversed(_rewind_rows(final, acts, addrs, sizes)):
+    for r in reversed(_rewind_rows(final, events)):
         a, addr = acts[r], addrs[r]
         if a == SEGMENT_ALLOC:
             if segments.pop(addr, None) is not None:
@@ -167,8 +186,8 @@ def _rewound(final: _FinalSegments, acts: list, addrs: list, sizes: list, stream
     return segments
 
 
-def _rewind_rows(final: _FinalSegments, acts: list, addrs: list, sizes: list) -> list[int]:
-    """The rows the rewind must visit: every segment event, and the block events of segments that outlive it.
+def _rewind_rows(final: _FinalSegments, events: _Events) -> list[int]:
+    """The events the rewind must visit: every segment event, and the block events of segments that outlive it.
 
     Walking backwards, a block event changes the segment that holds its address
     at that moment; a segment the trace allocated is dropped again at its
@@ -177,8 +196,8 @@ def _rewind_rows(final: _FinalSegments, acts: list, addrs: list, sizes: list) ->
     them: the snapshot's segments the trace never allocated, and segments the
     trace frees but never allocated (present up to their segment_free).
     """
-    action = np.array(acts, dtype=np.int8)
-    is_segment = (action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)
+    acts, addrs, sizes = events.acts, events.addrs, events.sizes
+    is_segment = (events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE)
     segment_rows = np.flatnonzero(is_segment).tolist()
     n = len(acts)
     present = {a: (a, size, n) for a, size in zip(final.address, final.size, strict=True)}
@@ -198,90 +217,16 @@ def _rewind_rows(final: _FinalSegments, acts: list, addrs: list, sizes: list) ->
     return np.flatnonzero(is_segment | held).tolist()
 
 
-def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
-    # Only these four actions move memory; the walk skips the rest.
-    index = np.flatnonzero(np.isin(tc.action, (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)))
-    action, address, size = tc.action[index], tc.addr[index], tc.size[index]
-    acts, addrs, sizes, streams = action.tolist(), address.tolist(), size.tolist(), tc.stream[index].tolist()
-    final = _FinalSegments(snap, device)
-    live = _rewound(final, acts, addrs, sizes, streams)  # address -> segment, in the walk's dict order
-    rewound = len(live)
-    instances = list(live.values())
-    made, made_by = _segments_made(final, action, acts, addrs, sizes, streams, index, instances)
-    holder = _holders(live, instances, made_by, action, address)
-    if (holder == -2).any():
-        _search_holders(holder, live, instances, made_by, acts, addrs)
-    rounded = round_sizes(size)
-    rows = np.flatnonzero((action == ALLOC) & (holder >= 0))
-    fresh = _fresh_bytes(action, address, size, rounded, rows)
-    # The per-(pool, size class, stream) groups that answer "a fitting free block on another stream?".
-    groups: dict[tuple, dict[int, _Group]] = {}
-    versions: dict[_Segment, int] = {}
-    counter = [0]
-
-    def enter(seg: _Segment, seq: int) -> None:
-        by_stream = groups.setdefault((seg.pool, seg.small), {})
-        group = by_stream.get(seg.stream)
-        if group is None:
-            group = by_stream[seg.stream] = _Group()
-        seg.seq, seg.dirty = seq, group.dirty
-        group.dirty.add(seg)
-
-    for seq, seg in enumerate(instances[:rewound]):
-        enter(seg, seq)
-    next_seq = rewound
-    new_rows: dict[int, tuple] = {}  # row -> (segment bytes, other block, its size, its stream) or 3 Nones
-    ask = np.full(len(acts), -1, dtype=np.int64)
-    asked = np.flatnonzero(fresh)
-    ask[rows[asked]] = asked
-    for a, addr, k, need, q in zip(acts, addrs, holder.tolist(), rounded.tolist(), ask.tolist(), strict=True):
-        if a == ALLOC:
-            if k < 0:
-                continue
-            seg = instances[k]
-            ss, sizes_of = seg.starts, seg.sizes
-            j = bisect_right(ss, addr)
-            gap = (ss[j] if j < len(ss) else seg.end) - addr
-            if addr not in sizes_of:
-                ss.insert(j, addr)
-            sizes_of[addr] = need if gap - need > seg.limit else max(gap, need)
-            seg.dirty.add(seg)
-            if q >= 0:  # the alloc needed new memory: was a free block as large on another stream?
-                new_rows[q] = _free_elsewhere(groups, live, versions, counter, seg, need)
-        elif a == FREE_COMPLETED:
-            if k < 0:
-                continue
-            seg = instances[k]
-            if seg.sizes.pop(addr, None) is not None:
-                del seg.starts[bisect_left(seg.starts, addr)]
-                seg.dirty.add(seg)
-        elif a == SEGMENT_ALLOC:
-            seg = instances[k]
-            replaced = live.get(addr)
-            if replaced is not None:
-                enter(seg, replaced.seq)  # a dict keeps a replaced key's place
-            else:
-                enter(seg, next_seq)
-                next_seq += 1
-            live[addr] = seg
-        else:  # segment_free
-            live.pop(addr, None)
-    pools = np.empty(len(instances), dtype=object)
-    pools[:] = [seg.pool for seg in instances]
-    allocs = _alloc_frame(tc, index[rows], pools[holder[rows]], fresh, new_rows)
-    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceReplay(allocs, new_segments, _compare(snap, live, device), rewound, device)
-
-
-def _segments_made(final: _FinalSegments, action, acts, addrs, sizes, streams, index, instances) -> tuple[list, dict]:
-    """A segment object for every segment_alloc, appended to `instances`; the `made` rows; row -> instance."""
+def _segments_made(final: _FinalSegments, events: _Events, instances: list) -> tuple[list, dict]:
+    """A segment object for every segment_alloc, appended to `instances`; the `made` rows; event -> instance."""
     # A segment's pool is in the snapshot only for the segment there now. Addresses come
     # back after a segment_free, so an earlier segment at the same address, one freed
     # within the trace, is taken as the default pool's (graph pools are not freed while
     # their graphs live).
+    acts, addrs, sizes, streams = events.acts, events.addrs, events.sizes, events.streams
     known = dict(zip(final.address, zip(final.pool, final.small, strict=True), strict=True))
-    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)).tolist()
-    trace_index = index.tolist()
+    segment_rows = np.flatnonzero((events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE)).tolist()
+    trace_index = events.index.tolist()
     freed_later, last_alloc = set(), {}
     for r in segment_rows:
         if acts[r] == SEGMENT_ALLOC:
@@ -301,14 +246,13 @@ def _segments_made(final: _FinalSegments, action, acts, addrs, sizes, streams, i
 
 
 def _holders(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> np.ndarray:
-    """For each row: the instance whose segment holds its address then, -1 for none, -2 to search while walking.
+    """For each event: the instance whose segment holds its address then, -1 for none, -2 to search while walking.
 
-    Segment rows get the instance they make (segment_alloc). Block rows are
+    Segment events get the instance they make (segment_alloc). Block events are
     placed with numpy (see the module's docstring); overlapping segments (an
-    inconsistent trace) leave every block row to the search.
+    inconsistent trace) leave every block event to the search.
     """
-    n = len(action)
-    holder = np.full(n, -1, dtype=np.int64)
+    holder = np.full(len(action), -1, dtype=np.int64)
     for r, k in made_by.items():
         holder[r] = k
     blocks = np.flatnonzero((action == ALLOC) | (action == FREE_COMPLETED))
@@ -317,46 +261,81 @@ def _holders(live: dict[int, _Segment], instances: list, made_by: dict, action, 
     if _ever_overlap(live, instances, made_by, action, address):
         holder[blocks] = -2
         return holder
-    rewound = len(instances) - len(made_by)
     first = np.fromiter((s.address for s in instances), dtype=np.int64, count=len(instances))
     end = np.fromiter((s.end for s in instances), dtype=np.int64, count=len(instances))
+    # Born at their segment_alloc (`made_by` is in instance order), or before the trace (-1) for the rewound ones.
+    rewound = len(instances) - len(made_by)
     born = np.concatenate((np.full(rewound, -1, dtype=np.int64), np.fromiter(made_by, dtype=np.int64)))
-    # A segment lives until the next segment event at its address (its segment_free).
-    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE))
-    _, rank = np.unique(np.concatenate((address[segment_rows], first)), return_inverse=True)
+    died = _deaths(first, born, action, address)
+    holder[blocks] = _place(blocks, address[blocks], first, end, born, died, len(action))
+    return holder
+
+
+def _pack(rank: np.ndarray, row, width: int) -> np.ndarray:
+    """(rank, row) packed in one int64 key, `rank * width + row + 1`, that sorts by rank, then by row.
+
+    With all keys in one sorted array, one `searchsorted` answers for every
+    rank at once "the next (or last) segment event at this start after (or
+    before) this row"; the caller checks the key found is of the same rank.
+    `rank` numbers segment starts in address order: an address itself times
+    a row count would overflow int64. The rows the walk names run from -1
+    (born before the trace) to n (never dies: past the last of n events):
+    `+ 1` makes them 0 to n + 1, so -1 does not fall into the rank below, and
+    `width = n + 2` holds all n + 2 of them below the next rank's first key.
+    Unpacked: `key // width` is the rank, `key % width - 1` the row.
+    """
+    return rank * width + row + 1
+
+
+def _deaths(first: np.ndarray, born: np.ndarray, action, address) -> np.ndarray:
+    """Each instance's last event: the next segment event at its start after its birth (its segment_free), else n."""
+    n = len(action)
     width = n + 2
-    event_key = np.sort(rank[: segment_rows.size] * width + segment_rows + 1)
-    own_key = rank[segment_rows.size :] * width + born + 1
+    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE))
+    # One ranking for the events' addresses and the instances' starts, so one rank is one address in both.
+    _, rank = np.unique(np.concatenate((address[segment_rows], first)), return_inverse=True)
+    event_key = np.sort(_pack(rank[: segment_rows.size], segment_rows, width))
+    own_key = _pack(rank[segment_rows.size :], born, width)
+    # side="right": past the instance's own segment_alloc, whose key equals its own.
     j = np.searchsorted(event_key, own_key, side="right")
     next_key = event_key[np.minimum(j, event_key.size - 1)] if event_key.size else own_key
-    died = np.where((j < event_key.size) & (next_key // width == own_key // width), next_key % width - 1, n)
-    # Place each block row: nearest start at or below its address, latest segment made there before the row.
+    return np.where((j < event_key.size) & (next_key // width == own_key // width), next_key % width - 1, n)
+
+
+def _place(rows: np.ndarray, x: np.ndarray, first, end, born, died, n: int) -> np.ndarray:
+    """The instance holding address `x` at each of `rows`; -1 for none, -2 where the rounds left it undecided.
+
+    The holder is at the nearest start at or below the address: the latest
+    instance made there before the row, if it is still live and reaches the
+    address. If not, an address under a start reused over time may belong to
+    a larger, earlier segment further down: each round steps one start down.
+    """
+    width = n + 2
     order = np.lexsort((born, first))
     first_s, end_s, born_s, died_s = first[order], end[order], born[order], died[order]
     starts_at, group_first = np.unique(first_s, return_index=True)
-    group = np.repeat(np.arange(starts_at.size), np.diff(np.append(group_first, first_s.size)))
-    key = group * width + born_s + 1
-    x, row = address[blocks], blocks
+    group = np.repeat(np.arange(starts_at.size), np.diff(np.append(group_first, first_s.size)))  # ranks of starts
+    key = _pack(group, born_s, width)  # sorted, as `order` sorts by start, then birth
     g = np.searchsorted(starts_at, x, side="right") - 1
-    found = np.full(blocks.size, -1, dtype=np.int64)
+    found = np.full(rows.size, -1, dtype=np.int64)
     pending = np.flatnonzero(g >= 0)
     reach = int((end - first).max())
-    for _ in range(8):  # each round steps one start further down, for addresses reused over time
+    for _ in range(8):
         if not pending.size:
             break
-        gp, xp, rp = g[pending], x[pending], row[pending]
-        cand = np.searchsorted(key, gp * width + rp + 1, side="left") - 1
+        gp, xp, rp = g[pending], x[pending], rows[pending]
+        # The last key below (start, row): the latest instance born at that start before the row.
+        cand = np.searchsorted(key, _pack(gp, rp, width), side="left") - 1
         c = np.maximum(cand, 0)
         ok = (cand >= 0) & (group[c] == gp) & (xp < end_s[c]) & (rp < died_s[c])
         found[pending[ok]] = order[c[ok]]
         rest = pending[~ok]
         g[rest] -= 1
         further = g[rest] >= 0
-        further[further] &= starts_at[g[rest][further]] + reach > x[rest][further]
+        further[further] &= starts_at[g[rest][further]] + reach > x[rest][further]  # a segment there could reach
         pending = rest[further]
     found[pending] = -2
-    holder[blocks] = found
-    return holder
+    return found
 
 
 def _ever_overlap(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> bool:
@@ -381,7 +360,7 @@ def _ever_overlap(live: dict[int, _Segment], instances: list, made_by: dict, act
 
 
 def _search_holders(holder: np.ndarray, live: dict, instances: list, made_by: dict, acts: list, addrs: list) -> None:
-    """Fill in the rows `_holders` left (-2) by searching the live segments at each, in trace order."""
+    """Fill in the events `_holders` left (-2) by searching the live segments at each, in trace order."""
     live = dict(live)
     starts = sorted(live)
     number = {id(seg): k for k, seg in enumerate(instances)}
@@ -422,24 +401,141 @@ def _fresh_bytes(action, address, size, rounded, rows: np.ndarray) -> np.ndarray
     return out
 
 
-def _free_elsewhere(groups, live, versions, counter, new: _Segment, rounded: int) -> tuple:
-    """The largest free block of the same pool and size class on another stream, if it fits.
+def _asks(n: int, rows: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    """Per event: its frame row if it is an alloc that needed new memory (it asks about stranding), else -1."""
+    ask = np.full(n, -1, dtype=np.int64)
+    asked = np.flatnonzero(fresh)
+    ask[rows[asked]] = asked
+    return ask
 
-    As the row walk's `_free_elsewhere` finds it searching every segment in the
-    walk's order: the largest gap, the first segment on ties; (address, size,
-    stream), or three Nones.
+
+class _Group:
+    """The segments of one (pool, size class, stream), by largest free gap: a heap, refreshed lazily.
+
+    A segment whose blocks changed is only marked dirty; its gap is measured
+    again when another stream's new segment asks, so a walk of millions of
+    events measures each segment at most once between two such questions.
+    Each measure pushes a new entry; the older ones of that segment are stale
+    (their version is not its latest) and are dropped when they reach the top.
     """
-    best = None
-    for stream, group in groups.get((new.pool, new.small), {}).items():
-        if stream == new.stream:
-            continue
-        found = group.best(live, versions, counter)
-        if found and found[0] >= rounded and (best is None or (found[0], -found[1]) > (best[0], -best[1])):
-            best = (*found, stream)
-    if best is None:
-        return None, None, None
-    size, _seq, at, stream = best
-    return at, size, stream
+
+    __slots__ = ("heap", "dirty", "versions", "pushes")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple] = []  # (-gap, seq, version, at, segment)
+        self.dirty: set[_Segment] = set()
+        self.versions: dict[_Segment, int] = {}  # segment -> the version of its latest entry
+        self.pushes = 0  # the last version given: unique, so entries never tie up to the segment
+
+    def best(self, live: dict[int, _Segment]):
+        """(gap, seq, at) of the live segment with the largest gap, the earliest on ties; None if none."""
+        heap, versions = self.heap, self.versions
+        for seg in self.dirty:
+            if live.get(seg.address) is seg:
+                gap, at = seg.largest_gap()
+                self.pushes += 1
+                versions[seg] = self.pushes
+                heappush(heap, (-gap, seg.seq, self.pushes, at, seg))
+        self.dirty.clear()
+        while heap:
+            gap, seq, version, at, seg = heap[0]
+            if versions.get(seg) == version and live.get(seg.address) is seg:
+                return -gap, seq, at
+            heappop(heap)
+        return None
+
+
+class _StrandingIndex:
+    """The walk's segments by (pool, size class, stream), to answer "a fitting free block on another stream?".
+
+    `live` is the walk's address -> segment dict, which the walk keeps
+    current; a group's segments that left it are skipped when asked.
+    """
+
+    __slots__ = ("groups", "live")
+
+    def __init__(self, live: dict[int, _Segment]) -> None:
+        self.groups: dict[tuple, dict[int, _Group]] = {}
+        self.live = live
+        for seq, seg in enumerate(live.values()):
+            self.enter(seg, seq)
+
+    def enter(self, seg: _Segment, seq: int) -> None:
+        """Add a segment, `seq` its place in the walk's dict order; its gap is measured when first asked."""
+        by_stream = self.groups.setdefault((seg.pool, seg.small), {})
+        group = by_stream.get(seg.stream)
+        if group is None:
+            group = by_stream[seg.stream] = _Group()
+        seg.seq, seg.dirty = seq, group.dirty
+        group.dirty.add(seg)
+
+    def free_elsewhere(self, new: _Segment, rounded: int) -> tuple:
+        """The largest free block of the same pool and size class on another stream, if it fits.
+
+        As the row walk's `_free_elsewhere` finds it searching every segment in the
+        walk's order: the largest gap, the first segment on ties; (address, size,
+        stream), or three Nones.
+        """
+        best = None
+        for stream, group in self.groups.get((new.pool, new.small), {}).items():
+            if stream == new.stream:
+                continue
+            found = group.best(self.live)
+            if found and found[0] >= rounded and (best is None or (found[0], -found[1]) > (best[0], -best[1])):
+                best = (*found, stream)
+        if best is None:
+            return None, None, None
+        size, _seq, at, stream = best
+        return at, size, stream
+
+
+def _walk_forward(
+    events: _Events, holder: np.ndarray, rounded: np.ndarray, asks: np.ndarray, instances: list, live: dict
+) -> dict[int, tuple]:
+    """Walk the events forward from the rewound `live`; frame row -> (other block, size, stream) of each ask.
+
+    Keeps `live` current. An alloc takes the low end of the gap at its address,
+    and the whole gap when `should_split` says the rest stays with it.
+    """
+    stranding = _StrandingIndex(live)
+    enter, free_elsewhere = stranding.enter, stranding.free_elsewhere
+    next_seq = len(live)
+    new_rows: dict[int, tuple] = {}  # frame row -> (other block, its size, its stream) or three Nones
+    for a, addr, k, need, q in zip(
+        events.acts, events.addrs, holder.tolist(), rounded.tolist(), asks.tolist(), strict=True
+    ):
+        if a == ALLOC:
+            if k < 0:
+                continue
+            seg = instances[k]
+            ss, sizes_of = seg.starts, seg.sizes
+            j = bisect_right(ss, addr)
+            gap = (ss[j] if j < len(ss) else seg.end) - addr
+            if addr not in sizes_of:
+                ss.insert(j, addr)
+            sizes_of[addr] = need if gap - need > seg.limit else max(gap, need)
+            seg.dirty.add(seg)
+            if q >= 0:  # the alloc needed new memory: was a free block as large on another stream?
+                new_rows[q] = free_elsewhere(seg, need)
+        elif a == FREE_COMPLETED:
+            if k < 0:
+                continue
+            seg = instances[k]
+            if seg.sizes.pop(addr, None) is not None:
+                del seg.starts[bisect_left(seg.starts, addr)]
+                seg.dirty.add(seg)
+        elif a == SEGMENT_ALLOC:
+            seg = instances[k]
+            replaced = live.get(addr)
+            if replaced is not None:
+                enter(seg, replaced.seq)  # a dict keeps a replaced key's place
+            else:
+                enter(seg, next_seq)
+                next_seq += 1
+            live[addr] = seg
+        else:  # segment_free
+            live.pop(addr, None)
+    return new_rows
 
 
 def _alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, new_rows: dict) -> pd.DataFrame:

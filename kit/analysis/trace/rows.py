@@ -33,6 +33,7 @@ import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, should_split
 from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceReplay, WalkSegment, segment_differences
+from kit.load.rows import TraceEntry
 from kit.load.snapshot import Snapshot
 
 
@@ -90,6 +91,36 @@ def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
     entries = snap.require_trace(device)
     layout, rewound = _initial_state(snap, entries, device)
     final = _final_layout(snap, device)
+    freed_later = _freed_later(entries)
+    rows = []
+    made = []
+    fresh: list[tuple[int, int]] = []  # ranges cudaMalloc'ed or mapped since the last alloc
+    for i, e in enumerate(entries):
+        action = e.action
+        if action == "segment_alloc" or action == "segment_map":
+            seg = _new_segment(layout, final, e, i in freed_later)
+            fresh.append((e.addr, e.size))
+            made.append((i, e.addr, e.size, seg.pool, e.stream))
+        elif action == "segment_free":
+            layout.remove(e.addr)
+        elif action == "segment_unmap":
+            layout.unmap(e.addr, e.size)
+        elif action == "free_completed":
+            seg = layout.find(e.addr)
+            if seg is not None:
+                seg.release(e.addr)
+        elif action == "alloc":
+            row = _placed_alloc(layout, i, e, fresh)
+            if row is not None:
+                rows.append(row)
+            fresh.clear()
+    allocs = pd.DataFrame(rows, columns=list(ALLOC_COLUMNS))
+    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
+    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
+
+
+def _freed_later(entries) -> set[int]:
+    """The segment_allocs (entry numbers) whose segment the trace frees again."""
     # A segment's pool is in the snapshot only for the segment there now. Addresses come
     # back after a segment_free, so an earlier segment at the same address, one freed
     # within the trace, is taken as the default pool's (graph pools are not freed while
@@ -101,70 +132,51 @@ def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
             last_alloc[e.addr] = i
         elif e.action == "segment_free" and e.addr in last_alloc:
             freed_later.add(last_alloc[e.addr])
-    rows = []
-    made = []
-    fresh: list[tuple[int, int]] = []  # ranges cudaMalloc'ed or mapped since the last alloc
-    for i, e in enumerate(entries):
-        action = e.action
-        if action == "segment_alloc" or action == "segment_map":
-            if action == "segment_alloc":
-                known = final.by_start.get(e.addr) if i not in freed_later else None
-                pool, small = (known.pool, known.small) if known else (DEFAULT_POOL, is_small_segment(e.size))
-                seg = WalkSegment(e.addr, e.size, pool, e.stream, small)
-                layout.add(seg)
-            else:
-                pool, small = _pool_at(final, e.addr, e.size)
-                seg = layout.map(e.addr, e.size, e.stream, pool, small)
-            fresh.append((e.addr, e.size))
-            made.append((i, e.addr, e.size, seg.pool, e.stream))
-            continue
-        if action == "segment_free":
-            layout.remove(e.addr)
-            continue
-        if action == "segment_unmap":
-            layout.unmap(e.addr, e.size)
-            continue
-        if action == "free_completed":
-            seg = layout.find(e.addr)
-            if seg is not None:
-                seg.release(e.addr)
-            continue
-        if action != "alloc":
-            continue
-        seg = layout.find(e.addr)
-        if seg is None:
-            fresh.clear()
-            continue
-        rounded = round_size(e.size)
-        gap = seg.gap_at(e.addr)
-        seg.activate(e.addr, rounded if should_split(gap - rounded, seg.small) else max(gap, rounded))
-        row = {
-            "index": i,
-            "time_us": e.time_us,
-            "addr": e.addr,
-            "size": e.size,
-            "stream": e.stream,
-            "pool": seg.pool,
-            "served": "reused",
-            "segment_bytes": 0,
-            "other_block": None,
-            "other_block_size": 0,
-            "other_stream": None,
-            "frames": e.frames,
-        }
-        new_bytes = sum(size for a, size in fresh if a < e.addr + rounded and e.addr < a + size) if fresh else 0
-        if new_bytes:
-            row["served"] = "new_segment"
-            row["segment_bytes"] = new_bytes
-            other = _free_elsewhere(layout, seg, rounded)
-            if other:
-                row["served"] = "stranded"
-                row["other_block"], row["other_block_size"], row["other_stream"] = other
-        fresh.clear()
-        rows.append(row)
-    allocs = pd.DataFrame(rows, columns=list(ALLOC_COLUMNS))
-    new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
+    return freed_later
+
+
+def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later: bool) -> WalkSegment:
+    """The segment a segment_alloc makes, or the one a segment_map grows; its pool as the snapshot says."""
+    if e.action == "segment_map":
+        return layout.map(e.addr, e.size, e.stream, *_pool_at(final, e.addr, e.size))
+    known = final.by_start.get(e.addr) if not freed_later else None
+    pool, small = (known.pool, known.small) if known else (DEFAULT_POOL, is_small_segment(e.size))
+    seg = WalkSegment(e.addr, e.size, pool, e.stream, small)
+    layout.add(seg)
+    return seg
+
+
+def _placed_alloc(layout: Layout, i: int, e: TraceEntry, fresh: list[tuple[int, int]]) -> dict | None:
+    """Place alloc entry `i` in its segment and classify it: its row of `TraceReplay.allocs`; None if no segment."""
+    seg = layout.find(e.addr)
+    if seg is None:
+        return None
+    rounded = round_size(e.size)
+    gap = seg.gap_at(e.addr)
+    seg.activate(e.addr, rounded if should_split(gap - rounded, seg.small) else max(gap, rounded))
+    row = {
+        "index": i,
+        "time_us": e.time_us,
+        "addr": e.addr,
+        "size": e.size,
+        "stream": e.stream,
+        "pool": seg.pool,
+        "served": "reused",
+        "segment_bytes": 0,
+        "other_block": None,
+        "other_block_size": 0,
+        "other_stream": None,
+        "frames": e.frames,
+    }
+    new_bytes = sum(size for a, size in fresh if a < e.addr + rounded and e.addr < a + size) if fresh else 0
+    if new_bytes:
+        row["served"] = "new_segment"
+        row["segment_bytes"] = new_bytes
+        other = _free_elsewhere(layout, seg, rounded)
+        if other:
+            row["served"] = "stranded"
+            row["other_block"], row["other_block_size"], row["other_stream"] = other
+    return row
 
 
 def _free_elsewhere(layout: Layout, new: WalkSegment, rounded: int) -> tuple[int, int, int] | None:
@@ -180,15 +192,7 @@ def _free_elsewhere(layout: Layout, new: WalkSegment, rounded: int) -> tuple[int
 
 
 def _compare_with_snapshot(snap: Snapshot, layout: Layout, device: int) -> list[str]:
-    want = {
-        s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"})
-        for s in snap.segments
-        if s.device == device
-    }
-    return segment_differences(want, layout.by_start)
-
-
-def _compare_with_snapshot(snap: Snapshot, layout: Layout, device: int) -> list[str]:
+    """What differs between the walk's end and the snapshot's segments on `device`."""
     want = {
         s.address: (s.total_size, {b.address: b.size for b in s.blocks if b.state != "inactive"})
         for s in snap.segments

@@ -56,6 +56,7 @@ class WalkSegment:
         return end - address
 
     def largest_gap(self) -> tuple[int, int]:
+        """(size, address) of the largest free block, the lowest on ties; (0, 0) when there is none."""
         best, at, cursor = 0, 0, self.address
         for start in self.starts:
             if start - cursor > best:
@@ -66,11 +67,13 @@ class WalkSegment:
         return best, at
 
     def activate(self, address: int, size: int) -> None:
+        """The block at `address` is active, `size` bytes."""
         if address not in self.sizes:
             insort(self.starts, address)
         self.sizes[address] = size
 
     def release(self, address: int) -> None:
+        """The block at `address` is free again (nothing happens if it was not active)."""
         if self.sizes.pop(address, None) is not None:
             del self.starts[bisect_left(self.starts, address)]
 
@@ -87,11 +90,13 @@ class Layout:
         self.starts: list[int] = []
 
     def add(self, seg: WalkSegment) -> None:
+        """Add `seg`, in place of any segment at its address."""
         if seg.address not in self.by_start:
             insort(self.starts, seg.address)
         self.by_start[seg.address] = seg
 
     def remove(self, address: int) -> WalkSegment | None:
+        """Remove the segment at `address`, and return it (None if there is none)."""
         seg = self.by_start.pop(address, None)
         if seg is not None:
             del self.starts[bisect_left(self.starts, address)]
@@ -112,11 +117,7 @@ class Layout:
         if (
             before is not None
             and before.address + before.size == address
-            and (before.stream, before.pool)
-            == (
-                stream,
-                pool,
-            )
+            and (before.stream, before.pool) == (stream, pool)
         ):
             seg = before
             seg.size += size
@@ -146,7 +147,6 @@ class Layout:
                 self.add(part)
 
 
-@dataclass
 @dataclass
 class TraceReplay:
     """The result of walking a trace: one row per alloc, and what did not add up."""
