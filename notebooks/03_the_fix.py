@@ -31,7 +31,6 @@ import kit
 import kit.patch.replica
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
 from kit.experiments.scenarios import replica_runs
-from kit.patch.install import patch_diffs
 from kit.recordings import default_source
 from kit.replica import parallel_state
 from kit.show.before_after import SCENARIO_OF, BeforeAfterView
@@ -43,11 +42,12 @@ print(f"data source: {SOURCE}")
 # %% [markdown]
 # ## The patch, in-process
 #
-# `kit.patch.replica` applies the PR to the replica in this process by swapping functions:
-# `graph_capture()` takes an optional stream, `CudaGraphManager.capture()` records the one
-# it used, the runner hands the model graphs' stream to `capture_inner_cudagraphs()`, which
+# `kit.patch.replica` applies the PR to the replica in this process the way `kit.patch.vllm`
+# applies it to vLLM: it edits the PR's lines in each function's own source and installs the
+# results. `graph_capture()` takes an optional stream, `CudaGraphManager.capture()` records the
+# one it used, the runner hands the model graphs' stream to `capture_inner_cudagraphs()`, which
 # passes it to the replay graphs (unless aux hidden states come before the replay layers:
-# notebook 04). Swapping functions needs no GPU, so here it is applied, read, and reverted.
+# notebook 04). Patching needs no GPU, so here it is applied, read, and reverted.
 
 # %%
 original = parallel_state.graph_capture
@@ -55,11 +55,9 @@ patch = kit.patch.replica.apply(policy="pr")
 print(f"{patch}; it replaces:")
 for target in patch.targets():
     print("  ", target)
-diffs = patch_diffs(patch)
 kit.patch.replica.revert()
 print(f"{patch}; graph_capture is vLLM 0.33's again: {parallel_state.graph_capture is original}")
-for where, diff in diffs.items():
-    print(f"\n# {where}\n{diff}")
+print(patch.diff())
 
 # %% [markdown]
 # ## The same capture, unpatched and patched

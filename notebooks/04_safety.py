@@ -38,7 +38,6 @@ import kit
 import kit.patch.replica
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
-from kit.replica.decoder_replay import DecoderReplayLayers
 from kit.replica.model import replay_rows
 from kit.show.safety import SafetyView, equivalence_view, liveness_view, overview_table
 
@@ -56,7 +55,7 @@ print(f"data source: {SOURCE}")
 
 # %%
 print(inspect.getsource(kit.patch.replica.replay_stream))
-print(inspect.getsource(DecoderReplayLayers.has_early_aux))
+print(inspect.getsource(kit.patch.replica.has_early_aux))
 
 # %% [markdown]
 # ## Four captures of the replica

@@ -171,15 +171,15 @@ def cuda(monkeypatch):
 
 
 def replica_originals() -> list:
-    from kit.replica import decoder_replay, model, model_runner
+    from kit.replica import decoder_replay_cudagraph, model_runner, model_state
 
     return [
         parallel_state.graph_capture,
         cudagraph_utils.graph_capture,
         cudagraph_utils.CudaGraphManager.capture,
         model_runner.GPUModelRunner.capture_model,
-        model.DeepseekV41ModelState.capture_inner_cudagraphs,
-        decoder_replay.DecoderReplayCudaGraphManager.capture_replay_graphs,
+        model_state.DeepseekV41ModelState.capture_inner_cudagraphs,
+        decoder_replay_cudagraph.DecoderReplayCudaGraphManager.capture_replay_graphs,
     ]
 
 

@@ -7,6 +7,8 @@ tests/fixtures/replica by `scripts/record_replica.py` and asserted here.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import types
 
@@ -14,13 +16,15 @@ import pytest
 import torch
 
 import kit.patch.replica as replica_patch
-from kit import KitError
+from kit import CaptureRecorder, KitError
 from kit.analysis.attribution import capture_table
 from kit.experiments.scenarios import SCENARIOS, summarize
 from kit.patch.install import Patch
+from kit.patch.policy import has_early_aux
 from kit.record.recorder import label_from_stack, manager_name
-from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils, decoder_replay, model, parallel_state
-from kit.replica.model_runner import GPUModelRunner as Runner
+from kit.replica import cudagraph_utils, decoder_replay_cudagraph, model_state, parallel_state
+from kit.replica.model import ReplicaConfig
+from kit.replica.model_runner import GPUModelRunner
 from tests.conftest import FIXTURES
 
 REPLICA = FIXTURES / "replica"
@@ -65,9 +69,9 @@ def test_replica_gpu_paths_say_they_need_cuda():
 
 
 def test_has_early_aux_is_an_aux_layer_before_the_replay_start():
-    assert not Runner(TINY, "cpu").model.replay_layers.has_early_aux()
+    assert has_early_aux(GPUModelRunner(TINY, "cpu").model_state) is False
     early = ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": (1, 3)})
-    assert Runner(early, "cpu").model.replay_layers.has_early_aux()
+    assert has_early_aux(GPUModelRunner(early, "cpu").model_state) is True
 
 
 @pytest.mark.parametrize(
@@ -87,9 +91,9 @@ def originals() -> list:
         parallel_state.graph_capture,
         cudagraph_utils.graph_capture,
         cudagraph_utils.CudaGraphManager.capture,
-        Runner.capture_model,
-        model.DeepseekV41ModelState.capture_inner_cudagraphs,
-        decoder_replay.DecoderReplayCudaGraphManager.capture_replay_graphs,
+        GPUModelRunner.capture_model,
+        model_state.DeepseekV41ModelState.capture_inner_cudagraphs,
+        decoder_replay_cudagraph.DecoderReplayCudaGraphManager.capture_replay_graphs,
     ]
 
 
@@ -99,7 +103,7 @@ def test_patch_replaces_every_target_and_revert_restores_the_originals():
     try:
         after = originals()
         assert all(a is not b for a, b in zip(after, before, strict=True))
-        assert cudagraph_utils.graph_capture is parallel_state.graph_capture is replica_patch.graph_capture
+        assert cudagraph_utils.graph_capture is parallel_state.graph_capture is patch.rewrites[0].function
         assert replica_patch.apply("share") is patch and originals() == after  # applying twice wraps once
     finally:
         replica_patch.revert()
@@ -158,13 +162,66 @@ class StandInReplayGraphs:
 )
 def test_patched_capture_inner_cudagraphs_hands_the_stream_on_by_policy(policy, early_aux, shared):
     aux = (1, 3) if early_aux else (3,)
-    runner = Runner(ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": aux}), "cpu")
+    runner = GPUModelRunner(ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": aux}), "cpu")
     runner.model_state.replay_cudagraphs = stand_in = StandInReplayGraphs()
     model_stream = object()  # stands in for the model graphs' CUDA stream
-    with replica_patch.patched(policy):
+    with replica_patch.patched(policy) as patch:
         runner.model_state.capture_inner_cudagraphs(stream=model_stream)
     assert (stand_in.stream is model_stream) is shared
     assert shared or stand_in.stream is None
+    decision = patch.decisions[-1]
+    assert (decision.model_state, decision.early_aux, decision.shared) == ("DeepseekV41ModelState", early_aux, shared)
+
+
+@pytest.mark.parametrize(
+    "policy,aux,shared",
+    [
+        (None, (3,), False),
+        ("pr", (3,), True),
+        ("pr", (1, 3), False),
+        ("share", (1, 3), True),
+        ("separate", (3,), False),
+    ],
+)
+def test_capture_model_puts_the_replay_graphs_on_the_stream_the_policy_picks(monkeypatch, policy, aux, shared):
+    """The whole capture path, unpatched and patched, with CUDA stood in for (tests/test_faults.py's FakeCuda)."""
+    from tests.test_faults import FakeCuda
+
+    FakeCuda(monkeypatch)
+    config = ReplicaConfig(**{**TINY.__dict__, "aux_hidden_state_layers": aux, "dtype": "float32"})
+    runner = GPUModelRunner(config, "cpu")
+    state = runner.model_state
+    state.replay_cudagraphs = decoder_replay_cudagraph.DecoderReplayCudaGraphManager(
+        runner.device, state.decoder_replay_layers, config.decoder_replay_cudagraph_capture_sizes, 64, torch.float32
+    )
+    monkeypatch.setattr(runner, "device", torch.device("cuda"))  # capture_model's check; the rest stays on the CPU
+    with replica_patch.patched(policy) if policy else contextlib.nullcontext(), CaptureRecorder() as rec:
+        runner.capture_model()
+    streams = {r.manager: r.stream for r in rec.records}
+    sizes = {m: sorted(r.size for r in rec.records if r.manager == m) for m in streams}
+    assert sizes == {"model graphs": [8, 8, 16, 16], "replay graphs": [4, 8]}  # a model graph: two segments
+    assert (streams["replay graphs"] == streams["model graphs"]) is shared
+    assert not replica_patch.is_applied()
+
+
+def test_the_replica_takes_the_prs_own_hunks_where_its_lines_are_vllms():
+    import kit.patch.vllm as patch_vllm
+
+    vllm_hunks = {hunk for target in patch_vllm.TARGETS for hunk in target.hunks}
+    shared = [hunk for target in replica_patch.TARGETS for hunk in target.hunks if hunk in vllm_hunks]
+    assert len(shared) == 5  # graph_capture's two, capture()'s signature, the replay graphs' call and capture
+    with replica_patch.patched() as patch:
+        table = patch.table()
+        assert list(table["function"]) == [target.where for target in replica_patch.TARGETS]
+        assert table["defined in"].str.match(r"kit/replica/\w+\.py:\d+$").all()
+        assert table["installed in"][0] == "kit.replica.parallel_state, kit.replica.cudagraph_utils"
+        for target, rw in zip(replica_patch.TARGETS, patch.rewrites, strict=True):
+            takes_stream = "stream" in inspect.signature(rw.function).parameters
+            assert takes_stream == (target.qualname != "GPUModelRunner.capture_model")
+            diff = rw.diff().splitlines()
+            removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
+            assert 0 < len(removed) <= len(target.hunks)  # every other line is the replica's own
+    assert "stream=replay_stream(self, stream)" in replica_patch.diff()
 
 
 # --- the capture recorder's labels -------------------------------------------

@@ -21,6 +21,7 @@ from vllm.v1.worker.gpu import cudagraph_utils
 
 import kit.patch.vllm as patch_vllm
 from kit.errors import KitError
+from kit.patch.policy import has_early_aux
 from kit.record.recorder import label_from_stack, manager_name
 from tests import vllm_standins as standin
 
@@ -244,7 +245,7 @@ def test_with_early_aux_the_replay_graphs_keep_their_own_stream(cuda, specialize
 
 def test_an_aux_layer_at_the_replay_start_is_made_inside_the_replay_layers(cuda):
     runner = standin.deepseek_runner(aux=(20,), replay_start=20)
-    assert patch_vllm.has_early_aux(runner.model_state) is False
+    assert has_early_aux(runner.model_state) is False
     with patch_vllm.patched():
         runner.capture_model()
         model, replay, _ = _streams(runner)
@@ -262,14 +263,14 @@ def test_policies_override_the_early_aux_rule(cuda):
         runner.capture_model()
         model, replay, _ = _streams(runner)
         assert replay is not model
-    with pytest.raises(KitError, match="unknown policy"):
+    with pytest.raises(KitError, match="unknown stream policy"):
         patch_vllm.apply(policy="sometimes")
 
 
 def test_a_model_whose_aux_layers_cannot_be_read_keeps_the_replay_stream_apart(cuda):
     runner = standin.deepseek_runner()
     runner.model_state.model = standin.StandInModel(standin.StandInBackbone(None, (), 0))  # not the state's layers
-    assert patch_vllm.has_early_aux(runner.model_state) is None
+    assert has_early_aux(runner.model_state) is None
     with patch_vllm.patched() as patch:
         runner.capture_model()
         model, replay, _ = _streams(runner)

@@ -10,7 +10,6 @@ import kit
 import kit.patch.replica as replica_patch
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.whatif import layout_differences, prediction_table
-from kit.patch.install import patch_diffs
 from kit.replica import parallel_state
 from kit.show.stepthrough import FITS, TAKEN, StepThrough, pool_view
 
@@ -136,20 +135,20 @@ def test_prediction_table_sets_the_what_if_next_to_the_patched_run(preset):
     assert "simulator" in table.attrs["source"] and "recorded" in table.attrs["source"]
 
 
-def test_patch_diffs_show_each_replaced_function_and_need_the_patch_applied():
+def test_the_patch_shows_each_replaced_function_and_its_diff_and_reverts():
     patch = replica_patch.apply("pr")
     try:
-        diffs = patch_diffs(patch)
-        names = {name for key in diffs for name in key.split(", ")}
-        assert names == set(patch.targets())
-        key = next(k for k in diffs if k.startswith("kit.replica.parallel_state.graph_capture"))
-        assert "kit.replica.cudagraph_utils.graph_capture" in key  # one original, imported by name twice
-        assert "-    context = GraphCaptureContext(torch.cuda.Stream(device=device))" in diffs[key]
-        assert all(d.startswith("---") and "\n+" in d for d in diffs.values())
+        table = patch.table()
+        names = {name for places in table["installed in"] for name in places.split(", ")}
+        assert {t.rsplit(".", 1)[0] for t in patch.targets()} == names
+        row = table[table["function"] == "kit.replica.parallel_state.graph_capture"].iloc[0]
+        assert "kit.replica.cudagraph_utils" in row["installed in"]  # one original, imported by name twice
+        diff = patch.diff()
+        assert "-    context = GraphCaptureContext(torch.cuda.Stream(device=device))" in diff
+        assert diff.count("\n--- ") + diff.startswith("---") == len(table) and "\n+" in diff
     finally:
         replica_patch.revert()
-    with pytest.raises(ValueError, match="apply it first"):
-        patch_diffs(patch)
+    assert not patch.applied and patch.diff() == diff  # the diff still reads after the revert
     assert "torch.cuda.Stream(device=device)" in inspect.getsource(parallel_state.graph_capture)
 
 

@@ -81,7 +81,7 @@ def run_scenario(name: str, preset: str = "small") -> dict:
         "policy": policy or "unpatched",
         "description": description,
         "config": dataclasses.asdict(config),
-        "has_early_aux": runner.model.replay_layers.has_early_aux(),
+        "has_early_aux": replica_patch.has_early_aux(runner.model_state),
     }
     raw["kit"]["equivalence"] = equivalence.to_records()
     raw["kit"]["provenance"]["command"] = f"python -m kit.experiments.scenarios {name} --preset {preset}"

@@ -291,7 +291,7 @@ def _parse_trace_entry_checked(e: Any, device: int, where: str) -> TraceEntry:
 
 
 def capture_window(c: Any, where: str) -> dict:
-    """One graph's capture window from the `kit.captures` list, checked."""
+    """One graph's capture window from the `captures` list of the snapshot's `kit` key, checked."""
     if not isinstance(c, dict):
         raise KitError(f"{where}: is {describe(c)}, expected a dict")
     graph = c.get("graph")

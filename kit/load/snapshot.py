@@ -215,10 +215,10 @@ class Snapshot:
 
     @cached_property
     def captures(self) -> list[dict]:
-        """The capture windows of the kit's recorders (`kit.captures`), one per graph, checked."""
+        """The capture windows of the kit's recorders (the `kit` key's `captures`), one per graph, checked."""
         windows = self.kit.get("captures") or []
         if not isinstance(windows, list | tuple):
-            raise KitError(f"{self.origin}: 'kit.captures' is {describe(windows)}, expected a list")
+            raise KitError(f"{self.origin}: the kit key's 'captures' is {describe(windows)}, expected a list")
         return [capture_window(c, f"{self.origin}: capture window {i}") for i, c in enumerate(windows)]
 
     def __repr__(self) -> str:

@@ -1,1 +1,5 @@
-"""PR 63155 applied in-process, and taken back: to the replica (`kit.patch.replica`) and to vLLM (`kit.patch.vllm`)."""
+"""PR 63155 applied in-process, and taken back: one mechanism (`pr`) for the replica (`replica`) and vLLM (`vllm`).
+
+`policy` is the PR's replay-stream rule, `source` rewrites a function by hunks,
+`install` replaces attributes all or nothing.
+"""

@@ -5,9 +5,8 @@ applied together and reverted together: if one replacement fails, those
 already made are undone before the error propagates, and `revert()` puts
 back every original object (an attribute a class inherited, or one the
 patch added, is deleted again rather than left behind as a copy). The PR's
-functions that `kit.patch.source` compiles are installed this way, and so
-are the capture recorder's hooks. `patch_diffs` shows what an applied patch
-replaced.
+functions that `kit.patch.source` compiles are installed this way
+(`kit.patch.pr`), and so are the capture recorder's hooks.
 
 Applying and reverting are atomic against Ctrl-C: a KeyboardInterrupt that
 arrives meanwhile is held back until the patch is wholly on or wholly off
@@ -17,10 +16,7 @@ arrives meanwhile is held back until the patch is wholly on or wholly off
 from __future__ import annotations
 
 import contextlib
-import difflib
-import inspect
 import signal
-import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -123,30 +119,3 @@ def qualified_name(owner: Any) -> str:
     if isinstance(owner, type):
         return f"{owner.__module__}.{owner.__qualname__}"
     return getattr(owner, "__name__", repr(owner))
-
-
-def patch_diffs(patch: Patch) -> dict[str, str]:
-    """For an applied patch: each replaced function's unified diff, original to replacement.
-
-    Targets that held the same original (a function imported by name into a
-    second module) share one entry, keyed by all their names.
-    """
-    if not patch.applied:
-        raise ValueError(f"{patch.name}: apply it first, so that the originals are known")
-    entries: dict[tuple[int, int], tuple[list[str], Any, Any]] = {}
-    for (owner, attr, original), (_, _, new) in zip(patch.originals, patch.replacements, strict=False):
-        names, _, _ = entries.setdefault((id(original), id(new)), ([], original, new))
-        names.append(f"{qualified_name(owner)}.{attr}")
-    return {", ".join(names): _diff(original, new) for names, original, new in entries.values()}
-
-
-def _diff(original: Any, new: Any) -> str:
-    def lines(function: Any) -> list[str]:
-        return textwrap.dedent(inspect.getsource(function)).splitlines(keepends=True)
-
-    where = f"{original.__module__}.{original.__qualname__}"
-    return "".join(
-        difflib.unified_diff(
-            lines(original), lines(new), f"{where} (vLLM 0.33)", f"{new.__module__}.{new.__name__} (PR 63155)"
-        )
-    )

@@ -10,7 +10,8 @@ replay graph on the same stream could overwrite them. `policy` picks:
   PR's exception exists for);
 - `separate`: a stream of their own always (vLLM 0.33 as released).
 
-Both `kit.patch.replica` and `kit.patch.vllm` decide by `replay_stream`.
+The patched model states decide by `replay_stream` and `has_early_aux`, in
+the replica and in vLLM alike (`kit.patch.pr`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def has_early_aux(model_state: Any) -> bool | None:
 
     The aux layer ids (`aux_hidden_state_layers`) and `decoder_replay_start`
     live on the backbone that owns the state's `decoder_replay_layers`
-    (`model_state.model.model` for vLLM's DeepSeek-V4.1).
+    (`model_state.model.model` for vLLM's DeepSeek-V4.1, `model_state.model`
+    for the replica's decoder).
     """
     layers = getattr(model_state, "decoder_replay_layers", None)
     candidate, seen = getattr(model_state, "model", None), set()

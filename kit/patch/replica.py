@@ -1,19 +1,23 @@
-"""PR 63155 applied to the kit's replica, in-process.
+"""PR 63155 applied to the kit's replica, in-process, by the same edits as to vLLM.
 
-The replacements are the PR's versions of the functions it changes:
+The replica's functions are vLLM 0.33's in shape, so `kit.patch.pr` applies
+the PR to them as it does to vLLM, with vLLM's hunks (`kit.patch.vllm`) where
+the replica's lines are vLLM's:
 
 - `graph_capture(device, stream=None)` reuses a given stream (in
   `parallel_state` and in `cudagraph_utils`, which imported it by name);
 - `CudaGraphManager.capture(..., stream=None)` captures on it and records the
   stream it used in `capture_stream`;
 - `GPUModelRunner.capture_model()` hands the model graphs' `capture_stream` to
-  `model_state.capture_inner_cudagraphs()`;
-- `DeepseekV41ModelState.capture_inner_cudagraphs(stream=None)` passes it on to
-  `capture_replay_graphs(prepare, stream=None)`, unless `has_early_aux()`.
+  `model_state.capture_inner_cudagraphs(stream=None)`;
+- `DeepseekV41ModelState.capture_inner_cudagraphs` passes it on to
+  `capture_replay_graphs(prepare, stream=None)`, unless aux hidden states are
+  made before the replay layers.
 
-`policy` picks the last decision: `pr` (the PR's rule), or, for experiments,
-`share` (always the model graphs' stream, early aux or not) or `separate`
-(always a stream of their own).
+That decision is `replay_stream(policy, has_early_aux(model_state), stream)`
+(`kit.patch.policy`, exported here for the experiments): `pr` (the PR's
+rule), or, for experiments, `share` (always the model graphs' stream, early
+aux or not) or `separate` (always a stream of their own).
 
     with kit.patch.replica.patched(policy="pr"):
         runner.capture_model()
@@ -21,132 +25,73 @@ The replacements are the PR's versions of the functions it changes:
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from dataclasses import replace
 
-import torch
+from kit.patch import vllm
+from kit.patch.policy import has_early_aux, replay_stream
+from kit.patch.pr import Codebase, Target
+from kit.patch.source import Hunk
 
-from kit.errors import KitError
-from kit.patch.install import Patch, interrupts_deferred
-from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
-from kit.replica.parallel_state import GraphCaptureContext, _on_stream
+_STREAM_PARAM = "stream: torch.cuda.Stream | None = None"
 
-POLICIES = ("pr", "share", "separate")
-_state = {"policy": "pr", "patch": None, "blocks": 0}  # blocks: `patched()` blocks open now, in any thread
-_lock = threading.RLock()
+TARGETS = (
+    replace(vllm.GRAPH_CAPTURE, module="kit.replica.parallel_state"),
+    replace(
+        vllm.CAPTURE,
+        module="kit.replica.cudagraph_utils",
+        hunks=(
+            vllm.CAPTURE_TAKES_A_STREAM,
+            Hunk(
+                "with graph_capture(device=self.device):",
+                """
+                with graph_capture(device=self.device, stream=stream) as context:
+                    self.capture_stream = context.stream
+                """,
+            ),
+        ),
+    ),
+    Target(
+        "kit.replica.model_runner",
+        "GPUModelRunner.capture_model",
+        ("self",),
+        (
+            Hunk(
+                "self.model_state.capture_inner_cudagraphs()",
+                "self.model_state.capture_inner_cudagraphs(stream=self.cudagraph_manager.capture_stream)",
+            ),
+        ),
+        "hands the model graphs' `capture_stream` to `capture_inner_cudagraphs()`",
+    ),
+    replace(
+        vllm.CAPTURE_INNER,
+        module="kit.replica.model_state",
+        params=("self",),
+        hunks=(
+            Hunk(
+                "def capture_inner_cudagraphs(self) -> None:",
+                f"def capture_inner_cudagraphs(self, {_STREAM_PARAM}) -> None:",
+            ),
+            vllm.REPLAY_GRAPHS_GET_THE_STREAM,
+        ),
+    ),
+    replace(
+        vllm.CAPTURE_REPLAY_GRAPHS,
+        module="kit.replica.decoder_replay_cudagraph",
+        hunks=(
+            Hunk(
+                "def capture_replay_graphs(self, prepare: Callable[[int], None]) -> None:",
+                f"def capture_replay_graphs(self, prepare: Callable[[int], None], {_STREAM_PARAM}) -> None:",
+            ),
+            vllm.REPLAY_CAPTURE_ON_THE_STREAM,
+        ),
+    ),
+)
 
+REPLICA = Codebase("kit.replica", lambda: "replica", TARGETS)
+apply = REPLICA.apply
+revert = REPLICA.revert
+is_applied = REPLICA.is_applied
+patched = REPLICA.patched
+diff = REPLICA.diff
 
-@contextlib.contextmanager
-def graph_capture(device: torch.device, stream: torch.cuda.Stream | None = None) -> Iterator[GraphCaptureContext]:
-    """Make the capture stream current; reuse `stream` when one is given."""
-    context = GraphCaptureContext(stream if stream is not None else torch.cuda.Stream(device=device))
-    with _on_stream(context.stream):
-        yield context
-
-
-def capture(
-    self: cudagraph_utils.CudaGraphManager,
-    create_forward_fn: cudagraph_utils.CreateForwardFn,
-    stream: torch.cuda.Stream | None = None,
-) -> None:
-    """Capture every size on `stream`, or a new one; record it in `capture_stream`."""
-    with cudagraph_utils.graph_capture(device=self.device, stream=stream) as context:
-        self.capture_stream = context.stream
-        self._capture_sizes(create_forward_fn)
-
-
-def capture_model(self: model_runner.GPUModelRunner) -> None:
-    if self.device.type != "cuda":
-        raise KitError("capture_model() needs CUDA")
-    with torch.inference_mode():
-        self.cudagraph_manager.capture(self._create_forward_fn)
-        self.model_state.capture_inner_cudagraphs(stream=self.cudagraph_manager.capture_stream)
-
-
-def replay_stream(policy: str, has_early_aux: bool, stream: torch.cuda.Stream | None):
-    """The stream the replay graphs capture on under `policy` (None: a new one)."""
-    if policy == "share" or (policy == "pr" and not has_early_aux):
-        return stream
-    return None
-
-
-def capture_inner_cudagraphs(self: model.DeepseekV41ModelState, stream: torch.cuda.Stream | None = None) -> None:
-    if self.replay_cudagraphs is not None:
-        shared = replay_stream(_state["policy"], self.replay_layers.has_early_aux(), stream)
-        self.replay_cudagraphs.capture_replay_graphs(self._prepare_capture, stream=shared)
-
-
-def capture_replay_graphs(
-    self: decoder_replay.DecoderReplayCudaGraphManager,
-    prepare: Callable[[int], None],
-    stream: torch.cuda.Stream | None = None,
-) -> None:
-    self.capture(self._create_forward_fn(prepare), stream=stream)
-    self.layers.replay_batch = None
-
-
-def _replacements() -> list:
-    return [
-        (parallel_state, "graph_capture", graph_capture),
-        (cudagraph_utils, "graph_capture", graph_capture),
-        (cudagraph_utils.CudaGraphManager, "capture", capture),
-        (model_runner.GPUModelRunner, "capture_model", capture_model),
-        (model.DeepseekV41ModelState, "capture_inner_cudagraphs", capture_inner_cudagraphs),
-        (decoder_replay.DecoderReplayCudaGraphManager, "capture_replay_graphs", capture_replay_graphs),
-    ]
-
-
-def _check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise KitError(f"unknown stream policy {policy!r}: use one of {', '.join(POLICIES)}")
-
-
-def apply(policy: str = "pr") -> Patch:
-    """Apply the PR to the replica (once; a second call only sets the policy)."""
-    _check_policy(policy)
-    with _lock:
-        patch = _state["patch"] or Patch("PR 63155 on the replica", _replacements())
-        _state["patch"] = patch  # before applying: an interrupted apply is still found, and reverted, by revert()
-        patch.apply()
-        _state["policy"] = policy
-        return patch
-
-
-def revert() -> None:
-    """Take the patch back, whatever `patched()` blocks are open."""
-    with _lock:
-        if _state["patch"] is not None:
-            _state["patch"].revert()
-        _state["policy"] = "pr"
-
-
-def is_applied() -> bool:
-    return _state["patch"] is not None and _state["patch"].applied
-
-
-@contextlib.contextmanager
-def patched(policy: str = "pr") -> Iterator[Patch]:
-    """The PR applied for the block, and reverted after it, exception or not, unless it was applied before.
-
-    Blocks may overlap, in one thread or several (vLLM's microbatch threads):
-    the patch stays on until the last open block ends, if none of them applied
-    it before the first began. The policy is process-wide: the innermost block
-    sets it, and its end puts back the one before.
-    """
-    _check_policy(policy)
-    with _lock, interrupts_deferred():
-        first = _state["blocks"] == 0
-        if first:
-            _state["applied_before"] = is_applied()
-        previous = _state["policy"]
-        patch = apply(policy)
-        _state["blocks"] += 1
-    try:
-        yield patch
-    finally:
-        with _lock, interrupts_deferred():
-            _state["blocks"] -= 1
-            _state["policy"] = previous
-            if _state["blocks"] == 0 and not _state.get("applied_before"):
-                revert()
+__all__ = ["TARGETS", "apply", "diff", "has_early_aux", "is_applied", "patched", "replay_stream", "revert"]

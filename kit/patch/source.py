@@ -1,8 +1,8 @@
 """Rewriting an installed function from its own source, hunk by hunk.
 
-`kit.patch.vllm` applies PR 63155 to an installed vLLM the way the PR does:
-it edits the few lines the PR changes in each function and keeps every other
-line as the installed vLLM has it. A `Hunk` is one such edit: the lines as
+`kit.patch.pr` applies PR 63155 the way the PR does, to vLLM and to the
+replica alike: it edits the few lines the PR changes in each function and
+keeps every other line as installed. A `Hunk` is one such edit: the lines as
 they stand (compared without their indentation) and the lines that replace
 them. `rewrite()` reads the function's source, applies its hunks, and
 compiles the result in the function's own module globals, so the new
@@ -67,15 +67,15 @@ def _lines(text: str) -> list[str]:
     return textwrap.dedent(text).strip("\n").splitlines()
 
 
-def apply_hunk(lines: list[str], hunk: Hunk, where: str) -> list[str]:
-    """`lines` with `hunk` applied; refuses unless its old lines occur exactly once."""
+def apply_hunk(lines: list[str], hunk: Hunk, where: str, label: str) -> list[str]:
+    """`lines` with `hunk` applied; refuses unless its old lines occur exactly once (`label` names the codebase)."""
     old = [line.strip() for line in _lines(hunk.old)]
     starts = [
         i for i in range(len(lines) - len(old) + 1) if all(lines[i + k].strip() == old[k] for k in range(len(old)))
     ]
     if len(starts) != 1:
         found = "is not there" if not starts else f"is there {len(starts)} times"
-        raise KitError(f"unsupported vLLM: {where}: the line `{old[0]}` {found}; nothing was patched")
+        raise KitError(f"unsupported {label}: {where}: the line `{old[0]}` {found}; nothing was patched")
     i = starts[0]
     indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
     new = [indent + line if line.strip() else "" for line in _lines(hunk.new)]
@@ -87,26 +87,30 @@ def rewrite(
     hunks: tuple[Hunk, ...],
     *,
     where: str,
+    label: str,
     owner: type | None = None,
     names: dict | None = None,
 ) -> Rewrite:
     """`function` with `hunks` applied, compiled in its module's globals.
 
-    `owner` is the class a method is defined in (its zero-argument `super()`
-    needs it); `names` are extra names the new lines use, handed in as
-    closure variables so the module's globals stay untouched.
+    `label` names the codebase in a refusal (`vLLM 0.33.0`); `owner` is the
+    class a method is defined in (its zero-argument `super()` needs it);
+    `names` are extra names the new lines use, handed in as closure variables
+    so the module's globals stay untouched.
     """
     code_fn = inspect.unwrap(function)
     free = set(code_fn.__code__.co_freevars) - {"__class__"}
     if free:
-        raise KitError(f"unsupported vLLM: {where} is a closure over {sorted(free)}; nothing was patched")
+        raise KitError(f"unsupported {label}: {where} is a closure over {sorted(free)}; nothing was patched")
     try:
         old_source = textwrap.dedent(inspect.getsource(code_fn))
     except (OSError, TypeError) as exc:
-        raise KitError(f"unsupported vLLM: the source of {where} cannot be read ({exc}); nothing was patched") from None
+        raise KitError(
+            f"unsupported {label}: the source of {where} cannot be read ({exc}); nothing was patched"
+        ) from None
     lines = old_source.splitlines()
     for hunk in hunks:
-        lines = apply_hunk(lines, hunk, where)
+        lines = apply_hunk(lines, hunk, where, label)
     new_source = "\n".join(lines) + "\n"
     names = dict(names or {})
     filename = f"<PR 63155: {where}>"

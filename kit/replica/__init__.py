@@ -10,17 +10,22 @@ caching allocator:
   first, into the global graph pool, each after a warm-up;
 - `breakable_cudagraph`: breakable PIECEWISE capture, graph segments separated
   by eager breaks (`eager_break_during_capture`) recorded for replay;
-- `decoder_replay`: `DecoderReplayLayers`, which run the layers from the replay
-  start in an eager break on gathered rows, and `DecoderReplayCudaGraphManager`,
-  which captures them after the model graphs into the same pool;
-- `model`: the decoder (with aux hidden states) and its model state;
+- `decoder_replay_layers.DecoderReplayLayers`: the layers from the replay
+  start, run in an eager break on gathered rows;
+- `decoder_replay_cudagraph.DecoderReplayCudaGraphManager`: their graphs,
+  captured after the model graphs into the same pool;
+- `model`: the decoder (with aux hidden states), its config and presets;
+- `model_state.DeepseekV41ModelState`: owns the replay graphs and picks each
+  step's replay rows;
 - `model_runner.GPUModelRunner`: `capture_model()` and `run()`.
 
+Import from the modules: `from kit.replica.model import PRESETS`,
+`from kit.replica.model_runner import GPUModelRunner`.
+
+The functions PR 63155 changes are written in vLLM 0.33's shape, unpatched,
+so that `kit.patch.replica` applies the PR to them as `kit.patch.vllm` does
+to vLLM: by editing their lines in-process.
+
 Everything imports and the model builds and runs eagerly on the CPU; capture
-needs CUDA. `kit.patch.replica` applies the PR to this package in-process.
+needs CUDA.
 """
-
-from kit.replica.model import PRESETS, Decoder, DeepseekV41ModelState, ReplicaConfig
-from kit.replica.model_runner import GPUModelRunner
-
-__all__ = ["PRESETS", "Decoder", "DeepseekV41ModelState", "GPUModelRunner", "ReplicaConfig"]

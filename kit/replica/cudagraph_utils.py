@@ -9,12 +9,15 @@ managers share one graph pool, `get_global_graph_pool()`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
 from kit.replica.forward_context import CUDAGraphMode
 from kit.replica.parallel_state import graph_capture
+
+logger = logging.getLogger(__name__)
 
 CreateForwardFn = Callable[[int, bool], Callable[[CUDAGraphMode], None]]
 _global_graph_pool = None
@@ -42,14 +45,16 @@ class CudaGraphManager:
         self.pool = get_global_graph_pool() if torch.cuda.is_available() else None
         self.graphs_captured = False
 
-    def capture(self, create_forward_fn: CreateForwardFn) -> None:
-        """Capture every size on a new stream (vLLM 0.33)."""
+    def capture(
+        self,
+        create_forward_fn: CreateForwardFn,
+        progress_bar_desc: str = "Capturing CUDA graphs",
+    ) -> None:
+        """Capture every size, each after an eager warm-up; `progress_bar_desc` is logged at debug level."""
         with graph_capture(device=self.device):
-            self._capture_sizes(create_forward_fn)
-
-    def _capture_sizes(self, create_forward_fn: CreateForwardFn) -> None:
-        # Largest first: smaller graphs then fit in the blocks the larger ones freed.
-        for num_tokens in self.capture_sizes:
-            create_forward_fn(num_tokens, True)(CUDAGraphMode.NONE)  # warm-up
-            create_forward_fn(num_tokens, False)(CUDAGraphMode.PIECEWISE)
+            logger.debug("%s: sizes %s", progress_bar_desc, self.capture_sizes)
+            # Largest first: smaller graphs then fit in the blocks the larger ones freed.
+            for num_tokens in self.capture_sizes:
+                create_forward_fn(num_tokens, True)(CUDAGraphMode.NONE)  # warm-up
+                create_forward_fn(num_tokens, False)(CUDAGraphMode.PIECEWISE)
         self.graphs_captured = True

@@ -1,17 +1,18 @@
-"""The decoder and its model state: real layers, aux hidden states, replay rows.
+"""The decoder: real layers, aux hidden states, replay layers; its config and presets.
 
 `Decoder` is N pre-norm MLP layers (RMSNorm, up projection, SiLU, down
 projection, residual) over an embedding. Layers from `decoder_replay_start`
-on are `DecoderReplayLayers`: in a PIECEWISE graph they run in an eager break
-on the replay rows, which the model state picks for each step (here: the
-last half of the batch, standing in for each request's last `window` rows).
-Aux hidden states (the input of each layer in `aux_hidden_state_layers`) are
-returned with the output, as for an EAGLE-style speculator. Under tensor
-parallelism (`parallel_state.init_distributed_environment`) each layer's FFN
-is split over the ranks and its output all-reduced, inside the graphs.
-
-`DeepseekV41ModelState` owns the replay graphs and sets the replay batch, as
-vLLM's `vllm/models/deepseek_v41/nvidia/model_state.py` does.
+on are its `decoder_replay_layers`: in a PIECEWISE graph they run in an eager
+break on the replay rows, which the model state (`model_state.py`) picks for
+each step (here: the last half of the batch, `replay_rows`, standing in for
+each request's last `window` rows). Aux hidden states (the input of each
+layer in `aux_hidden_state_layers`) are returned with the output, as for an
+EAGLE-style speculator. The decoder carries `decoder_replay_layers`,
+`decoder_replay_start` and `aux_hidden_state_layers` as vLLM's DeepSeek-V4.1
+backbone does, which is where `kit.patch.policy.has_early_aux` reads them.
+Under tensor parallelism (`parallel_state.init_distributed_environment`) each
+layer's FFN is split over the ranks and its output all-reduced, inside the
+graphs.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kit.errors import KitError
-from kit.replica.decoder_replay import DecoderReplayCudaGraphManager, DecoderReplayLayers, ReplayBatch
-from kit.replica.forward_context import CUDAGraphMode, ForwardContext
+from kit.replica.decoder_replay_layers import DecoderReplayLayers
 from kit.replica.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -117,14 +117,13 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=1e-6)
         self.aux_hidden_state_layers = config.aux_hidden_state_layers
-        self.replay_layers = DecoderReplayLayers(
-            self.run_replay_layers, config.decoder_replay_start, config.aux_hidden_state_layers
-        )
+        self.decoder_replay_start = config.decoder_replay_start
+        self.decoder_replay_layers = DecoderReplayLayers(self._run_replay_layers)
 
-    def run_replay_layers(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _run_replay_layers(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Layers from the replay start: the output, then their aux hidden states."""
-        start = self.config.decoder_replay_start
-        hidden_states, aux = self._run_layers(hidden_states, range(start, self.config.num_layers))
+        layer_ids = range(self.decoder_replay_start, self.config.num_layers)
+        hidden_states, aux = self._run_layers(hidden_states, layer_ids)
         return (hidden_states, *aux)
 
     def _run_layers(self, hidden_states: torch.Tensor, layer_ids: range) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -138,45 +137,6 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         hidden_states = self.embed_tokens(input_ids)
         # Early aux states stay referenced across the replay layers' break.
-        hidden_states, early_aux = self._run_layers(hidden_states, range(self.config.decoder_replay_start))
-        hidden_states, *replay_aux = self.replay_layers(hidden_states)
+        hidden_states, early_aux = self._run_layers(hidden_states, range(self.decoder_replay_start))
+        hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states)
         return self.norm(hidden_states), (*early_aux, *replay_aux)
-
-
-class DeepseekV41ModelState:
-    """Owns the replay graphs and sets each step's replay batch."""
-
-    def __init__(self, model: Decoder, device: torch.device) -> None:
-        config = model.config
-        self.model = model
-        self.replay_layers = model.replay_layers
-        self.replay_cudagraphs: DecoderReplayCudaGraphManager | None = None
-        if device.type == "cuda":
-            self.replay_cudagraphs = DecoderReplayCudaGraphManager(
-                device,
-                model.replay_layers,
-                config.decoder_replay_cudagraph_capture_sizes,
-                config.hidden_size,
-                config.torch_dtype,
-            )
-        # Persistent, like vLLM's replay batch metadata: allocated before any capture.
-        self._replay_rows = torch.zeros(max(config.cudagraph_capture_sizes), dtype=torch.int64, device=device)
-
-    def prepare_replay_batch(self, num_tokens: int, use_replay_graphs: bool) -> None:
-        """Pick the step's replay rows: the last half of its tokens."""
-        num_rows = replay_rows(num_tokens)
-        rows = self._replay_rows[:num_rows]
-        torch.arange(num_tokens - num_rows, num_tokens, out=rows)
-        graphs = self.replay_cudagraphs
-        run_graph = graphs.run if use_replay_graphs and graphs is not None and graphs.graphs_captured else None
-        mode = CUDAGraphMode.PIECEWISE if run_graph is not None else CUDAGraphMode.NONE
-        self.replay_layers.replay_batch = ReplayBatch(rows, ForwardContext(num_rows, mode), run_graph)
-
-    def _prepare_capture(self, num_rows: int) -> None:
-        # Capture reuses the runtime path on a dummy batch of twice the rows.
-        self.prepare_replay_batch(2 * num_rows, use_replay_graphs=False)
-
-    def capture_inner_cudagraphs(self) -> None:
-        """Capture the replay graphs, after the model graphs (vLLM 0.33: own stream)."""
-        if self.replay_cudagraphs is not None:
-            self.replay_cudagraphs.capture_replay_graphs(self._prepare_capture)

@@ -15,7 +15,8 @@ from kit.errors import KitError
 from kit.replica.breakable_cudagraph import BreakableCUDAGraphWrapper
 from kit.replica.cudagraph_utils import CudaGraphManager
 from kit.replica.forward_context import CUDAGraphMode, set_forward_context
-from kit.replica.model import Decoder, DeepseekV41ModelState, ReplicaConfig
+from kit.replica.model import Decoder, ReplicaConfig
+from kit.replica.model_state import DeepseekV41ModelState
 
 
 class GPUModelRunner:

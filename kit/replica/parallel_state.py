@@ -26,8 +26,8 @@ class GraphCaptureContext:
 
 
 @contextlib.contextmanager
-def graph_capture(device: torch.device) -> Iterator[GraphCaptureContext]:
-    """Make the capture stream current for the enclosed captures."""
+def graph_capture(device: torch.device):
+    """Make the capture stream current for the enclosed captures; yields its `GraphCaptureContext`."""
     context = GraphCaptureContext(torch.cuda.Stream(device=device))
     with _on_stream(context.stream):
         yield context

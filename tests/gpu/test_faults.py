@@ -84,7 +84,7 @@ def in_fresh_process(fn, *args) -> None:
 def _state() -> dict:
     """What a fault must not change: the patched functions, the recorder's wrappers, memory history."""
     from kit.record.history import history_enabled
-    from kit.replica import cudagraph_utils, decoder_replay, model, model_runner, parallel_state
+    from kit.replica import cudagraph_utils, decoder_replay_cudagraph, model_runner, model_state, parallel_state
 
     return {
         "replica": [
@@ -92,8 +92,8 @@ def _state() -> dict:
             cudagraph_utils.graph_capture,
             cudagraph_utils.CudaGraphManager.capture,
             model_runner.GPUModelRunner.capture_model,
-            model.DeepseekV41ModelState.capture_inner_cudagraphs,
-            decoder_replay.DecoderReplayCudaGraphManager.capture_replay_graphs,
+            model_state.DeepseekV41ModelState.capture_inner_cudagraphs,
+            decoder_replay_cudagraph.DecoderReplayCudaGraphManager.capture_replay_graphs,
         ],
         "graph": (torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.capture_end),
         "history": history_enabled(torch),
@@ -133,7 +133,9 @@ def _still_works() -> None:
 
 
 def _runner():
-    from kit.replica import GPUModelRunner, ReplicaConfig, cudagraph_utils
+    from kit.replica import cudagraph_utils
+    from kit.replica.model import ReplicaConfig
+    from kit.replica.model_runner import GPUModelRunner
 
     # Each runner gets a graph pool of its own, as in a fresh process: torch refuses to capture into
     # the pool of a runner whose graphs are all gone (see get_global_graph_pool).
@@ -183,7 +185,7 @@ def exception_inside_an_eager_break() -> None:
 
     before = _state()
     runner = _runner()
-    layers = runner.model.replay_layers
+    layers = runner.model.decoder_replay_layers
     run_layers = layers.run_layers
 
     def failing_run_layers(*args):
