@@ -51,3 +51,14 @@ def test_vllm_and_torch_installed_at_their_pins():
     assert version("vllm") == pins["vllm"]
     assert version("torch").split("+")[0] == pins["torch"]
     import vllm.distributed.parallel_state  # noqa: F401 - imports without a GPU
+
+
+def test_every_shipped_recording_is_package_data():
+    """An installed kit (not only a checkout) carries its H200 recordings: pyproject's globs cover each file."""
+    from fnmatch import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kit.recordings"]
+    folder = ROOT / "kit" / "recordings"
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.suffix != ".py"]
+    files = [f for f in files if "__pycache__" not in f]
+    assert len(files) > 100 and all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files)
