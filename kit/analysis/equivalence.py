@@ -10,9 +10,10 @@ bit-exact equality or the largest difference per output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
+
+from kit.load.snapshot import Snapshot
 
 COLUMNS = ["size", "output", "bit_exact", "max_abs_diff", "mismatched_elements"]
 
@@ -22,7 +23,7 @@ class Equivalence:
     rows: pd.DataFrame  # one row per (capture size, output)
 
     @classmethod
-    def recorded_in(cls, snapshot: Any) -> Equivalence:
+    def recorded_in(cls, snapshot: Snapshot) -> Equivalence:
         """The check a replica scenario made right after its capture and kept in its snapshot (`kit["equivalence"]`)."""
         return cls(pd.DataFrame(snapshot.kit["equivalence"], columns=COLUMNS))
 
