@@ -12,15 +12,15 @@ Column contract (`docs/commands.md`): `pool` (two ints), `stream` (int), `segmen
 
 from __future__ import annotations
 
-import string
 from collections.abc import Mapping
-from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
+from kit.allocator.rules import DEFAULT_POOL
+from kit.analysis.names import generated_labels, pool_labels, stream_labels, trace_stream_order
 from kit.load.snapshot import Snapshot, load_snapshot
+
+__all__ = ["generated_labels", "pool_labels", "stream_labels", "trace_stream_order"]
 
 FIGURES = ("segments", "reserved", "allocated", "active", "free", "largest_free")
 BYTE_COLUMNS = ("reserved", "allocated", "active", "free", "largest_free")
@@ -37,47 +37,6 @@ def pool_label(pool: tuple[int, int], names: Mapping | None = None) -> str:
     if a == 0:
         return f"graph pool {b}"  # from torch.cuda.graph_pool_handle()
     return f"private pool {a}"  # a capture's own pool
-
-
-def _letters(i: int) -> str:
-    out = ""
-    i += 1
-    while i:
-        i, r = divmod(i - 1, 26)
-        out = string.ascii_uppercase[r] + out
-    return out
-
-
-def trace_stream_order(snapshot: Snapshot) -> list[Any]:
-    """The streams in the order the trace first uses them, every device in turn (as `Snapshot.trace`)."""
-    order: dict[Any, None] = {}
-    for _, columns in sorted(snapshot.trace_columns.items()):
-        first = np.sort(np.unique(columns.stream, return_index=True)[1])
-        order.update(dict.fromkeys(columns.stream[first].tolist()))
-    return list(order)
-
-
-def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:
-    """Short names for the snapshot's streams: given names first, then A, B, ...
-
-    Letters follow the order in which the trace first uses each stream (its
-    creation order, as far as the allocator saw it), then ascending id.
-    """
-    names = {**snapshot.stream_names, **(names or {})}
-    order: dict[int, None] = dict.fromkeys(trace_stream_order(snapshot))
-    for sid in sorted(set(snapshot.columns.stream.tolist())):
-        order.setdefault(sid, None)
-    labels: dict[int, str] = {}
-    letter = 0
-    for sid in order:
-        if sid in names:
-            labels[sid] = names[sid]
-        elif sid == DEFAULT_STREAM:
-            labels[sid] = "default stream"
-        else:
-            labels[sid] = f"stream {_letters(letter)}"
-            letter += 1
-    return labels
 
 
 def segment_table(
@@ -119,12 +78,16 @@ def segment_table(
             .reset_index()
         )
         table.insert(1, "pool", list(zip(table.pop("pool_a").tolist(), table.pop("pool_b").tolist(), strict=True)))
-    pools = {**snapshot.pool_names, **(pool_names or {})}
+    pools = pool_labels(snapshot, pool_names)
     labels = stream_labels(snapshot, stream_names)
-    table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]
+    table["pool_label"] = [pools.get(p) or pool_label(p) for p in table["pool"]]
     table["stream_label"] = [labels.get(s, str(s)) for s in table["stream"]]
     table = table[columns].astype({c: "int64" for c in ("device", "stream", *FIGURES)})
     table.attrs["source"] = snapshot.source_label
+    made_up = generated_labels(snapshot)
+    table.attrs["generated_labels"] = sorted(
+        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}
+    )
     return table
 
 

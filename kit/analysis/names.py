@@ -1,0 +1,196 @@
+"""Names for a snapshot's streams and pools that stay the same across snapshots of one program.
+
+Stream ids and pool ids are addresses and counters of one process: a second
+run of the same program gives the same streams other ids. So every table,
+verdict and command names them the same way, from what the snapshot itself
+shows:
+
+- a name the snapshot gives (the `kit` key of the kit's recorders), as is;
+- the default stream (id 0) is "default stream";
+- any other stream is named by the first user frame of its first allocation
+  in the trace: "stream of capture_b (two_captures.py:41)". Two streams whose
+  first allocations come from one frame are told apart by the order they
+  first allocated ("... #2"). A stream with no allocation in the trace (or
+  none with stack frames) gets a letter in the order the trace first uses it
+  ("stream A"): stable only as long as that order is.
+- the default pool (0, 0) is "default pool"; every other pool is a graph
+  pool, numbered in the order its first segment was made ("graph pool 1"),
+  pools older than the trace first, by id.
+
+`generated_labels` says which labels the kit made up rather than read from the
+snapshot, so output can say so. `resolve_stream` turns what a user typed (an
+id as `table` prints it, its hex form, or a label) into a stream id.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+
+import numpy as np
+
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
+from kit.errors import KitError, as_text
+from kit.load.rows import TRACE_ACTIONS
+from kit.load.snapshot import Snapshot
+
+DEFAULT_STREAM_LABEL = "default stream"
+DEFAULT_POOL_LABEL = "default pool"
+_ALLOC = TRACE_ACTIONS.index("alloc")
+_SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
+
+
+def letters(i: int) -> str:
+    """0 -> A, 25 -> Z, 26 -> AA: spreadsheet column names."""
+    out = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        out = string.ascii_uppercase[r] + out
+    return out
+
+
+def user_frame(frames: object) -> str | None:
+    """The first Python frame outside torch, as `name (file:line)`; None when there is none."""
+    if not isinstance(frames, list):
+        return None
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        filename = as_text(f.get("filename", ""))
+        if not filename.endswith(".py") or "/torch/" in filename or "/kit/record/" in filename:
+            continue
+        return f"{as_text(f.get('name', '?'))} ({filename.rsplit('/', 1)[-1]}:{as_text(f.get('line', '?'))})"
+    return None
+
+
+def trace_stream_order(snapshot: Snapshot) -> list[int]:
+    """The streams in the order the trace first uses them, every device in turn."""
+    order: dict[int, None] = {}
+    for _, columns in sorted(snapshot.trace_columns.items()):
+        first = np.sort(np.unique(columns.stream, return_index=True)[1])
+        order.update(dict.fromkeys(columns.stream[first].tolist()))
+    return list(order)
+
+
+def _first_alloc_frames(snapshot: Snapshot) -> dict[int, str]:
+    """Per stream, the user frame of its first allocation in the trace that has one."""
+    out: dict[int, str] = {}
+    for _, columns in sorted(snapshot.trace_columns.items()):
+        allocs = np.flatnonzero(columns.action == _ALLOC)
+        streams = columns.stream[allocs]
+        for sid in np.unique(streams).tolist():
+            if sid in out or sid == DEFAULT_STREAM:
+                continue
+            for i in allocs[streams == sid][:64].tolist():  # the first few: a stack-less entry is rare
+                frame = user_frame(columns.frames[i])
+                if frame:
+                    out[sid] = frame
+                    break
+    return out
+
+
+def _all_streams(snapshot: Snapshot) -> list[int]:
+    order: dict[int, None] = dict.fromkeys(trace_stream_order(snapshot))
+    for sid in sorted(set(snapshot.columns.stream.tolist())):
+        order.setdefault(sid, None)
+    return list(order)
+
+
+def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:
+    """A label per stream of the snapshot: given names, then "default stream", then generated ones."""
+    return _stream_labels(snapshot, names)[0]
+
+
+def _stream_labels(snapshot: Snapshot, names: Mapping | None) -> tuple[dict[int, str], set[str]]:
+    given = {**snapshot.stream_names, **(names or {})}
+    frames = _first_alloc_frames(snapshot)
+    labels: dict[int, str] = {}
+    generated: set[str] = set()
+    taken = set(given.values()) | {DEFAULT_STREAM_LABEL}
+    letter = 0
+    for sid in _all_streams(snapshot):
+        if sid in given:
+            labels[sid] = given[sid]
+            continue
+        if sid == DEFAULT_STREAM:
+            labels[sid] = DEFAULT_STREAM_LABEL
+            continue
+        if sid in frames:
+            label, n = f"stream of {frames[sid]}", 1
+            while label in taken:
+                n += 1
+                label = f"stream of {frames[sid]} #{n}"
+        else:
+            label = f"stream {letters(letter)}"
+            letter += 1
+            while label in taken:
+                label = f"stream {letters(letter)}"
+                letter += 1
+        labels[sid] = label
+        taken.add(label)
+        generated.add(label)
+    return labels, generated
+
+
+def pool_order(snapshot: Snapshot) -> list[tuple[int, int]]:
+    """The graph pools in the order their first segment was made: older than the trace first, by id."""
+    c = snapshot.columns
+    pools = c.pools()
+    graph = [(a, p) for a, p in zip(c.address.tolist(), pools, strict=True) if p != DEFAULT_POOL]
+    first_made: dict[tuple[int, int], int] = {}
+    if graph:
+        pool_at = dict(graph)
+        for device, columns in sorted(snapshot.trace_columns.items()):
+            made = np.flatnonzero(columns.action == _SEGMENT_ALLOC)
+            for i, address in zip(made.tolist(), columns.addr[made].tolist(), strict=True):
+                pool = pool_at.get(address)
+                if pool is not None and pool not in first_made:
+                    first_made[pool] = (device, i)
+    before = sorted({p for _, p in graph} - set(first_made))
+    return before + sorted(first_made, key=first_made.__getitem__)
+
+
+def pool_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[tuple[int, int], str]:
+    """A label per pool of the snapshot: given names, "default pool", then "graph pool 1", 2, ..."""
+    return _pool_labels(snapshot, names)[0]
+
+
+def _pool_labels(snapshot: Snapshot, names: Mapping | None) -> tuple[dict[tuple[int, int], str], set[str]]:
+    given = {**snapshot.pool_names, **(names or {})}
+    labels: dict[tuple[int, int], str] = {DEFAULT_POOL: given.get(DEFAULT_POOL, DEFAULT_POOL_LABEL)}
+    generated: set[str] = set()
+    n = 0
+    for pool in pool_order(snapshot):
+        n += 1  # counted over every graph pool, named or not: "graph pool 2" is the second one made
+        if pool in given:
+            labels[pool] = given[pool]
+            continue
+        labels[pool] = f"graph pool {n}"
+        generated.add(labels[pool])
+    return labels, generated
+
+
+def generated_labels(snapshot: Snapshot) -> set[str]:
+    """The stream and pool labels the kit made up (the rest the snapshot itself gives, or are fixed)."""
+    return _stream_labels(snapshot, None)[1] | _pool_labels(snapshot, None)[1]
+
+
+def resolve_stream(snapshot: Snapshot, text: str, labels: Mapping[int, str] | None = None) -> int:
+    """The stream id a user means: an id as `table` prints it, its hex form, or a label as `table` prints it."""
+    labels = labels if labels is not None else stream_labels(snapshot)
+    wanted = text.strip()
+    by_label = {label.casefold(): sid for sid, label in labels.items()}
+    if wanted.casefold() in by_label:
+        return by_label[wanted.casefold()]
+    if wanted.casefold() in ("default", "0"):
+        return DEFAULT_STREAM
+    for base in (10, 16):
+        try:
+            sid = int(wanted, base) if base == 10 else int(wanted.removeprefix("0x").removeprefix("0X"), 16)
+        except ValueError:
+            continue
+        if sid in labels:
+            return sid
+    known = "; ".join(f"{label} ({sid}, {sid:#x})" for sid, label in labels.items())
+    raise KitError(f"{snapshot.origin}: no stream {text!r}; give an id or a label as `table` prints it: {known}")
