@@ -28,6 +28,12 @@ def _print_table(table, as_json: bool) -> None:
     for col in byte_columns(shown):
         shown[col] = shown[col].map(format_bytes)
     print(f"source: {table.attrs.get('source', '?')}")
+    made_up = table.attrs.get("generated_labels")
+    if made_up:
+        print(
+            "labels made by the kit (streams from their first allocation's frame, graph pools in the order "
+            f"they were made): {'; '.join(made_up)}"
+        )
     print(shown.to_string(index=False))
 
 
@@ -66,31 +72,47 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
+def parse_stream_map(items: list[str]) -> dict[str, str]:
+    """`--map FROM=TO` options as a dict; each side a stream id (decimal or hex) or label as `table` prints it."""
+    mapping = {}
+    for item in items:
+        source, sep, target = item.partition("=")
+        if not sep or not source.strip() or not target.strip():
+            raise KitError(f"--map {item!r}: expected FROM=TO, two streams (ids or labels as `table` prints them)")
+        mapping[source.strip()] = target.strip()
+    return mapping
+
+
 def cmd_what_if(args: argparse.Namespace) -> None:
+    from kit.analysis.tables import table_records
     from kit.analysis.whatif import what_if
 
-    mapping = {}
-    for item in args.map:
-        source, sep, target = item.partition("=")
-        if not sep or not source or not target:
-            raise KitError(f"--map {item!r}: expected FROM=TO, two stream names")
-        mapping[source] = target
-    result = what_if(args.snapshot, mapping)
+    result = what_if(args.snapshot, parse_stream_map(args.map))
     if args.json:
-        from kit.analysis.tables import table_records
-
         out = {
             "predicted": table_records(result.predicted),
             "baseline": table_records(result.baseline),
-            "saved": [{"pool": list(p), "bytes": b} for p, b in result.saved.items()],
+            "saved": [
+                {"pool": list(p), "pool_label": result.pools.get(p, str(p)), "bytes": b}
+                for p, b in result.saved.items()
+            ],
+            "map": [
+                {"from": a, "from_label": result.labels[a], "to": b, "to_label": result.labels[b]}
+                for a, b in result.stream_map.items()
+            ],
             "corrections": result.corrections,
+            "source": result.predicted.attrs["source"],
         }
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
+    for a, b in result.stream_map.items():
+        print(f"map: {result.labels[a]} ({a:#x}) onto {result.labels[b]} ({b:#x})")
+    if not result.stream_map:
+        print("map: every stream onto itself (the trace as recorded)")
     _print_table(result.predicted, False)
-    for pool, saved in result.saved.items():
-        print(f"pool {pool}: {saved} bytes saved")
+    for line in result.summary():
+        print(line)
     for line in result.corrections:
         print(f"correction: {line}")
 
@@ -209,9 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reuse)
 
-    p = sub.add_parser("what-if", help="predict the table had some streams been others (needs capture windows)")
+    p = sub.add_parser("what-if", help="predict the table had some streams been others (any snapshot with a trace)")
     p.add_argument("snapshot")
-    p.add_argument("--map", action="append", required=True, metavar="FROM=TO", help="stream name mapping")
+    p.add_argument(
+        "--map",
+        action="append",
+        required=True,
+        metavar="FROM=TO",
+        help="move stream FROM onto stream TO; each an id (decimal or hex) or a label as `table` prints it",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_what_if)
 

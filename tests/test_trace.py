@@ -123,6 +123,6 @@ def test_what_if_cli_and_bad_mapping():
     out = json.loads(done.stdout)
     assert {tuple(s["pool"]): s["bytes"] for s in out["saved"]}[(0, 1)] == 42 * 2**20
     done = run_kit("what-if", str(RECORDED["two_streams"]), "--map", "nope=model graphs stream")
-    assert done.returncode == 2 and "no stream named 'nope'" in done.stderr
+    assert done.returncode == 2 and "no stream 'nope'" in done.stderr
     done = run_kit("what-if", str(RECORDED["two_streams"]), "--map", "oops")
     assert done.returncode == 2 and "expected FROM=TO" in done.stderr

@@ -166,11 +166,12 @@ class CachingAllocatorSim:
             return self.capture[1]
         return DEFAULT_POOL
 
-    def malloc(self, tid: str, size: int, stream_name: str) -> Block:
+    def malloc(self, tid: str, size: int, stream_name: str, pool: tuple[int, int] | None = None) -> Block:
+        """Serve `size` bytes on a stream; `pool` overrides the capture's routing (replaying a recorded trace)."""
         stream = self.stream_id(stream_name)
         rounded = round_size(size)
         small = is_small_request(rounded)
-        pool = self._pool_for(stream)
+        pool = self._pool_for(stream) if pool is None else pool
         refused = self._refusals(pool, small, stream, rounded) if self.explain else []
         block = self._get_free_block(pool, small, stream, rounded)
         new_segment = 0
@@ -238,8 +239,51 @@ class CachingAllocatorSim:
         del self.blocks[high.address]
         return low
 
-    def empty_cache(self) -> None:
-        """Release every whole free segment of the default pool (graph pools stay: their graphs live)."""
+    def seed_segment(
+        self, address: int, size: int, stream_name: str, pool: tuple[int, int], small: bool, active: dict[int, int]
+    ) -> None:
+        """A segment that existed before the first op, its `active` blocks ({address: size}) allocated.
+
+        Each active block is the tensor `seeded:<address in hex>`; the gaps between them are free blocks.
+        """
+        stream = self.stream_id(stream_name)
+        cuts = sorted(active.items())
+        pieces, cursor = [], address
+        for start, length in cuts:
+            if start > cursor:
+                pieces.append((cursor, start - cursor, False))
+            pieces.append((start, length, True))
+            cursor = start + length
+        if address + size > cursor:
+            pieces.append((cursor, address + size - cursor, False))
+        prev = None
+        for start, length, allocated in pieces:
+            b = Block(start, length, stream, pool, small)
+            b.allocated = allocated
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            prev = b
+            self.blocks[start] = b
+            if allocated:
+                self.tensors[seeded_id(start)] = b
+            else:
+                self._insert_free(b)
+        first = self.blocks[pieces[0][0]]
+        self.segments[address] = first
+        if len(pieces) == 1 and not pieces[0][2] and pool == DEFAULT_POOL:
+            self.whole_free.add(address)
+
+    def empty_cache(self, pools: Iterable[tuple[int, int]] = ()) -> None:
+        """Release every whole free segment of the default pool (graph pools stay: their graphs live).
+
+        `pools` names graph pools whose graphs are gone, so their free segments go too.
+        """
+        extra = set(pools)
+        if extra:
+            for address, first in self.segments.items():
+                if first.pool in extra and first.next is None and not first.allocated:
+                    self.whole_free.add(address)
         # torch releases the large pool's blocks, then the small pool's, each set in
         # (stream, size, address) order; only the trace's order depends on it.
         released = sorted(
@@ -341,6 +385,11 @@ class CachingAllocatorSim:
                 "graphs": {g: list(pid) for g, pid in self.graph_pools.items()},
             },
         }
+
+
+def seeded_id(address: int) -> str:
+    """The tensor id of a block that was active before the first op (`seed_segment`)."""
+    return f"seeded:{address:#x}"
 
 
 def simulate(ops: list[Op], *, addresses: Iterable[int] | None = None, explain: bool = False) -> CachingAllocatorSim:

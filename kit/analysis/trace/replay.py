@@ -7,10 +7,16 @@ every trace but one of expandable segments, which the walk entry by entry
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from kit.analysis.trace.columnar import replay_columns
 from kit.analysis.trace.rows import replay_rows
 from kit.analysis.trace.state import TraceReplay
 from kit.load.snapshot import Snapshot, load_snapshot
+
+# A snapshot is read-only once loaded, so its walk is kept while the snapshot lives:
+# the tables, verdicts, attribution and what-if of one snapshot walk it once.
+_WALKS: WeakKeyDictionary[Snapshot, dict[int, TraceReplay]] = WeakKeyDictionary()
 
 
 def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceReplay:
@@ -21,5 +27,8 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
     snapshot's columns, except over expandable segments.
     """
     snap = load_snapshot(snapshot)
-    replay = replay_columns(snap, device)
-    return replay if replay is not None else replay_rows(snap, device)
+    walks = _WALKS.setdefault(snap, {})
+    if device not in walks:
+        replay = replay_columns(snap, device)
+        walks[device] = replay if replay is not None else replay_rows(snap, device)
+    return walks[device]

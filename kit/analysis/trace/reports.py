@@ -3,20 +3,61 @@
 `reuse_table` counts, per group, the allocations served from a cached block,
 those that needed a new segment, and the bytes of new segments made while a
 fitting free block sat in the same pool on another stream (stranded).
-`stranding_report` turns the stranded ones into one verdict line per group.
+
+`stranding_report` says what happened, one verdict per group, from figures
+taken at the moment each new segment was made (never from the end of the run):
+
+- stranded: the bytes of new segments the group made while a fitting free
+  block sat in the same pool on another stream at that moment (the walk's
+  `served == "stranded"` allocations), the streams those blocks sat on, and
+  how many of those very segments are still reserved at the end (segments
+  made before the trace began are not counted);
+- pending: the bytes of its other new segments made while a fitting block of
+  the same pool was freed but still pending on `record_stream` (between its
+  trace entries `free_requested` and `free_completed`), on any stream, its
+  own included: memory the allocator could not hand out yet.
+
+Groups below `min_bytes` (stranded plus pending) are left out; the largest
+come first.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from kit.allocator.rules import is_small_request, round_size, round_sizes
 from kit.analysis.frames import frame_line
-from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.analysis.names import pool_labels, stream_labels
+from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.state import TraceReplay
+from kit.load.columns import TraceColumns
+from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot, load_snapshot
 
 REUSE_COLUMNS = ("allocs", "reused", "new_segments", "new_segment_bytes", "stranded_bytes")
+REPORT_COLUMNS = (
+    "pool",
+    "stream",
+    "pool_label",
+    "stream_label",
+    "stranded_bytes",
+    "still_reserved",
+    "other_streams",
+    "other_labels",
+    "pending_bytes",
+    "pending_still_reserved",
+    "pending_streams",
+    "frames",
+    "verdict",
+)
+REPORT_BYTE_COLUMNS = ("stranded_bytes", "still_reserved", "pending_bytes", "pending_still_reserved")
+MIN_BYTES = 1 << 20  # groups that made less than this are left out of the verdicts
+
+_ALLOC, _FREE_REQUESTED, _FREE_COMPLETED, _SEGMENT_FREE, _SEGMENT_UNMAP = (
+    TRACE_ACTIONS.index(a) for a in ("alloc", "free_requested", "free_completed", "segment_free", "segment_unmap")
+)
 
 
 def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
@@ -44,63 +85,236 @@ def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = No
         )
         .reset_index()
     )
-    labels = stream_labels(snap)
-    pools = snap.pool_names
-    table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]
-    table["stream_label"] = [labels.get(s, str(s)) for s in table["stream"]]
+    streams, pools = stream_labels(snap), pool_labels(snap)
+    table["pool_label"] = [pools.get(tuple(p), str(tuple(p))) for p in table["pool"]]
+    table["stream_label"] = [streams.get(s, str(s)) for s in table["stream"]]
     table = table.astype({c: "int64" for c in ("stream", *REUSE_COLUMNS)})
     table.attrs["source"] = snap.source_label
     table.attrs["mismatches"] = replay.mismatches
+    table.attrs["byte_columns"] = ("new_segment_bytes", "stranded_bytes")
     return table
 
 
-def stranding_report(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
-    """Every (pool, stream) group that made segments while a fitting free block sat on another stream.
+def stranding_report(
+    snapshot: Snapshot | str | dict, replay: TraceReplay | None = None, *, min_bytes: int = MIN_BYTES
+) -> pd.DataFrame:
+    """One verdict per (pool, stream) group that made new segments it need not have, largest first.
 
-    Columns: `pool`, `stream`, `stranded_bytes` (its new segments' bytes),
-    `reserved` (the group's bytes at the end), `other_streams`, `other_free`
-    (free bytes at the end on those streams, same pool), `frames` (the first
-    stack frames of the first stranded allocation, when recorded) and
-    `verdict`, one line.
+    Columns: `pool`, `stream`, `pool_label`, `stream_label`; `stranded_bytes`
+    (new segments made while a fitting free block sat in the pool on another
+    stream at that moment), `still_reserved` (of those segments, the bytes
+    still in the final snapshot), `other_streams` (the streams those blocks sat
+    on, ints) and `other_labels`; `pending_bytes` (its other new segments made
+    while a fitting block of the pool waited on `record_stream`),
+    `pending_still_reserved`, `pending_streams` (the streams of the pending
+    blocks); `frames` (the first stack frames of its first such allocation)
+    and `verdict`, one line. Groups whose stranded and pending bytes together
+    are below `min_bytes` are left out. `attrs["source"]` names the data source.
     """
     snap = load_snapshot(snapshot)
     replay = replay or replay_trace(snap)
+    tc = snap.trace_columns[replay.device]
     a = replay.allocs
-    labels = stream_labels(snap)
-    end = segment_table(snap)
-    end = end[end["device"] == replay.device].set_index(["pool", "stream"])
+    new = a[a["segment_bytes"] > 0]
+    made = _segments_of(tc, new, replay.new_segments)
+    kept = _still_reserved(snap, tc, replay)
+    waits = _pending_waits(snap, tc, a, new[new["served"] != "stranded"])
+    streams, pools = stream_labels(snap), pool_labels(snap)
     rows = []
-    for (pool, stream), group in a[a["served"] == "stranded"].groupby(["pool", "stream"], sort=True):
-        others = sorted(set(group["other_stream"]))
-        other_free = sum(int(end["free"].get((pool, o), 0)) for o in others)
-        reserved = int(end["reserved"].get((pool, stream), 0))
-        name = labels.get(stream, str(stream))
-        other_names = ", ".join(labels.get(o, str(o)) for o in others)
-        verdict = (
-            f"pool {pool_label(pool, snap.pool_names)} {tuple(pool)}: {format_bytes(reserved)} reserved on {name} "
-            f"while {format_bytes(other_free)} sat free on {other_names} "
-            f"({format_bytes(group['segment_bytes'].sum())} of its new segments had a fitting free block there)"
-        )
-        rows.append(
-            {
-                "pool": pool,
-                "stream": int(stream),
-                "stranded_bytes": int(group["segment_bytes"].sum()),
-                "reserved": reserved,
-                "other_streams": others,
-                "other_free": other_free,
-                "frames": frame_line(group["frames"].iloc[0]),
-                "verdict": verdict,
-            }
-        )
-    table = pd.DataFrame(
-        rows,
-        columns=["pool", "stream", "stranded_bytes", "reserved", "other_streams", "other_free", "frames", "verdict"],
-    )
+    for (pool, stream), group in new.groupby(["pool", "stream"], sort=True):
+        stranded = group[group["served"] == "stranded"]
+        pending = group[[i in waits for i in group["index"].tolist()]]
+        if stranded.empty and pending.empty:
+            continue
+        row = {
+            "pool": tuple(pool),
+            "stream": int(stream),
+            "pool_label": pools.get(tuple(pool), str(tuple(pool))),
+            "stream_label": streams.get(int(stream), str(stream)),
+            "stranded_bytes": int(stranded["segment_bytes"].sum()),
+            "still_reserved": _kept_bytes(stranded, made, kept, replay.new_segments),
+            "other_streams": sorted({int(s) for s in stranded["other_stream"]}),
+            "pending_bytes": int(pending["segment_bytes"].sum()),
+            "pending_still_reserved": _kept_bytes(pending, made, kept, replay.new_segments),
+            "pending_streams": sorted({s for i in pending["index"].tolist() for s in waits[i]}),
+            "frames": frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
+        }
+        row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
+        if row["stranded_bytes"] + row["pending_bytes"] >= min_bytes:
+            row["verdict"] = _verdict(row, [streams.get(s, str(s)) for s in row["pending_streams"]])
+            rows.append(row)
+    rows.sort(key=lambda r: (-(r["stranded_bytes"] + r["pending_bytes"]), r["pool"], r["stream"]))
+    table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
+    table = table.astype({c: "int64" for c in ("stream", *REPORT_BYTE_COLUMNS)})
     table.attrs["source"] = snap.source_label
+    table.attrs["byte_columns"] = REPORT_BYTE_COLUMNS
     return table
 
 
-def stranding_verdicts(snapshot: Snapshot | str | dict) -> list[str]:
-    """The one-line verdicts of `stranding_report`."""
-    return list(stranding_report(snapshot)["verdict"])
+def stranding_verdicts(snapshot: Snapshot | str | dict, *, min_bytes: int = MIN_BYTES) -> list[str]:
+    """The one-line verdicts of `stranding_report`, largest first."""
+    return list(stranding_report(snapshot, min_bytes=min_bytes)["verdict"])
+
+
+def _verdict(row: dict, pending_labels: list[str]) -> str:
+    """`graph pool 1, stream of f (x.py:3): 20.00 MiB of new segments were made while ...`."""
+    head = f"{row['pool_label']}, {row['stream_label']}: "
+    waited = f"a fitting block waited on record_stream (freed but pending) on {', '.join(pending_labels)}"
+    if row["stranded_bytes"]:
+        text = (
+            f"{format_bytes(row['stranded_bytes'])} of new segments were made while a fitting free block sat on "
+            f"{', '.join(row['other_labels'])} at that moment; "
+            f"{format_bytes(row['still_reserved'])} of them are still reserved at the end"
+        )
+        if row["pending_bytes"]:
+            text += f"; {format_bytes(row['pending_bytes'])} more were made while {waited}"
+        return head + text
+    return head + (
+        f"{format_bytes(row['pending_bytes'])} of new segments were made while {waited}; "
+        f"{format_bytes(row['pending_still_reserved'])} of them are still reserved at the end"
+    )
+
+
+def _segments_of(tc: TraceColumns, allocs: pd.DataFrame, new_segments: pd.DataFrame) -> dict[int, list[int]]:
+    """Per alloc that needed new memory (its trace index): the rows of `new_segments` made for it.
+
+    As the walk counts `segment_bytes`: the segments made after the alloc
+    before it whose range meets the alloc's rounded range.
+    """
+    if new_segments.empty or allocs.empty:
+        return {}
+    every_alloc = np.flatnonzero(tc.action == _ALLOC)
+    made_at = new_segments["index"].to_numpy(dtype=np.int64)
+    at = np.searchsorted(every_alloc, made_at)
+    has = at < every_alloc.size
+    nxt = np.full(made_at.size, -1, dtype=np.int64)
+    nxt[has] = every_alloc[at[has]]
+    wanted = set(allocs["index"].tolist())
+    out: dict[int, list[int]] = {}
+    seg_addr, seg_size = new_segments["addr"].tolist(), new_segments["size"].tolist()
+    for k, alloc in enumerate(nxt.tolist()):
+        if alloc not in wanted:
+            continue
+        lo = int(tc.addr[alloc])
+        hi = lo + round_size(int(tc.size[alloc]))
+        if seg_addr[k] < hi and lo < seg_addr[k] + seg_size[k]:
+            out.setdefault(alloc, []).append(k)
+    return out
+
+
+def _still_reserved(snap: Snapshot, tc: TraceColumns, replay: TraceReplay) -> np.ndarray:
+    """Per row of `replay.new_segments`: whether that segment is still in the final snapshot.
+
+    A segment made at trace index i is gone if a later segment_free at its
+    address (or a later segment_unmap over its range) removed it, or if the
+    final snapshot holds no segment at its address.
+    """
+    ns = replay.new_segments
+    if ns.empty:
+        return np.zeros(0, dtype=bool)
+    made_at = ns["index"].to_numpy(dtype=np.int64)
+    addr = ns["addr"].to_numpy(dtype=np.int64)
+    size = ns["size"].to_numpy(dtype=np.int64)
+    frees = np.flatnonzero(tc.action == _SEGMENT_FREE)
+    last_free = dict(zip(tc.addr[frees].tolist(), frees.tolist(), strict=True))  # the last one per address wins
+    kept = np.array([last_free.get(x, -1) < i for x, i in zip(addr.tolist(), made_at.tolist(), strict=True)])
+    unmaps = np.flatnonzero(tc.action == _SEGMENT_UNMAP)
+    for k in np.flatnonzero(kept).tolist() if unmaps.size else ():
+        later = unmaps[unmaps > made_at[k]]
+        if ((tc.addr[later] < addr[k] + size[k]) & (addr[k] < tc.addr[later] + tc.size[later])).any():
+            kept[k] = False
+    c = snap.columns
+    on = c.device == replay.device
+    starts, ends = c.address[on], c.address[on] + c.total_size[on]
+    order = np.argsort(starts)
+    starts, ends = starts[order], ends[order]
+    j = np.searchsorted(starts, addr, side="right") - 1
+    inside = (j >= 0) & (addr < ends[np.maximum(j, 0)]) if starts.size else np.zeros(addr.size, dtype=bool)
+    return kept & inside
+
+
+def _kept_bytes(rows: pd.DataFrame, made: dict[int, list[int]], kept: np.ndarray, new_segments: pd.DataFrame) -> int:
+    """Bytes of the segments made for `rows` that are still in the final snapshot."""
+    sizes = new_segments["size"].tolist()
+    return sum(sizes[k] for i in rows["index"].tolist() for k in made.get(i, ()) if kept[k])
+
+
+def _pending_waits(snap: Snapshot, tc: TraceColumns, allocs: pd.DataFrame, new: pd.DataFrame) -> dict[int, set[int]]:
+    """Per alloc of `new` (its trace index): the streams of fitting blocks of its pool pending on record_stream then.
+
+    A block is pending from its `free_requested` to the next `free_completed`
+    at its address (to the end of the trace if none comes): the allocator does
+    not hand it out until the streams it was recorded on reach the free. Its
+    pool is that of the alloc that made it (the last alloc at its address
+    before the free), else that of the final segment holding it; its size, the
+    request's rounded size (the trace does not say whether it took more).
+    """
+    if new.empty:
+        return {}
+    action = tc.action
+    requested = np.flatnonzero(action == _FREE_REQUESTED)
+    if not requested.size:
+        return {}
+    ends = _pending_until(tc, requested)
+    asks = new["index"].to_numpy(dtype=np.int64)
+    lo = np.searchsorted(asks, requested, side="right")
+    hi = np.searchsorted(asks, ends, side="left")
+    spans = np.flatnonzero(hi > lo)  # the pending intervals with a new segment inside: few
+    if not spans.size:
+        return {}
+    pool_of = _pool_of_blocks(snap, tc, allocs, requested[spans])
+    need = round_sizes(new["size"].to_numpy(dtype=np.int64)).tolist()
+    ask_pools = [tuple(p) for p in new["pool"]]
+    ask_index = asks.tolist()
+    out: dict[int, set[int]] = {}
+    for s in spans.tolist():
+        i = int(requested[s])
+        pool = pool_of.get(i)
+        if pool is None:
+            continue
+        block = round_size(int(tc.size[i]))
+        for k in range(int(lo[s]), int(hi[s])):
+            fits = need[k] <= block and is_small_request(need[k]) == is_small_request(block)
+            if fits and ask_pools[k] == pool:
+                out.setdefault(ask_index[k], set()).add(int(tc.stream[i]))
+    return out
+
+
+def _pending_until(tc: TraceColumns, requested: np.ndarray) -> np.ndarray:
+    """For each free_requested: the trace index of the next free_completed at its address, else the trace's end."""
+    completed = np.flatnonzero(tc.action == _FREE_COMPLETED)
+    events = np.concatenate((requested, completed))
+    is_done = np.concatenate((np.zeros(requested.size, bool), np.ones(completed.size, bool)))
+    addr = tc.addr[events]
+    order = np.lexsort((events, addr))
+    events, is_done, addr = events[order], is_done[order], addr[order]
+    nxt = np.append(np.arange(1, events.size), events.size - 1)
+    same = np.append(addr[1:] == addr[:-1], False)
+    done = same & is_done[nxt]
+    until = np.where(done, events[nxt], len(tc))
+    out = np.empty(events.size, dtype=np.int64)
+    out[order] = until  # back to the order of `events` before sorting
+    return out[: requested.size]
+
+
+def _pool_of_blocks(snap: Snapshot, tc: TraceColumns, allocs: pd.DataFrame, freed: np.ndarray) -> dict[int, tuple]:
+    """Per free_requested entry (trace index): the pool of its block, or nothing where it cannot be told."""
+    out: dict[int, tuple] = {}
+    addresses = set(tc.addr[freed].tolist())
+    at = allocs[allocs["addr"].isin(addresses)]
+    by_addr = {x: (g["index"].to_numpy(), list(g["pool"])) for x, g in at.groupby("addr", sort=False)}
+    c = snap.columns
+    on = np.flatnonzero(c.device == tc.device)
+    final_pools = c.pools()
+    for i in freed.tolist():
+        x = int(tc.addr[i])
+        if x in by_addr:
+            index, pools = by_addr[x]
+            j = int(np.searchsorted(index, i)) - 1
+            if j >= 0:
+                out[i] = tuple(pools[j])
+                continue
+        held = on[(c.address[on] <= x) & (x < c.address[on] + c.total_size[on])]
+        if held.size:
+            out[i] = final_pools[int(held[0])]
+    return out

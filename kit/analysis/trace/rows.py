@@ -59,8 +59,12 @@ def _pool_at(final: Layout, address: int, size: int) -> tuple[tuple[int, int], b
     return DEFAULT_POOL, is_small_segment(size)
 
 
-def _initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
-    """Rewind the final snapshot backwards through the trace to its first entry."""
+def initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
+    """Rewind the final snapshot backwards through the trace to its first entry: the layout, its segment count.
+
+    A block freed within the trace gets `round_size` of its request: the trace
+    does not say whether it also took an unsplit remainder.
+    """
     layout = _final_layout(snap, device)
     final = _final_layout(snap, device)
     for e in reversed(entries):
@@ -89,7 +93,7 @@ def _initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
 def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
     """Walk the snapshot's trace entry by entry from its rewound start; classify every alloc."""
     entries = snap.require_trace(device)
-    layout, rewound = _initial_state(snap, entries, device)
+    layout, rewound = initial_state(snap, entries, device)
     final = _final_layout(snap, device)
     freed_later = _freed_later(entries)
     rows = []
