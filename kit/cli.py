@@ -44,13 +44,24 @@ def cmd_table(args: argparse.Namespace) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> None:
-    from kit.analysis.tables import diff_tables, segment_table
+    from kit.analysis.tables import diff_summary, diff_tables, segment_table
 
     by = "label" if args.by_label else "stream"
-    _print_table(diff_tables(segment_table(args.before), segment_table(args.after), by=by), args.json)
+    diff = diff_tables(segment_table(args.before), segment_table(args.after), by=by)
+    if diff.attrs["paired_generated"]:
+        print(
+            "kit: warning: --by-label paired groups by labels the kit generated (from first-allocation frames "
+            f"and pool order), not names the programs gave: {'; '.join(diff.attrs['paired_generated'])}",
+            file=sys.stderr,
+        )
+    _print_table(diff, args.json)
+    if not args.json:
+        for line in diff_summary(diff):
+            print(line)
 
 
 def cmd_reuse(args: argparse.Namespace) -> None:
+    from kit.analysis.tables import format_bytes, table_records
     from kit.analysis.trace.replay import replay_trace
     from kit.analysis.trace.reports import reuse_table, stranding_report
     from kit.load.snapshot import load_snapshot
@@ -58,18 +69,51 @@ def cmd_reuse(args: argparse.Namespace) -> None:
     snap = load_snapshot(args.snapshot)
     replay = replay_trace(snap)
     table = reuse_table(snap, replay)
+    report = stranding_report(snap, replay, min_bytes=args.min_bytes)
     if args.json:
-        _print_table(table, True)
+        verdicts: dict[tuple, list[str]] = {}
+        for pool, stream, verdict in zip(report["pool"], report["stream"], report["verdict"], strict=True):
+            verdicts.setdefault((tuple(pool), int(stream)), []).append(verdict)
+        rows = table_records(table)
+        for row in rows:
+            row["verdicts"] = verdicts.get((tuple(row["pool"]), row["stream"]), [])
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
         return
-    print(f"source: {table.attrs['source']}")
-    print(table.to_string(index=False))
-    report = stranding_report(snap, replay)
+    _print_table(table, False)
     if report.empty:
-        print("no stranded segments")
+        print(f"no stranded segments (no group with {format_bytes(args.min_bytes)} or more)")
     for verdict, frames in zip(report["verdict"], report["frames"], strict=True):
-        print(verdict + (f"\n    first stranded allocation: {frames}" if frames else ""))
+        print(verdict + (f"\n    first such allocation: {frames}" if frames else ""))
     for line in table.attrs["mismatches"]:
         print(f"warning: {line}", file=sys.stderr)
+
+
+def _byte_count(text: str) -> int:
+    """A flag's byte count: a whole number, 0 or more (argparse exits 2 with its usage line otherwise)."""
+    try:
+        n = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: bytes cannot be negative")
+    return n
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from kit.analysis.check import check_snapshot
+
+    result = check_snapshot(args.snapshot, pools=args.pools, max_stranded=args.max_stranded)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for line in result.lines():
+            print(line)
+        print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
+    for line in result.mismatches:
+        print(f"warning: {line}", file=sys.stderr)
+    return 0 if result.ok else 1
 
 
 def parse_stream_map(items: list[str]) -> dict[str, str]:
@@ -163,7 +207,7 @@ def cmd_sim(args: argparse.Namespace) -> None:
         _write_snapshot(snap, args.output, args.json)
         print(f"wrote {args.output}")
     else:
-        _print_table(segment_table(snap), args.json)
+        _print_table(segment_table(load_snapshot(snap, label=args.workload)), args.json)
 
 
 def cmd_run_workload(args: argparse.Namespace) -> None:
@@ -176,11 +220,13 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from kit.experiments.scenarios import describe, replica_runs, run_all, summarize
+    from kit.experiments.scenarios import check_preset, describe, replica_runs, require_cuda, run_all, summarize
 
+    check_preset(args.preset)
     if args.live:
         import tempfile
 
+        require_cuda()  # before any folder or process is made
         out = args.out or tempfile.mkdtemp(prefix="kit-replica-")
         summaries = run_all(args.preset, out)
         print(f"snapshots in {out}")
@@ -195,14 +241,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_vllm_patch(args: argparse.Namespace) -> None:
-    import logging
+    import kit.patch.vllm as patch_vllm
 
-    logging.disable(logging.WARNING)  # vLLM's import-time notices on a machine without a GPU
-    try:
-        import kit.patch.vllm as patch_vllm
-    finally:
-        logging.disable(logging.NOTSET)
-    text = patch_vllm.diff()
+    with patch_vllm.quiet_import():  # diff() imports vLLM, whose import logs and warns on a machine without a GPU
+        text = patch_vllm.diff()
     print(f"PR 63155 applies to the installed vLLM {patch_vllm._version()}" if args.check else text)
 
 
@@ -222,14 +264,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--by-label",
         action="store_true",
-        help="match groups by stream name, not id (snapshots of two different processes)",
+        help="match groups by stream label and graph pools by role, not id (snapshots of two processes)",
     )
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("reuse", help="per (pool, stream): allocations reused, new segments, stranded bytes")
     p.add_argument("snapshot", help="snapshot with a trace (record_memory_history)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="exact bytes as JSON rows, each with its group's verdicts")
+    p.add_argument(
+        "--min-bytes",
+        type=_byte_count,
+        default=1 << 20,
+        metavar="BYTES",
+        help="leave out verdicts of groups that made fewer new bytes than this (default 1 MiB, 1048576)",
+    )
     p.set_defaults(func=cmd_reuse)
+
+    p = sub.add_parser("check", help="CI guard: exit 1 if a graph pool stranded memory on a second stream")
+    p.add_argument("snapshot", help="snapshot with a trace (record_memory_history)")
+    p.add_argument(
+        "--pools", choices=("graph", "all"), default="graph", help="graph (default): every pool but (0, 0); all"
+    )
+    p.add_argument(
+        "--max-stranded",
+        type=_byte_count,
+        default=0,
+        metavar="BYTES",
+        help="fail only for groups that stranded more than this many bytes (default 0)",
+    )
+    p.add_argument("--json", action="store_true", help='{"ok", "offending", "source"} as JSON, bytes exact')
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("what-if", help="predict the table had some streams been others (any snapshot with a trace)")
     p.add_argument("snapshot")
@@ -282,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)  # a command returns its exit status (check: 1 on failure), or None for 0
     except KitError as e:
         print(f"kit: error: {e}", file=sys.stderr)
         return 2
@@ -295,4 +359,4 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kit: interrupted; nothing half-written was left behind", file=sys.stderr)
         return 130
-    return 0
+    return status if isinstance(status, int) else 0

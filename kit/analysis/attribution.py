@@ -1,21 +1,40 @@
-"""Which capture added which memory: the kit's capture windows set against the trace walk.
+"""Which capture added which memory: capture windows set against the trace walk.
 
 The capture recorder (`kit.record.recorder`) writes, into a snapshot's `kit`
 key, one window (a range of trace indices) per CUDA graph, named by the
 capture it belongs to ("model graphs 512") and its place in it (0, then 1
-after the first eager break). `capture_table` gives one row per capture,
-`capture_attribution` one row per (graph, pool, stream) with the segments
-each graph's window added. `captures_by_name` and `is_replay_capture` are
-how every other analysis reads the windows.
+after the first eager break). A plain snapshot has no such key, so
+`capture_windows` infers them: during a capture every allocation on the
+capturing stream (and on streams forked from it) lands in the graph's pool,
+so a window is a run of one stream's allocations into one graph pool, from
+the first to the last. Windows of one stream and pool with only that
+stream's allocations elsewhere between them (no other graph-pool allocation,
+no `empty_cache`) are taken as one capture's graphs around an eager break.
+Inferred windows carry `"inferred": True`, and a table made from them says so
+in `attrs["inferred"]`; they cannot tell two graphs captured back to back on
+one stream into one pool apart.
+
+`capture_table` gives one row per capture, `capture_attribution` one row per
+(graph, pool, stream) with the segments each graph's window added.
+`captures_by_name` and `is_replay_capture` are how every other analysis reads
+the windows.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from kit.analysis.tables import pool_label, stream_labels
+from kit.allocator.rules import DEFAULT_POOL
+from kit.analysis.names import pool_labels, stream_labels
+from kit.analysis.tables import pool_label
 from kit.analysis.trace.replay import replay_trace
+from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot, load_snapshot
+
+INFERRED = "inferred capture"  # the manager of an inferred window
+SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
+SEGMENT_FREE = TRACE_ACTIONS.index("segment_free")
 
 
 def is_replay_capture(manager: str) -> bool:
@@ -23,10 +42,85 @@ def is_replay_capture(manager: str) -> bool:
     return "replay" in manager
 
 
+def capture_windows(snapshot: Snapshot | str | dict) -> list[dict]:
+    """The snapshot's capture windows: the recorder's, or inferred from the trace when there are none."""
+    snap = load_snapshot(snapshot)
+    if snap.captures or not snap.has_trace:
+        return snap.captures
+    return infer_capture_windows(snap)
+
+
+def infer_capture_windows(snapshot: Snapshot, device: int = 0) -> list[dict]:
+    """Windows from the trace alone: each run of one stream's allocations into one graph pool, in trace order."""
+    allocs = replay_trace(snapshot, device).allocs
+    if allocs.empty:
+        return []
+    streams = allocs["stream"].to_numpy()
+    pools = allocs["pool"].tolist()
+    index = allocs["index"].to_numpy()
+    labels, pool_names = stream_labels(snapshot), pool_labels(snapshot)
+    runs: dict[int, list] = {}  # stream -> [pool, first index, last index] of its current run
+    windows = []
+
+    def close(stream: int) -> None:
+        pool, first, last = runs.pop(stream)
+        if pool != DEFAULT_POOL:
+            windows.append((first, last + 1, stream, pool))
+
+    for stream, pool, i in zip(streams.tolist(), pools, index.tolist(), strict=True):
+        pool = tuple(pool)
+        run = runs.get(stream)
+        if run is not None and run[0] == pool:
+            run[2] = i
+            continue
+        if run is not None:
+            close(stream)
+        runs[stream] = [pool, i, i]
+    for stream in list(runs):
+        close(stream)
+    actions = snapshot.trace_columns[device].action
+    pool_allocs = [
+        (i, s) for i, s, p in zip(index.tolist(), streams.tolist(), pools, strict=True) if tuple(p) != DEFAULT_POOL
+    ]
+    frees = np.flatnonzero(actions == SEGMENT_FREE)
+    counts: dict[tuple, int] = {}
+    last: dict[tuple, dict] = {}  # (stream, pool) -> its latest window
+    out = []
+    for begin, end, stream, pool in sorted(windows):
+        if begin and actions[begin - 1] == SEGMENT_ALLOC:
+            begin -= 1  # the segment made for the window's first allocation is the window's
+        before = last.get((stream, pool))
+        if before is not None and _one_capture(before, begin, stream, pool_allocs, frees):
+            window = {**before, "index": before["index"] + 1}
+        else:
+            counts[pool] = counts.get(pool, 0) + 1
+            name = f"{pool_names.get(pool, pool_label(pool))} capture {counts[pool]} on {labels.get(stream, stream)}"
+            window = {"capture": name, "manager": INFERRED, "size": None, "index": 0, "stream": int(stream)}
+            window["pool"] = list(pool)
+        window.update(graph=f"{window['capture']} graph {window['index']}", trace_begin=int(begin))
+        window.update(trace_end=int(end), inferred=True)
+        last[(stream, pool)] = window
+        out.append(window)
+    return out
+
+
+def _one_capture(before: dict, begin: int, stream: int, pool_allocs: list, frees) -> bool:
+    """Whether a window continues the capture of `before` after an eager break.
+
+    Between two graphs of one capture only the break runs: nothing else
+    allocates into a graph pool, and no `empty_cache` (which each
+    `torch.cuda.graph` runs as it begins) frees a segment.
+    """
+    low, high = before["trace_end"], begin
+    if ((frees > low) & (frees < high)).any():
+        return False
+    return not any(low <= i < high and s != stream for i, s in pool_allocs)
+
+
 def captures_by_name(snapshot: Snapshot) -> dict[str, list[dict]]:
     """The snapshot's capture windows grouped by capture, each capture's graphs in order, captures as recorded."""
     out: dict[str, list[dict]] = {}
-    for window in snapshot.captures:
+    for window in capture_windows(snapshot):
         out.setdefault(window.get("capture", window["graph"]), []).append(window)
     return {name: sorted(gs, key=lambda g: (g.get("index", 0), g["trace_begin"])) for name, gs in out.items()}
 
@@ -41,6 +135,7 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
     captures = captures_by_name(snapshot)
     made = replay_trace(snapshot).new_segments if captures else None
     labels = stream_labels(snapshot)
+    pools = pool_labels(snapshot)
     rows = []
     for name, mine in captures.items():
         first, last, pool = mine[0], mine[-1], tuple(mine[0]["pool"])
@@ -53,6 +148,7 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
                 "stream": first["stream"],
                 "stream_label": labels.get(first["stream"], str(first["stream"])),
                 "pool": pool,
+                "pool_label": pools.get(pool, pool_label(pool)),
                 "graphs": len(mine),
                 "eager_breaks": len(mine) - 1,
                 "new_segments": int(in_pool.sum()),
@@ -62,23 +158,33 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
                 "trace_end": last["trace_end"],
             }
         )
-    columns = ["manager", "size", "stream", "stream_label", "pool", "graphs", "eager_breaks", "new_segments"]
-    columns += ["new_segment_bytes", "break_segment_bytes", "trace_begin", "trace_end"]
+    columns = ["manager", "size", "stream", "stream_label", "pool", "pool_label", "graphs", "eager_breaks"]
+    columns += ["new_segments", "new_segment_bytes", "break_segment_bytes", "trace_begin", "trace_end"]
     table = pd.DataFrame(rows, columns=columns)
-    table.attrs["source"] = snapshot.source_label
+    table.attrs["inferred"] = _inferred(snapshot)
+    table.attrs["source"] = snapshot.source_label + (
+        ", capture windows inferred from the trace" if table.attrs["inferred"] else ""
+    )
+    table.attrs["byte_columns"] = ["new_segment_bytes", "break_segment_bytes"]
     return table
+
+
+def _inferred(snapshot: Snapshot) -> bool:
+    return not snapshot.captures and snapshot.has_trace
 
 
 def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | None = None) -> pd.DataFrame:
     """Segments and bytes each capture added, per (pool, stream) group.
 
     `windows` are dicts with `graph`, `trace_begin` and `trace_end` (trace
-    indices); by default the snapshot's own (`Snapshot.captures`).
+    indices); by default the snapshot's own, or inferred (`capture_windows`).
     """
     snap = load_snapshot(snapshot)
-    windows = windows if windows is not None else snap.captures
+    inferred = windows is None and _inferred(snap)
+    windows = windows if windows is not None else capture_windows(snap)
     made = replay_trace(snap).new_segments
     labels = stream_labels(snap)
+    pools = pool_labels(snap)
     rows = []
     for w in windows:
         inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] < w["trace_end"])]
@@ -88,12 +194,13 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
                     "graph": w["graph"],
                     "pool": pool,
                     "stream": int(stream),
-                    "pool_label": pool_label(pool, snap.pool_names),
+                    "pool_label": pools.get(tuple(pool), pool_label(pool)),
                     "stream_label": labels.get(stream, str(stream)),
                     "segments": len(group),
                     "bytes": int(group["size"].sum()),
                 }
             )
     table = pd.DataFrame(rows, columns=["graph", "pool", "stream", "pool_label", "stream_label", "segments", "bytes"])
-    table.attrs["source"] = snap.source_label
+    table.attrs["source"] = snap.source_label + (", capture windows inferred from the trace" if inferred else "")
+    table.attrs["inferred"] = inferred
     return table

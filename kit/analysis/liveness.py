@@ -6,7 +6,9 @@ produced before the replay layers, with the replay graphs forced onto the
 model graphs' stream), the replay graph overwrites it. From a recording with
 the capture recorder's windows: `liveness_table` lists the graph-pool blocks
 each model capture holds across each eager break, how long it holds them, and
-which replay capture allocated over them; `liveness_verdicts` says safe or
+which replay capture allocated over them (on a plain snapshot, from inferred
+windows: `kit.analysis.attribution.capture_windows`, where any other capture
+into the pool counts as one that may run in the break); `liveness_verdicts` says safe or
 conflict per capture, and `break_allocations` checks that the breaks allocate
 outside the pool (their outputs live there). `kit.analysis.equivalence` is
 the same question asked of the outputs on a GPU.
@@ -88,12 +90,11 @@ class _Life:
 
 
 def _captures(snap: Snapshot) -> dict[str, list[dict]]:
-    """The recorded capture windows, per capture; a one-line error when the snapshot has none."""
+    """The capture windows, recorded or inferred, per capture; a one-line error when there are none."""
     captures = captures_by_name(snap)
     if not captures:
         raise KitError(
-            f"{snap.origin}: no capture windows (the snapshot's kit key lists no captures): "
-            "record the captures with kit.CaptureRecorder"
+            f"{snap.origin}: no captures: the kit key lists none and no allocation in the trace landed in a graph pool"
         )
     return captures
 
@@ -152,19 +153,28 @@ def liveness_table(
     """
     snap = load_snapshot(snapshot)
     captures = _captures(snap)
+    inferred = any(gs[0].get("inferred") for gs in captures.values())
     lives = _lifetimes(snap, device)
+
+    def writes_over(gs: list[dict]) -> bool:
+        # Inferred windows have no roles: any other capture into the pool may run in a break.
+        return inferred or is_replay_capture(gs[0].get("manager", ""))
+
     replays = {
         name: [life for life in lives if life.pool == tuple(gs[0]["pool"]) and _in_windows(life.index, gs)]
         for name, gs in captures.items()
-        if is_replay_capture(gs[0].get("manager", ""))
+        if writes_over(gs)
     }
     rows = []
-    models = [name for name, gs in captures.items() if not is_replay_capture(gs[0].get("manager", "")) and len(gs) > 1]
+    models = [name for name, gs in captures.items() if (inferred or not writes_over(gs)) and len(gs) > 1]
     for name in models:
-        rows += _breaks_of(name, captures[name], captures, lives, replays, replay_size_for)
+        others = {r: lives_ for r, lives_ in replays.items() if r != name}
+        rows += _breaks_of(name, captures[name], captures, lives, others, replay_size_for)
     table = pd.DataFrame(rows, columns=LIVENESS_COLUMNS)
-    table.attrs["source"] = snap.source_label
-    return Liveness(table, snap.source_label, models, list(replays), paired=replay_size_for is not None)
+    source = snap.source_label + (", capture windows and eager breaks inferred from the trace" if inferred else "")
+    table.attrs["source"] = source
+    table.attrs["inferred"] = inferred
+    return Liveness(table, source, models, list(replays), paired=replay_size_for is not None)
 
 
 def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[dict]:

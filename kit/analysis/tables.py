@@ -95,8 +95,11 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream"
     """Each group's change from `before` to `after`.
 
     Groups match on (device, pool, stream) by default: two snapshots of one
-    process. Stream ids differ between processes, so to compare two runs
-    match on the streams' names instead (`by="label"`).
+    process. Stream and pool ids differ between processes, so to compare two
+    runs match on labels instead (`by="label"`): streams by their label,
+    graph pools by their role (`kit.analysis.names`: recorder names, or
+    "graph pool N" in the order the pools were made). `diff_summary` says
+    per pool what the change saved.
 
     Figures hold the change (after minus before); `<figure>_before` and
     `<figure>_after` hold both sides. `status` is `changed`, `same`, `added`
@@ -104,12 +107,12 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream"
     """
     if by not in ("stream", "label"):
         raise ValueError(f"by must be 'stream' or 'label', not {by!r}")
-    key = ["device", "pool", "stream" if by == "stream" else "stream_label"]
+    key = ["device", "pool", "stream"] if by == "stream" else ["device", "pool_label", "stream_label"]
     merged = before.merge(after, on=key, how="outer", suffixes=("_before", "_after"), indicator=True)
     out = merged[key].copy()
-    other = "stream_label" if by == "stream" else "stream"
-    out[other] = merged[f"{other}_after"].fillna(merged[f"{other}_before"])
-    out["pool_label"] = merged["pool_label_after"].fillna(merged["pool_label_before"])
+    for other in ("pool", "stream", "pool_label", "stream_label"):
+        if other not in key:
+            out[other] = merged[f"{other}_after"].where(merged[f"{other}_after"].notna(), merged[f"{other}_before"])
     out = out[["device", "pool", "stream", "pool_label", "stream_label"]]
     for fig in FIGURES:
         b = merged[f"{fig}_before"].fillna(0).astype("int64")
@@ -125,7 +128,24 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream"
     out.insert(3, "status", status)
     out["stream"] = out["stream"].astype("int64")
     out.attrs["source"] = f"before: {before.attrs.get('source', '?')}; after: {after.attrs.get('source', '?')}"
+    made_up = set(before.attrs.get("generated_labels", ())) | set(after.attrs.get("generated_labels", ()))
+    out.attrs["generated_labels"] = sorted(made_up)
+    paired = out[out["status"].isin(["changed", "same"])]
+    out.attrs["paired_generated"] = sorted(
+        {x for x in (*paired["stream_label"], *paired["pool_label"]) if x in made_up} if by == "label" else set()
+    )
     return out.sort_values(key).reset_index(drop=True)
+
+
+def diff_summary(diff: pd.DataFrame) -> list[str]:
+    """One line per pool of a `diff_tables` result: reserved before and after, and what the change saved."""
+    lines = []
+    for label, rows in diff.groupby("pool_label", sort=False):
+        before, after = int(rows["reserved_before"].sum()), int(rows["reserved_after"].sum())
+        saved = before - after
+        change = f"saved {format_bytes(saved)}" if saved > 0 else f"cost {format_bytes(-saved)}" if saved else "same"
+        lines.append(f"{label}: {format_bytes(before)} reserved before, {format_bytes(after)} after ({change})")
+    return lines
 
 
 def table_records(table: pd.DataFrame) -> list[dict]:
