@@ -240,9 +240,18 @@ class CachingAllocatorSim:
         return low
 
     def seed_segment(
-        self, address: int, size: int, stream_name: str, pool: tuple[int, int], small: bool, active: dict[int, int]
+        self,
+        address: int,
+        size: int,
+        stream_name: str,
+        pool: tuple[int, int],
+        small: bool,
+        active: dict[int, int],
+        requested: dict[int, int] | None = None,
     ) -> None:
         """A segment that existed before the first op, its `active` blocks ({address: size}) allocated.
+
+        `requested` gives the bytes asked for of any block that did not ask for its whole size.
 
         Each active block is the tensor `seeded:<address in hex>`; the gaps between them are free blocks.
         """
@@ -260,6 +269,7 @@ class CachingAllocatorSim:
         for start, length, allocated in pieces:
             b = Block(start, length, stream, pool, small)
             b.allocated = allocated
+            b.requested = (requested or {}).get(start, length)
             b.prev = prev
             if prev is not None:
                 prev.next = b

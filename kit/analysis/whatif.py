@@ -115,13 +115,21 @@ def _require_simulable(snap: Snapshot, device: int) -> tuple:
 
 
 def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
-    """The segments when the trace began: (address, size, pool, stream, small, {block: size}), by address.
+    """The segments when the trace began: (address, size, pool, stream, small, {block: size}, {block: requested}).
 
     The rewind gives a block freed within the trace the rounded size of its
     request; a free gap after it too small to have been split off was part of
     it, so it is given back here (the split rule allows no such free block).
     """
     layout, _ = initial_state(snap, entries, device)
+    requested = {e.addr: e.size for e in entries if e.action == "free_completed"}
+    requested.update(
+        (b.address, b.requested_size)
+        for s in snap.segments
+        if s.device == device
+        for b in s.blocks
+        if b.state != "inactive"
+    )
     out = []
     for address in layout.starts:
         seg = layout.by_start[address]
@@ -131,7 +139,17 @@ def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
             gap = seg.gap_at(end) if end < seg.address + seg.size else 0
             if gap and not should_split(gap, seg.small):
                 blocks[start] += gap
-        out.append((address, seg.size, seg.pool, seg.stream, seg.small, blocks))
+        out.append(
+            (
+                address,
+                seg.size,
+                seg.pool,
+                seg.stream,
+                seg.small,
+                blocks,
+                {a: requested[a] for a in blocks if a in requested},
+            )
+        )
     return out
 
 
@@ -198,8 +216,8 @@ def simulate_trace(
         return labels[sid]
 
     live_seeded = set()
-    for address, size, pool, stream, small, blocks in seeded:
-        sim.seed_segment(address, size, name(stream), pool, small, blocks)
+    for address, size, pool, stream, small, blocks, asked in seeded:
+        sim.seed_segment(address, size, name(stream), pool, small, blocks, asked)
         live_seeded.update(blocks)
     pool_of = dict(zip(replay.allocs["index"].tolist(), replay.allocs["pool"].tolist(), strict=True))
     ids: dict[int, str] = {}

@@ -1,0 +1,189 @@
+"""Plain snapshots, as a user brings them: no `kit` key, a trace that starts mid-process.
+
+Made here from the shipped recordings by dropping the `kit` key and the head
+of the trace (what `max_entries` does to a long run); the H200 recordings of
+programs the kit did not write are checked in `test_plain_recordings.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kit.analysis.attribution import capture_attribution, capture_table, capture_windows
+from kit.analysis.liveness import liveness_table
+from kit.analysis.names import generated_labels, pool_labels, resolve_stream, stream_labels
+from kit.analysis.tables import diff_summary, diff_tables, segment_table
+from kit.analysis.trace.replay import replay_trace
+from kit.analysis.whatif import layout_differences, simulate_trace, trace_to_workload, what_if
+from kit.errors import KitError
+from kit.load.snapshot import Snapshot, load_snapshot
+from kit.recordings import RECORDINGS, recording
+
+ALL = sorted(str(p.relative_to(RECORDINGS)) for p in RECORDINGS.rglob("*.pickle"))
+MIB = 2**20
+
+
+def plain(name: str, cut: float = 0.0) -> Snapshot:
+    """A shipped recording without its kit key, its trace's first `cut` of entries dropped."""
+    raw = dict(load_snapshot(recording(name)).raw)
+    raw.pop("kit", None)
+    trace = raw["device_traces"][0]
+    raw["device_traces"] = [trace[int(len(trace) * cut) :]]
+    return Snapshot(raw, origin=f"plain {name}")
+
+
+def test_stream_labels_come_from_the_first_allocation_and_survive_a_second_process():
+    separate, shared = plain("two_streams.pickle"), plain("shared_stream.pickle")
+    a, b = stream_labels(separate), stream_labels(shared)
+    assert a[0] == b[0] == "default stream"
+    first = "stream of forward (demo.py:28)"
+    assert sorted(a.values()) == sorted(["default stream", first, first + " #2"])
+    # The same program's first capture stream has another id in the other process but the same label.
+    shared_id = next(sid for sid, label in b.items() if label == first)
+    separate_id = next(sid for sid, label in a.items() if label == first)
+    assert shared_id != separate_id
+    assert first in generated_labels(separate) and "default stream" not in generated_labels(separate)
+
+
+def test_graph_pools_are_numbered_by_the_order_they_were_made():
+    snap = load_snapshot(recording("corpus/random_003.pickle"))
+    labels = pool_labels(snap)
+    made = {}
+    for i, e in enumerate(snap.trace):
+        if e.action == "segment_alloc":
+            seg = next((s for s in snap.segments if s.address == e.addr), None)
+            if seg and seg.segment_pool_id != (0, 0):
+                made.setdefault(seg.segment_pool_id, i)
+    order = sorted(made, key=made.get)
+    assert labels[(0, 1)] == "p0"  # the recording names it
+    for n, pool in enumerate(order, start=1):
+        if pool != (0, 1):
+            assert labels[pool] == f"graph pool {n}"
+
+
+def test_a_stream_is_found_by_id_hex_or_label():
+    snap = plain("two_streams.pickle")
+    labels = stream_labels(snap)
+    for sid, label in labels.items():
+        assert resolve_stream(snap, str(sid)) == sid
+        assert resolve_stream(snap, hex(sid)) == sid
+        assert resolve_stream(snap, label) == sid
+    assert resolve_stream(snap, "default stream") == 0
+    with pytest.raises(KitError, match="no stream 'stream B'.*stream of forward"):
+        resolve_stream(snap, "stream B")
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("cut", [0.0, 0.5, 0.8])
+def test_the_trace_replayed_from_its_rewound_start_ends_at_the_recording(name, cut):
+    snap = plain(name, cut)
+    assert layout_differences(simulate_trace(snap), snap) == []
+    assert what_if(snap, {}).corrections == []
+
+
+def test_what_if_on_a_plain_mid_process_snapshot_predicts_the_shared_stream_run():
+    snap = plain("two_streams.pickle", cut=0.5)  # starts after the first capture began
+    assert snap.captures == [] and replay_trace(snap).rewound_segments > 0
+    ids = {name: sid for sid, name in load_snapshot(recording("two_streams.pickle")).stream_names.items()}
+    second, first = ids["replay graphs stream"], ids["model graphs stream"]
+    labels = stream_labels(snap)
+    measured = segment_table(recording("shared_stream.pickle"))
+    want = int(measured[measured["pool"] == (0, 1)]["reserved"].sum())
+    for mapping in (
+        {labels[second]: labels[first]},
+        {str(second): str(first)},
+        {hex(second): hex(first)},
+        {second: first},
+    ):
+        result = what_if(snap, mapping)
+        got = result.predicted[result.predicted["pool"] == (0, 1)]["reserved"].sum()
+        assert got == want == 66 * MIB
+        assert result.saved[(0, 1)] == 42 * MIB
+        assert set(result.predicted["stream"]) <= set(stream_labels(snap))  # the recording's ids, not 4096
+        assert "graph pool 1" in set(result.predicted["pool_label"])
+
+
+def test_corrections_only_when_a_moved_stream_allocated_outside_captures():
+    snap = load_snapshot(recording("two_streams.pickle"))
+    assert what_if(snap, {"replay graphs stream": "replay graphs stream"}).corrections == []
+    moved = what_if(snap, {"replay graphs stream": "model graphs stream"}).corrections
+    assert len(moved) == 1 and "32.00 MiB" in moved[0] and "cuBLAS" in moved[0]
+
+
+def test_what_if_cli_takes_ids_and_labels_and_prints_mib():
+    path = str(recording("two_streams.pickle"))
+    snap = load_snapshot(path)
+    ids = {label: sid for sid, label in stream_labels(snap).items()}
+    run = [sys.executable, "-m", "kit", "what-if", path]
+    by_hex = subprocess.run(
+        [*run, "--map", f"{ids['replay graphs stream']:#x}={ids['model graphs stream']}", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert by_hex.returncode == 0, by_hex.stderr
+    out = json.loads(by_hex.stdout)
+    assert out["map"][0]["from_label"] == "replay graphs stream"
+    assert {tuple(s["pool"]): s["bytes"] for s in out["saved"]}[(0, 1)] == 42 * MIB
+    text = subprocess.run([*run, "--map", "replay graphs stream=model graphs stream"], capture_output=True, text=True)
+    assert text.returncode == 0, text.stderr
+    assert "global graph pool (0, 1): 108.00 MiB reserved as recorded, 66.00 MiB predicted (saves 42.00 MiB)" in (
+        text.stdout
+    )
+    assert "4096" not in text.stdout
+    bad = subprocess.run([*run, "--map", "nope=default stream"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no stream 'nope'" in bad.stderr
+
+
+def test_inferred_capture_windows_attribute_what_the_recorder_did():
+    recorded = capture_attribution(recording("two_streams.pickle"))
+    inferred = capture_attribution(plain("two_streams.pickle"))
+    assert inferred.attrs["inferred"] and "inferred" in inferred.attrs["source"]
+    assert not recorded.attrs["inferred"]
+    in_pool = recorded[recorded["pool"] == (0, 1)]
+    assert sorted(inferred["bytes"]) == sorted(in_pool["bytes"]) == [44040192, 69206016]
+    windows = capture_windows(plain("two_streams.pickle"))
+    assert all(w["inferred"] for w in windows) and len({w["stream"] for w in windows}) == 2
+
+
+def test_inferred_windows_group_a_captures_graphs_around_its_eager_breaks():
+    table = capture_table(plain("replica/small_unpatched.pickle"))
+    # The model graphs' stream: 3 captures of 2 graphs, taken as one capture (no empty_cache between them).
+    assert list(table["graphs"]) == [6, 3]
+    assert table.attrs["inferred"]
+    live = liveness_table(plain("replica/small_unpatched.pickle"))
+    assert "inferred" in live.source and len(live.model_captures) == 2
+
+
+def test_a_window_with_no_graph_pool_allocation_is_skipped_not_ended_before_it_begins():
+    raw = dict(load_snapshot(recording("two_streams.pickle")).raw)
+    raw["kit"] = dict(raw["kit"])
+    first = raw["kit"]["captures"][0]
+    raw["kit"]["captures"] = [{**first, "graph": "empty", "trace_begin": 1, "trace_end": 3}, *raw["kit"]["captures"]]
+    ops = trace_to_workload(Snapshot(raw, origin="empty window"))["ops"]
+    assert not any(op.get("graph") == "empty" for op in ops)
+
+
+def test_diff_by_label_matches_graph_pools_by_role_across_processes(tmp_path):
+    before, after = segment_table(plain("two_streams.pickle")), segment_table(plain("shared_stream.pickle"))
+    diff = diff_tables(before, after, by="label")
+    pool = diff[diff["pool_label"] == "graph pool 1"]
+    assert pool["reserved_before"].sum() == 108 * MIB and pool["reserved_after"].sum() == 66 * MIB
+    assert "graph pool 1: 108.00 MiB reserved before, 66.00 MiB after (saved 42.00 MiB)" in diff_summary(diff)
+    assert "graph pool 1" in diff.attrs["paired_generated"]
+    for name, snap in (("a", plain("two_streams.pickle")), ("b", plain("shared_stream.pickle"))):
+        import pickle
+
+        (tmp_path / f"{name}.pickle").write_bytes(pickle.dumps(snap.raw))
+    done = subprocess.run(
+        [sys.executable, "-m", "kit", "diff", str(tmp_path / "a.pickle"), str(tmp_path / "b.pickle"), "--by-label"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "saved 42.00 MiB" in done.stdout and "warning: --by-label paired groups by labels the kit generated" in (
+        done.stderr
+    )
