@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE, should_split
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE
 from kit.allocator.simulator import CachingAllocatorSim, seeded_id
 from kit.allocator.workload import DEFAULT
 from kit.analysis.names import DEFAULT_STREAM_LABEL, pool_labels, resolve_stream, stream_labels
@@ -118,8 +118,9 @@ def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
     """The segments when the trace began: (address, size, pool, stream, small, {block: size}, {block: requested}).
 
     The rewind gives a block freed within the trace the rounded size of its
-    request; a free gap after it too small to have been split off was part of
-    it, so it is given back here (the split rule allows no such free block).
+    request, not any unsplit remainder it also took; that remainder is too
+    small to serve a request of its size class, and merges back when the
+    block is freed, so the simulation is the same.
     """
     layout, _ = initial_state(snap, entries, device)
     requested = {e.addr: e.size for e in entries if e.action == "free_completed"}
@@ -134,11 +135,6 @@ def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
     for address in layout.starts:
         seg = layout.by_start[address]
         blocks = dict(seg.sizes)
-        for start in seg.starts:
-            end = start + blocks[start]
-            gap = seg.gap_at(end) if end < seg.address + seg.size else 0
-            if gap and not should_split(gap, seg.small):
-                blocks[start] += gap
         out.append(
             (
                 address,
