@@ -2,11 +2,14 @@
 
 The public API, by idea:
 - snapshots: `load_snapshot`, `Snapshot`, `Segment`, `Block`, `TraceEntry`
-- tables: `segment_table`, `diff_tables`, `style_table`, `format_bytes`
+- tables: `segment_table`, `diff_tables`, `diff_summary`, `style_table`, `format_bytes`
+- names: `stream_labels`, `pool_labels`, `resolve_stream` (the same everywhere, stable across processes)
 - pictures: `group_bar_figure`, `segment_map_figure`, `show_in` (plotly, imported on use)
 - report: `write_report`
 - simulator: `CachingAllocatorSim`, `simulate`, `Decision`
-- trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`, `what_if`
+- trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`,
+  `capture_windows` (recorded or inferred), `what_if` (a `WhatIf`), `simulate_trace`
+- a guard for CI: `check_snapshot` (a `CheckResult`), `assert_no_stranding` (for a pytest test)
 - workloads: `parse_workload`, `load_workload`, `generate_workload`, `pr_scenario`, `run_on_gpu`
 - capture recorder: `CaptureRecorder`, `capture_table`
 - ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`
@@ -32,20 +35,29 @@ on a machine (such as the GPU machine) that has pandas but no plotly.
 
 from kit.allocator.simulator import CachingAllocatorSim, Decision, simulate
 from kit.allocator.workload import generate_workload, load_workload, parse_workload, pr_scenario
-from kit.analysis.attribution import capture_attribution, capture_table
+from kit.analysis.attribution import capture_attribution, capture_table, capture_windows
+from kit.analysis.check import CheckResult, assert_no_stranding, check_snapshot
 from kit.analysis.equivalence import Equivalence, check_equivalence
 from kit.analysis.liveness import Liveness, break_allocations, liveness_table, liveness_verdicts
 from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
-from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.analysis.names import pool_labels, resolve_stream, stream_labels
+from kit.analysis.tables import diff_summary, diff_tables, format_bytes, segment_table, style_table
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_report
-from kit.analysis.whatif import what_if
+from kit.analysis.whatif import WhatIf, simulate_trace, what_if
 from kit.errors import KitError
 from kit.load.rows import Block, Segment, TraceEntry
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.record.recorder import CaptureRecorder
 
 __all__ = [
+    "WhatIf",
+    "simulate_trace",
+    "capture_windows",
+    "diff_summary",
+    "pool_labels",
+    "resolve_stream",
+    "stream_labels",
     "Block",
     "CaptureRecorder",
     "Equivalence",
@@ -71,6 +83,9 @@ __all__ = [
     "Snapshot",
     "TraceEntry",
     "capture_attribution",
+    "CheckResult",
+    "assert_no_stranding",
+    "check_snapshot",
     "replay_trace",
     "reuse_table",
     "stranding_report",
