@@ -8,7 +8,7 @@ LAB_FLAGS ?=
 # Jupyter refuses to run as root unless told to; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv lab test walkthrough recordings lint browser-deps screenshots
+.PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -62,3 +62,7 @@ recordings:
 	$(PYTHON) scripts/record_fixtures.py --out kit/recordings
 	$(PYTHON) scripts/record_corpus.py --out kit/recordings/corpus
 	$(PYTHON) scripts/record_replica.py --out kit/recordings/replica
+
+# Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
+plain-recordings:
+	$(PYTHON) scripts/record_plain.py --out kit/recordings/plain

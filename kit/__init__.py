@@ -39,8 +39,8 @@ from kit.analysis.attribution import capture_attribution, capture_table, capture
 from kit.analysis.check import CheckResult, assert_no_stranding, check_snapshot
 from kit.analysis.equivalence import Equivalence, check_equivalence
 from kit.analysis.liveness import Liveness, break_allocations, liveness_table, liveness_verdicts
-from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 from kit.analysis.names import pool_labels, resolve_stream, stream_labels
+from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 from kit.analysis.tables import diff_summary, diff_tables, format_bytes, segment_table, style_table
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_report

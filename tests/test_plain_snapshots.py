@@ -187,3 +187,71 @@ def test_diff_by_label_matches_graph_pools_by_role_across_processes(tmp_path):
     assert "saved 42.00 MiB" in done.stdout and "warning: --by-label paired groups by labels the kit generated" in (
         done.stderr
     )
+
+
+# The H200 recordings of programs the kit did not write (scripts/plain_programs/).
+
+
+def _graph_pool_bytes(table) -> int:
+    return int(table[table["pool"] != (0, 0)]["reserved"].sum())
+
+
+def _capture_streams(snap: Snapshot) -> list[int]:
+    """The streams that allocated in a graph pool, in the order they first did."""
+    allocs = replay_trace(snap).allocs
+    in_pool = allocs[allocs["pool"].map(lambda p: tuple(p) != (0, 0))]
+    return list(dict.fromkeys(in_pool["stream"].tolist()))
+
+
+@pytest.mark.parametrize("program", ["two_captures", "record_stream"])
+def test_what_if_on_a_plain_separate_stream_recording_predicts_the_shared_stream_run(program):
+    separate = load_snapshot(recording(f"plain/{program}_separate.pickle"))
+    shared = load_snapshot(recording(f"plain/{program}_shared.pickle"))
+    assert separate.kit == {} and replay_trace(separate).rewound_segments > 0
+    first, second = _capture_streams(separate)
+    labels = stream_labels(separate)
+    measured = _graph_pool_bytes(segment_table(shared))
+    assert _graph_pool_bytes(segment_table(separate)) > measured  # the separate run strands memory
+    for mapping in ({labels[second]: labels[first]}, {str(second): str(first)}, {hex(second): hex(first)}):
+        result = what_if(separate, mapping)
+        assert _graph_pool_bytes(result.predicted) == measured, mapping
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (RECORDINGS / "plain").glob("*.pickle")))
+def test_the_identity_map_reproduces_each_plain_recordings_pools(name):
+    snap = load_snapshot(recording(f"plain/{name}"))
+    result = what_if(snap, {})
+    recorded = segment_table(snap)
+    for pool in set(recorded["pool"]):
+        assert result.baseline[result.baseline["pool"] == pool]["reserved"].sum() == (
+            recorded[recorded["pool"] == pool]["reserved"].sum()
+        )
+    assert result.corrections == []
+    assert layout_differences(simulate_trace(snap), snap) == []
+
+
+def test_two_captures_streams_are_named_by_the_function_that_captured_them():
+    labels = set(stream_labels(load_snapshot(recording("plain/two_captures_separate.pickle"))).values())
+    assert {"stream of capture_first (two_captures.py:44)", "stream of capture_second (two_captures.py:61)"} <= labels
+    compile_labels = stream_labels(load_snapshot(recording("plain/compile_reduce_overhead.pickle")))
+    assert not any("torchinductor" in label or ".py:" in label and "/" in label for label in compile_labels.values())
+    assert "stream of main (compile_reduce_overhead.py:61)" in compile_labels.values()
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("two_captures_separate", 1),
+        ("record_stream_separate", 1),
+        ("two_captures_shared", 0),
+        ("record_stream_shared", 0),
+        ("compile_reduce_overhead", 0),
+    ],
+)
+def test_check_fails_every_separate_stream_recording_and_passes_the_rest(name, code):
+    done = subprocess.run(
+        [sys.executable, "-m", "kit", "check", str(recording(f"plain/{name}.pickle"))], capture_output=True, text=True
+    )
+    assert done.returncode == code, done.stdout + done.stderr
+    if code:
+        assert done.stdout.count("\n") == 1 and done.stdout.startswith("graph pool 1 (0, 1), stream of ")

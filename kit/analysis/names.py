@@ -37,6 +37,9 @@ from kit.load.snapshot import Snapshot
 DEFAULT_STREAM_LABEL = "default stream"
 DEFAULT_POOL_LABEL = "default pool"
 _ALLOC = TRACE_ACTIONS.index("alloc")
+# Frames that say nothing about the program: torch itself, code inductor generated
+# (hashed file names in its cache), and the kit's own recorder.
+_NOT_USER = ("/torch/", "torchinductor", "/kit/record/")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
 
 
@@ -58,7 +61,7 @@ def user_frame(frames: object) -> str | None:
         if not isinstance(f, dict):
             continue
         filename = as_text(f.get("filename", ""))
-        if not filename.endswith(".py") or "/torch/" in filename or "/kit/record/" in filename:
+        if not filename.endswith(".py") or any(part in filename for part in _NOT_USER):
             continue
         return f"{as_text(f.get('name', '?'))} ({filename.rsplit('/', 1)[-1]}:{as_text(f.get('line', '?'))})"
     return None

@@ -13,9 +13,14 @@ against:
   (`kit.experiments.scenarios`);
 - `corpus/`: 64 workloads (seeded random ones and the PR's story) run on the
   real allocator, each beside its workload JSON: the simulator's fidelity
-  corpus.
+  corpus;
+- `plain/`: plain `torch.cuda.memory._dump_snapshot()` files of programs the
+  kit did not write (`scripts/plain_programs/`: two captures into one pool on
+  two streams or one, torch.compile's reduce-overhead mode, record_stream),
+  with no `kit` key and traces that start mid-process, as a user brings them.
 
-`make recordings` records them all again on a CUDA machine.
+`make recordings` records them all again on a CUDA machine (`make
+plain-recordings` the plain ones).
 """
 
 from __future__ import annotations
