@@ -3,7 +3,8 @@
 Commands (their output is a contract, `docs/commands.md`): `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
 `vllm-patch` (what PR 63155 changes in the installed vLLM) and `ranks` (a
-multi-GPU run's ranks side by side) besides. Every command
+multi-GPU run's ranks side by side) and `check` (a CI guard: exit 1 when a
+graph pool stranded memory) besides. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """
@@ -176,7 +177,8 @@ def cmd_ranks(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from kit.show.report import write_report
 
-    write_report(args.snapshot, args.output)
+    stream_map = parse_stream_map(args.map) if args.map else None  # given: a what-if that fails exits 2
+    write_report(args.snapshot, args.output, stream_map=stream_map)
     print(f"wrote {args.output}")
 
 
@@ -313,9 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ranks)
 
-    p = sub.add_parser("report", help="self-contained HTML page of tables and figures")
+    p = sub.add_parser("report", help="self-contained HTML page of tables, figures, verdicts and attribution")
     p.add_argument("snapshot")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
+    p.add_argument(
+        "--map",
+        action="append",
+        metavar="FROM=TO",
+        help="add the what-if of stream FROM moved onto TO (as `what-if --map`); repeatable",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("sim", help="run a workload on the allocator simulator")

@@ -10,6 +10,7 @@ every writer, and that no code in kit/ or scripts/ writes a file another way).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import threading
@@ -33,18 +34,32 @@ def _umask() -> int:
 _umask_lock = threading.Lock()
 
 
+def _naming(error: OSError, path: Path) -> OSError:
+    """`error` again, naming `path` (what the user gave) instead of the temporary file."""
+    return type(error)(error.errno, error.strerror, str(path))
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside `path`; rename it to `path` on success."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.", suffix=".tmp")
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(target))
+    folder = target.parent or Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:  # no such folder, not a folder, no permission: name the folder, not our temporary
+        raise _naming(e, folder) from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as e:  # the target became a folder meanwhile, or cannot be replaced
+            raise _naming(e, target) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

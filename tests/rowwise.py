@@ -15,35 +15,10 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from kit.allocator.rules import DEFAULT_STREAM
-from kit.analysis.tables import FIGURES, KEY, _letters, format_bytes, pool_label
+from kit.analysis.names import pool_labels, stream_labels
+from kit.analysis.tables import FIGURES, KEY, format_bytes, pool_label
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.show.pictures import MIB, STATE_STYLE, _titled
-
-
-def stream_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[int, str]:
-    """Short names for the snapshot's streams: given names first, then A, B, ...
-
-    Letters follow the order in which the trace first uses each stream (its
-    creation order, as far as the allocator saw it), then ascending id.
-    """
-    names = {**snapshot.stream_names, **(names or {})}
-    order: dict[int, None] = {}
-    for e in snapshot.trace:
-        order.setdefault(e.stream, None)
-    for sid in sorted({s.stream for s in snapshot.segments}):
-        order.setdefault(sid, None)
-    labels: dict[int, str] = {}
-    letter = 0
-    for sid in order:
-        if sid in names:
-            labels[sid] = names[sid]
-        elif sid == DEFAULT_STREAM:
-            labels[sid] = "default stream"
-        else:
-            labels[sid] = f"stream {_letters(letter)}"
-            letter += 1
-    return labels
 
 
 def segment_frame(snapshot: Snapshot) -> pd.DataFrame:
@@ -105,9 +80,9 @@ def segment_table(
             )
             .reset_index()
         )
-    pools = {**snapshot.pool_names, **(pool_names or {})}
+    pools = pool_labels(snapshot, pool_names)
     labels = stream_labels(snapshot, stream_names)
-    table["pool_label"] = [pool_label(p, pools) for p in table["pool"]]
+    table["pool_label"] = [pools.get(p) or pool_label(p) for p in table["pool"]]
     table["stream_label"] = [labels.get(s, str(s)) for s in table["stream"]]
     table = table[columns].astype({c: "int64" for c in ("device", "stream", *FIGURES)})
     table.attrs["source"] = snapshot.source_label

@@ -5,9 +5,9 @@ own allocator, so each has a graph pool of its own and stream ids of its own.
 The ranks' groups are therefore matched by name (pool label, stream label),
 as `diff_tables(by="label")` matches two runs. `rank_table` gives one row per
 group with one column per rank, the smallest and largest figure, the spread
-between them and the rank that reserves most; `rank_verdicts` names the groups
-where one rank reserves noticeably more than the others, and the groups some
-ranks lack.
+between them and the rank that reserves most, all among the ranks that have the
+group; `rank_verdicts` names the groups where one rank reserves noticeably more
+than the others, and the ranks that lack a group.
 
 `load_ranks` reads a folder of per-rank snapshots (`rank0.pickle`,
 `rank1.pickle`, ...; the rank is taken from the snapshot's provenance where
@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kit.analysis.tables import FIGURES, format_bytes, segment_table
@@ -75,7 +76,9 @@ def _by_rank(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot]) -> dict[int
 def rank_table(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], figure: str = "reserved") -> pd.DataFrame:
     """Per (pool label, stream label) group: `figure` on each rank, min, max, spread and the largest rank.
 
-    A rank without the group counts 0 bytes there, and `missing_on` lists it.
+    A rank without the group shows 0 in its column and is listed in
+    `missing_on`; min, max, spread and `largest_rank` are taken over the ranks
+    that have the group, so a missing rank is never the smallest or largest.
     """
     if figure not in FIGURES:
         raise KitError(f"unknown figure {figure!r}: one of {', '.join(FIGURES)}")
@@ -88,16 +91,18 @@ def rank_table(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], figure: s
         table = segment_table(snapshot)
         columns[f"rank {rank}"] = table.groupby(key)[figure].sum()
     wide = pd.DataFrame(columns)
-    present = wide.notna()
+    present = wide.notna().to_numpy()
     wide = wide.fillna(0).astype("int64")
-    rank_columns = list(columns)
+    rank_columns, rank_numbers = list(columns), list(ranks)
     out = wide.reset_index()
     values = wide.to_numpy()
-    out["min"] = values.min(axis=1)
-    out["max"] = values.max(axis=1)
+    # Every group is on at least one rank; a rank without it must not be the smallest or the largest.
+    info = np.iinfo(np.int64)
+    out["min"] = np.where(present, values, info.max).min(axis=1)
+    out["max"] = np.where(present, values, info.min).max(axis=1)
     out["spread"] = out["max"] - out["min"]
-    out["largest_rank"] = [int(rank_columns[i].split()[1]) for i in values.argmax(axis=1)]
-    out["missing_on"] = [[int(c.split()[1]) for c in rank_columns if not present.loc[idx, c]] for idx in wide.index]
+    out["largest_rank"] = [rank_numbers[i] for i in np.where(present, values, info.min).argmax(axis=1)]
+    out["missing_on"] = [[r for r, has in zip(rank_numbers, row, strict=True) if not has] for row in present]
     out = out.sort_values(["pool_label", "spread"], ascending=[True, False]).reset_index(drop=True)
     out.attrs["source"] = "; ".join(f"rank {r}: {s.source_label}" for r, s in ranks.items())
     out.attrs["figure"] = figure
@@ -107,19 +112,23 @@ def rank_table(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], figure: s
 
 
 def rank_verdicts(table: pd.DataFrame, *, tolerance: float = 0.05, min_bytes: int = 2 * MIB) -> list[str]:
-    """One line per group whose ranks differ by more than `tolerance` of the largest and `min_bytes`."""
+    """One line per group whose ranks differ by more than `tolerance` of the largest and `min_bytes`,
+    and one per group some ranks lack ("rank 3 has no <pool> / <stream>")."""
     figure = table.attrs.get("figure", "reserved")
+
+    def amount(value: int) -> str:
+        return str(value) if figure == "segments" else format_bytes(value)
+
     verdicts = []
     for row in table.itertuples(index=False):
         group = f"{row.pool_label} / {row.stream_label}"
         if row.missing_on:
-            ranks = ", ".join(str(r) for r in row.missing_on)
+            lacking = ", ".join(str(r) for r in row.missing_on)
+            lack = f"rank {lacking} has" if len(row.missing_on) == 1 else f"ranks {lacking} have"
+            verdicts.append(f"{lack} no {group} ({amount(row.max)} {figure} on rank {row.largest_rank})")
+        if row.spread > max(tolerance * row.max, min_bytes):
             verdicts.append(
-                f"{group}: missing on rank {ranks} ({format_bytes(row.max)} {figure} on rank {row.largest_rank})"
-            )
-        elif row.spread > max(tolerance * row.max, min_bytes):
-            verdicts.append(
-                f"{group}: rank {row.largest_rank} has {format_bytes(row.max)} {figure}, "
-                f"{format_bytes(row.spread)} more than the smallest rank ({format_bytes(row.min)})"
+                f"{group}: rank {row.largest_rank} has {amount(row.max)} {figure}, "
+                f"{amount(row.spread)} more than the smallest rank ({amount(row.min)})"
             )
     return verdicts

@@ -45,13 +45,30 @@ SCENARIOS = {
 EARLY_AUX_LAYER = 1
 
 
+def check_preset(preset: str) -> None:
+    """Refuse a replica size that `kit.replica.model.PRESETS` does not have, naming those it has."""
+    from kit.replica.model import PRESETS
+
+    if preset not in PRESETS:
+        raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+
+
+def require_cuda() -> None:
+    """Refuse live runs, before any process starts, where this process sees no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError(
+            "live replica runs need CUDA, and this process has none; without --live, demo shows the H200 recordings"
+        )
+
+
 def scenario_config(name: str, preset: str):
     from kit.replica.model import PRESETS
 
     if name not in SCENARIOS:
         raise KitError(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
-    if preset not in PRESETS:
-        raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+    check_preset(preset)
     config = PRESETS[preset]
     if SCENARIOS[name][1]:
         config = dataclasses.replace(config, aux_hidden_state_layers=(EARLY_AUX_LAYER, *config.aux_hidden_state_layers))
@@ -129,6 +146,8 @@ def summarize(snapshot) -> dict:
 
 def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     """Each scenario in a fresh process (its allocator starts empty); their summaries."""
+    check_preset(preset)
+    require_cuda()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {}
@@ -141,7 +160,7 @@ def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
         )
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-            raise KitError(f"scenario {name} ({preset}) failed: {lines[-1]}")
+            raise KitError(f"scenario {name} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
         summaries[name] = json.loads(done.stdout.strip().splitlines()[-1])
     return summaries
 
@@ -156,12 +175,14 @@ def replica_runs(
     recording at this preset are left out; none at all is an error.
     """
     source = check_source(source or default_source())
+    check_preset(preset)
     if source == RECORDED:
         paths = {name: RECORDINGS / "replica" / f"{preset}_{name}.pickle" for name in names}
         runs = {name: load_snapshot(path) for name, path in paths.items() if path.exists()}
         if not runs:
             raise KitError(f"no recorded replica fixtures for preset {preset!r}; run with --live on a GPU")
         return runs
+    require_cuda()
     from tqdm.auto import tqdm
 
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-replica-"))

@@ -28,6 +28,7 @@ from kit.load.rows import (
     INT64_MIN,
     MAX_BYTES,
     MAX_DEVICE,
+    MAX_DEVICE_BYTES,
     TRACE_ACTIONS,
     Segment,
     TraceEntry,
@@ -42,7 +43,7 @@ ACTION_CODE = {a: i for i, a in enumerate(TRACE_ACTIONS)}
 ALLOCATED, PENDING, INACTIVE = 0, 1, 2
 
 
-def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = MAX_BYTES) -> np.ndarray | None:
+def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = MAX_DEVICE_BYTES) -> np.ndarray | None:
     """`values` as int64 if every one is a plain int (no bool) in range; else None."""
     if values and set(map(type, values)) != {int}:
         return None
@@ -114,7 +115,12 @@ _BLOCK_KEYS = itemgetter("address", "size", "requested_size", "state")
 
 
 def _column(
-    rows: list, key: str, default: np.ndarray | int | None, *, minimum: int | None = 0, maximum: int | None = MAX_BYTES
+    rows: list,
+    key: str,
+    default: np.ndarray | int | None,
+    *,
+    minimum: int | None = 0,
+    maximum: int | None = MAX_DEVICE_BYTES,
 ) -> np.ndarray | None:
     """An int column of dicts `rows`; a missing key takes `default` (None: required)."""
     values = list(map(methodcaller("get", key, _MISSING), rows))

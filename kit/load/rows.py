@@ -6,8 +6,9 @@ was recorded, one trace of allocator events per device. The parsers here turn
 one raw row (a segment dict, a trace entry dict, a capture window of the
 kit's own metadata) into a `Segment`, `Block`, `TraceEntry` or checked dict,
 and raise a one-line `KitError` naming the row for anything a GPU could not
-have written: sizes above 1 PiB, addresses past 64 bits, blocks that do not
-tile their segment, segments that overlap.
+have written: a segment, block or trace entry larger than any GPU holds
+(`MAX_DEVICE_BYTES`), addresses past 64 bits, blocks that do not tile their
+segment, segments that overlap.
 
 Snapshots from every torch since 2.0 read: keys that older versions lack
 (`device_traces`, `allocator_settings`, `external_annotations`, a trace
@@ -43,7 +44,10 @@ TRACE_ACTIONS = (
     "oom",
     "annotate",
 )
-MAX_BYTES = 1 << 50  # one size above 1 PiB is corruption: no GPU holds that
+# One size above 4 TiB is corruption: far above any GPU's memory (an H200 holds 141 GB),
+# with room for years of larger parts.
+MAX_DEVICE_BYTES = 4 << 40
+MAX_BYTES = 1 << 50  # the segments of all devices together: above 1 PiB is corruption
 MAX_ADDRESS = (1 << 64) - 1
 MAX_DEVICE = 1 << 10
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # torch writes stream ids and times as int64
@@ -114,7 +118,7 @@ def _int(
     default: int | None = None,
     *,
     minimum: int | None = 0,
-    maximum: int = MAX_BYTES,
+    maximum: int = MAX_DEVICE_BYTES,
 ) -> int:
     value = d.get(key, default)
     if value is None and default is None and key not in d:
@@ -125,8 +129,15 @@ def _int(
         what = "negative" if minimum == 0 else f"below {minimum}"
         raise KitError(f"{where}: '{key}' is {what} ({describe(value)})")
     if value > maximum:
+        if maximum == MAX_DEVICE_BYTES:
+            raise KitError(too_large(where, key, value))
         raise KitError(f"{where}: '{key}' is {describe(value)}, above the largest possible ({maximum})")
     return value
+
+
+def too_large(where: str, key: str, value: int) -> str:
+    """The one-line refusal of a size in bytes above `MAX_DEVICE_BYTES`."""
+    return f"{where}: {key} {describe(value)} is more than any GPU holds (limit {MAX_DEVICE_BYTES >> 40} TiB)"
 
 
 def _stream(d: dict, key: str, where: str) -> int:
@@ -172,7 +183,7 @@ def _parse_block(b: Any, offset_address: int, where: str) -> Block:
         raise KitError(f"{where}: unknown block state {describe(state)}")
     address = _int(b, "address", where, default=offset_address, maximum=MAX_ADDRESS)
     requested = b.get("requested_size", size)
-    if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested <= MAX_BYTES:
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested <= MAX_DEVICE_BYTES:
         requested = size
     return Block(address, size, requested, state, _frames(b))
 
@@ -249,7 +260,7 @@ def parse_trace_entry(e: Any, device: int, origin: str, index: int) -> TraceEntr
             and type(size) is int
             and type(stream) is int
             and 0 <= addr <= MAX_ADDRESS
-            and 0 <= size <= MAX_BYTES
+            and 0 <= size <= MAX_DEVICE_BYTES
             and INT64_MIN <= stream <= INT64_MAX
             and (time_us is None or (type(time_us) is int and INT64_MIN <= time_us <= INT64_MAX))
             and "device_free" not in e

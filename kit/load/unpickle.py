@@ -6,7 +6,10 @@ bool and None, which pickle encodes without naming a single global, so the
 unpickler here refuses every global and every persistent id. It also refuses
 a pickle whose shared references would expand a small file into millions of
 records (torch never writes those). JSON files (the same dict; pool ids as
-lists) are read too. Every failure is a one-line `KitError` naming the file.
+lists) are read too. Every failure is a one-line `KitError` naming the file,
+and a file of another kind is named as such from its first bytes: gzip, bzip2,
+xz, zstd or lz4 compression ("gunzip it first"), a `torch.save` archive, or
+another zip archive. Nothing in such a file is decompressed or run.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import io
 import json
 import os
 import pickle
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +28,18 @@ from typing import IO, Any
 from kit.errors import KitError
 
 FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
+HEAD_BYTES = 64  # enough of a file's start to tell its kind
+
+# (magic bytes at the start, the format, the command that undoes it)
+COMPRESSIONS = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+)
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip
+# The first pickle in a file of torch.save(..., _use_new_zipfile_serialization=False).
+TORCH_SAVE_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
 @contextlib.contextmanager
@@ -98,9 +114,50 @@ def read_file(path: Path) -> bytes:
         raise KitError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
+def _compression(head: bytes) -> tuple[str, str] | None:
+    """The compression a file's first bytes announce, and the command that undoes it; None for none."""
+    for magic, name, command in COMPRESSIONS:
+        if head.startswith(magic):
+            return name, command
+    # bzip2: "BZh", a block size digit, then a block's or the end's magic
+    if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bzip2", "bunzip2"
+    return None
+
+
+def _zip_kind(archive: bytes | IO[bytes]) -> str:
+    """What a zip archive is: `torch.save`'s (a data.pkl and a version record inside) or some other."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(archive) if isinstance(archive, bytes) else archive) as z:
+            names = [name.rsplit("/", 1)[-1] for name in z.namelist()]
+    except Exception:  # noqa: BLE001 - a damaged zip is still a zip
+        return "a zip archive"
+    return "this is a torch.save archive" if "data.pkl" in names and "version" in names else "a zip archive"
+
+
+def refuse_other_formats(head: bytes, where: str, archive: bytes | IO[bytes]) -> None:
+    """A one-line `KitError` naming the format when `head` starts a compressed file or a zip archive.
+
+    `archive` is the whole file (bytes, or a seekable binary file), read only
+    for a zip's list of names; nothing is decompressed or unpickled.
+    """
+    compression = _compression(head)
+    if compression:
+        name, command = compression
+        raise KitError(f"{where}: compressed with {name}: {command} it first")
+    if head.startswith(ZIP_MAGIC):
+        raise KitError(f"{where}: {_zip_kind(archive)}, not a memory snapshot")
+
+
+def _refuse_legacy_torch_save(raw: Any, where: str) -> None:
+    if type(raw) is int and raw == TORCH_SAVE_LEGACY_MAGIC:
+        raise KitError(f"{where}: this is a torch.save file (its legacy format), not a memory snapshot")
+
+
 def decode(data: bytes, where: str) -> dict:
     if not data:
         raise KitError(f"{where}: empty file")
+    refuse_other_formats(data[:HEAD_BYTES], where, data)
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark before JSON
         data = data[3:]
     if data.lstrip()[:1] in (b"{", b"["):
@@ -110,6 +167,7 @@ def decode(data: bytes, where: str) -> dict:
             detail = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise KitError(f"{where}: not readable JSON ({detail})") from None
     raw = safe_unpickle(data, where)
+    _refuse_legacy_torch_save(raw, where)
     check_expansion(raw, len(data), where)
     return raw
 
@@ -145,11 +203,13 @@ def load_file(path: Path) -> Any:
     """A snapshot file's contents; a pickle streams from the file, so its bytes are never all in memory."""
     try:
         with open(path, "rb") as f:
-            head = f.read(64)
+            head = f.read(HEAD_BYTES)
+            refuse_other_formats(head, str(path), f)
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return decode(head + f.read(), str(path))  # JSON, or not a pickle at all
             f.seek(0)
             raw = safe_unpickle(f, str(path))
+            _refuse_legacy_torch_save(raw, str(path))
             check_expansion(raw, os.fstat(f.fileno()).st_size, str(path))
             return raw
     except OSError:

@@ -41,8 +41,12 @@ the hunks named here where its lines are vLLM's.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from kit.errors import KitError
@@ -199,6 +203,24 @@ TARGETS = (
     ),
     CAPTURE_REPLAY_GRAPHS,
 )
+
+
+@contextlib.contextmanager
+def quiet_import() -> Iterator[None]:
+    """Silence what importing vLLM (and torch under it) logs and warns on a machine without a GPU.
+
+    vLLM 0.33's import logs that `vllm._C` is missing and torch warns about
+    deprecations and a missing CUDA runtime: lines before the command's
+    answer that say nothing about the patch. Errors still raise.
+    """
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
 
 
 def _version() -> str:
