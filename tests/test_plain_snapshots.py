@@ -255,3 +255,34 @@ def test_check_fails_every_separate_stream_recording_and_passes_the_rest(name, c
     assert done.returncode == code, done.stdout + done.stderr
     if code:
         assert done.stdout.count("\n") == 1 and done.stdout.startswith("graph pool 1 (0, 1), stream of ")
+
+
+def _readme_debug_commands() -> list[str]:
+    """The commands of the README's "Debug your own snapshot" bash block, continuation lines joined."""
+    readme = (RECORDINGS.parents[1] / "README.md").read_text()
+    section = readme.split("## Debug your own snapshot", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    return [line.split("  #", 1)[0].strip() for line in lines if line.strip()]
+
+
+def test_the_readmes_debug_your_own_snapshot_path_runs_as_written(tmp_path):
+    import shlex
+
+    commands = _readme_debug_commands()
+    assert [shlex.split(c)[3] for c in commands] == ["table", "reuse", "what-if", "report", "diff"]
+    outputs = {}
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[:3] == ["python", "-m", "kit"]
+        # Run from the repository, as the README says; the report page goes into tmp_path.
+        argv = [sys.executable, *(a if a != "report.html" else str(tmp_path / a) for a in argv[1:])]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=RECORDINGS.parents[1])
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        outputs[argv[3]] = done.stdout
+    assert (
+        "graph pool 1 (0, 1): 56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)"
+        in (outputs["what-if"])
+    )
+    assert "graph pool 1: 56.00 MiB reserved before, 34.00 MiB after (saved 22.00 MiB)" in outputs["diff"]
+    assert (tmp_path / "report.html").stat().st_size > 100_000
