@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import html
+import pickle
 import re
 
-from kit import group_bar_figure, load_snapshot, segment_map_figure
+import pytest
 
+from kit import group_bar_figure, load_snapshot, segment_map_figure
+from kit.analysis.attribution import capture_attribution
+from kit.analysis.tables import format_bytes
+from kit.analysis.trace.reports import reuse_table, stranding_report
+from kit.analysis.whatif import what_if
+from kit.errors import KitError
+from kit.show.report import render_report, write_report
+
+from .conftest import MIB, RECORDED
 from .test_tables import run_kit
 
 
@@ -43,3 +54,170 @@ def test_segment_map_caps_what_it_draws(synthetic):
     fig = segment_map_figure(synthetic, max_segments=2)
     assert len({y for t in fig.data for y in t.y}) == 2
     assert "2 smallest segments not drawn" in fig.layout.title.text
+
+
+# --- the sections: reuse, verdicts, attribution, what-if, each with its source -------------------
+
+
+def sections(page: str) -> dict[str, str]:
+    """The page's sections by heading: each one's HTML up to the next <h2>."""
+    parts = re.split(r"<h2>(.*?)</h2>", page)
+    return {html.unescape(title): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def text_of(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", fragment))
+
+
+SECTIONS = {  # heading -> what the section's source line names
+    "Allocations reused and new segments per group": "kit.analysis.trace.reports.reuse_table",
+    "Stranding verdicts": "kit.analysis.trace.reports.stranding_report",
+    "Capture attribution": "kit.analysis.attribution.capture_attribution",
+    "What-if: streams mapped onto others": "kit.analysis.whatif.what_if",
+}
+TWO_STREAMS = RECORDED["two_streams"]
+
+
+@pytest.fixture(scope="module")
+def two_streams_page() -> dict[str, str]:
+    return sections(render_report(TWO_STREAMS))
+
+
+@pytest.mark.parametrize("heading", SECTIONS)
+def test_each_new_section_names_what_computed_it_and_the_data_source(two_streams_page, heading):
+    snap = load_snapshot(TWO_STREAMS)
+    line = re.search(r'<p class="source">(.*?)</p>', two_streams_page[heading])
+    assert line, f"{heading}: no source line"
+    assert SECTIONS[heading] in line.group(1) and html.escape(snap.source_label) in line.group(1)
+
+
+def test_the_reuse_table_shows_every_group_in_mib(two_streams_page):
+    snap = load_snapshot(TWO_STREAMS)
+    table = reuse_table(snap)
+    section = text_of(two_streams_page["Allocations reused and new segments per group"])
+    stranded = table[table["stranded_bytes"] > 0]
+    assert len(stranded) >= 1
+    for row in table.itertuples():
+        assert row.stream_label in section
+        assert format_bytes(row.new_segment_bytes) in section
+    for row in stranded.itertuples():
+        assert format_bytes(row.stranded_bytes) in section
+        assert str(row.stranded_bytes) not in section  # bytes in binary units, not raw
+
+
+def test_the_verdicts_are_stranding_reports_with_the_stranded_figure(two_streams_page):
+    report = stranding_report(load_snapshot(TWO_STREAMS))
+    section = text_of(two_streams_page["Stranding verdicts"])
+    graph_pool = report[report["pool"] == (0, 1)]
+    assert len(graph_pool) == 1 and format_bytes(42 * MIB) in graph_pool["verdict"].iloc[0]  # the replay stream's
+    for verdict in report["verdict"]:
+        assert verdict in section
+    assert re.findall(r"<li>", two_streams_page["Stranding verdicts"]) == ["<li>"] * len(report)
+
+
+def test_capture_attribution_lists_each_graphs_segments(two_streams_page):
+    table = capture_attribution(load_snapshot(TWO_STREAMS))
+    section = text_of(two_streams_page["Capture attribution"])
+    assert len(table) >= 2
+    rows = re.findall(r"<tr>.*?</tr>", two_streams_page["Capture attribution"], flags=re.S)
+    assert len(rows) == len(table) + 1  # the header
+    for row, html_row in zip(table.itertuples(), rows[1:], strict=True):
+        cells = text_of(html_row)
+        assert row.graph in cells and row.pool_label in cells and format_bytes(row.bytes) in cells
+    assert "inferred" not in section  # the recorder's own windows
+
+
+def test_without_a_map_the_what_if_is_a_self_check_and_a_hint(two_streams_page):
+    section = text_of(two_streams_page["What-if: streams mapped onto others"])
+    assert "--map FROM=TO" in section
+    assert "ends with each pool's recorded reservation exactly" in section
+
+
+def test_with_a_map_the_what_if_shows_each_pool_as_recorded_and_predicted(tmp_path):
+    out = tmp_path / "report.html"
+    done = run_kit("report", str(TWO_STREAMS), "-o", str(out), "--map", "replay graphs stream=model graphs stream")
+    assert done.returncode == 0, done.stderr
+    section = sections(out.read_text())["What-if: streams mapped onto others"]
+    result = what_if(TWO_STREAMS, {"replay graphs stream": "model graphs stream"})
+    assert result.saved[(0, 1)] == 42 * MIB
+    assert "map: replay graphs stream onto model graphs stream" in text_of(section)
+    pool_row = next(r for r in re.findall(r"<tr>.*?</tr>", section, flags=re.S) if "global graph pool" in r)
+    assert [c.strip() for c in text_of(pool_row).split("  ") if c.strip()] == [
+        "global graph pool",
+        "(0, 1)",
+        "108.00 MiB",
+        "66.00 MiB",
+        "42.00 MiB",
+    ]
+    assert "data: kit.analysis.whatif.what_if" in section and "self-check" not in section
+    for line in result.corrections:
+        assert html.escape(f"correction: {line}") in section
+
+
+@pytest.mark.parametrize(
+    "stream_map", ["nope=model graphs stream", "replay graphs stream"], ids=["unknown stream", "no ="]
+)
+def test_a_map_the_what_if_cannot_take_exits_2_and_writes_nothing(tmp_path, stream_map):
+    out = tmp_path / "report.html"
+    done = run_kit("report", str(TWO_STREAMS), "-o", str(out), "--map", stream_map)
+    assert done.returncode == 2 and done.stderr.startswith("kit: error: ") and done.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def no_trace_snapshot(tmp_path, synthetic) -> str:
+    path = tmp_path / "plain.pickle"
+    path.write_bytes(pickle.dumps(synthetic))
+    return str(path)
+
+
+def test_a_snapshot_without_a_trace_gets_one_line_per_trace_section(tmp_path, synthetic):
+    out = tmp_path / "report.html"
+    done = run_kit("report", no_trace_snapshot(tmp_path, synthetic), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    page = sections(out.read_text())
+    assert "<table" in page["Segments by (pool, stream)"]
+    for heading, what in [
+        ("Allocations reused and new segments per group", "reuse table"),
+        ("Stranding verdicts", "stranding verdicts"),
+        ("Capture attribution", "capture attribution"),
+    ]:
+        notes = re.findall(r'<p class="note">(.*?)</p>', page[heading])
+        assert len(notes) == 1 and "<table" not in page[heading], heading
+        assert notes[0].startswith(f"no {what}: ") and "no trace recorded" in notes[0]
+    assert "no what-if: " in page["What-if: streams mapped onto others"]
+
+
+def test_a_map_on_a_snapshot_without_a_trace_exits_2(tmp_path, synthetic):
+    done = run_kit("report", no_trace_snapshot(tmp_path, synthetic), "-o", str(tmp_path / "r.html"), "--map", "9=7")
+    assert done.returncode == 2 and "no trace recorded" in done.stderr
+
+
+def test_a_what_if_that_fails_unasked_is_a_line_and_asked_for_raises(monkeypatch):
+    import kit.show.report as report
+
+    def broken(snapshot, stream_map):
+        raise KitError("the simulator refused")
+
+    monkeypatch.setattr(report, "what_if", broken)
+    section = sections(render_report(TWO_STREAMS))["What-if: streams mapped onto others"]
+    assert "no what-if on this snapshot: the simulator refused" in section
+    with pytest.raises(KitError, match="refused"):
+        render_report(TWO_STREAMS, stream_map={"replay graphs stream": "model graphs stream"})
+
+
+def test_write_report_takes_a_stream_map(tmp_path):
+    out = tmp_path / "r.html"
+    write_report(TWO_STREAMS, out, stream_map={"981736592": "model graphs stream"})  # an id as `table` prints it
+    assert "map: 981736592 onto model graphs stream" in text_of(
+        sections(out.read_text())["What-if: streams mapped onto others"]
+    )
+
+
+def test_the_bar_legend_sits_above_the_bars_in_room_kept_for_it(recorded_path, synthetic):
+    for snap in (recorded_path, synthetic):
+        fig = group_bar_figure(snap)
+        legend, margin = fig.layout.legend, fig.layout.margin
+        assert legend.orientation == "h" and legend.yanchor == "bottom" and legend.y >= 1  # not beside the bars
+        assert margin.t >= 100  # the two-line title and the legend's row fit above the plot
+        groups = len(fig.data[0].y)
+        assert fig.layout.height - margin.t - margin.b >= 30 * groups  # each bar gets its row

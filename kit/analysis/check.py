@@ -113,9 +113,7 @@ def _group(row: dict, device: int) -> dict:
     }
 
 
-def assert_no_stranding(
-    snapshot: Snapshot | str | dict, *, pools: str = "graph", max_stranded: int = 0
-) -> CheckResult:
+def assert_no_stranding(snapshot: Snapshot | str | dict, *, pools: str = "graph", max_stranded: int = 0) -> CheckResult:
     """Raise `AssertionError`, one line per offending group, if a graph pool stranded more than `max_stranded` bytes.
 
     For a pytest test of a capture path: record the capture with memory history

@@ -2,19 +2,33 @@
 
 While a `CaptureRecorder` is active, `torch.cuda.CUDAGraph.capture_begin` and
 `capture_end` are wrapped, so every capture is seen, whether it comes from
-`torch.cuda.graph`, a raw `CUDAGraph`, the replica or vLLM. Each graph is
-labelled by the graph manager whose `capture()` is on the stack (its `name`,
-or a name derived from its class, e.g. `DecoderReplayCudaGraphManager` ->
-"replay graphs") and the capture size found there (`num_tokens`, or
-`desc.num_tokens`); code outside any manager can label its captures with
-`recorder.label(...)`. Consecutive graphs of one manager and size (the
-segments of a breakable capture) form one capture.
+`torch.cuda.graph`, a raw `CUDAGraph`, the replica, vLLM or torch.compile.
+Each graph is labelled by the graph manager whose `capture()` is on the
+stack (its `name`, or a name derived from its class, e.g.
+`DecoderReplayCudaGraphManager` -> "replay graphs") and the capture size
+found there (`num_tokens`, or `desc.num_tokens`); code outside any manager
+can label its captures with `recorder.label(...)`. Consecutive graphs of one
+manager and size (the segments of a breakable capture) form one capture.
+
+What the recorder cannot identify it does not name. A graph recorded by
+torch.compile's cudagraph trees (`torch/_inductor/cudagraph_trees.py` on the
+stack) is labelled "torch.compile graphs" with no size, and each such graph
+is a capture of its own ("torch.compile graph 1", "torch.compile graph 2",
+...): the trees capture one graph per input shape, with no eager break
+between them. A graph with no manager, no label and no torch.compile on the
+stack is an "unlabelled graphs" capture of its own too ("unlabelled graphs
+graph 0", "... graph 1", ...), and its stream is left unnamed
+(`kit.analysis.names` then names it by its first allocation). A pool is
+called "global graph pool" only when it is vLLM's (`current_platform`'s
+`_global_graph_pool`) or the replica's (`kit.replica.cudagraph_utils`); a
+pool only one manager (or label) captured into is "<manager> pool"; any
+other is left unnamed ("graph pool N").
 
 On stop, the recorder takes a snapshot whose `kit` key names each capture's
-stream ("model graphs stream") and pool, and lists one window (trace index
-range) per graph, so `segment_table`, `capture_attribution`, `what_if` and
-the other analyses read it directly; the gaps between a capture's graphs are
-its eager breaks.
+stream ("model graphs stream") and pool as above, and lists one window
+(trace index range) per graph, so `segment_table`, `capture_attribution`,
+`what_if` and the other analyses read it directly; the gaps between a
+capture's graphs are its eager breaks.
 
     with CaptureRecorder() as rec:
         runner.capture_model()
@@ -68,6 +82,10 @@ _MANAGER_NAMES = {
     "ModelCudaGraphManager": "model graphs",
     "DFlashCudaGraphManager": "DFlash speculator graphs",
 }
+TORCH_COMPILE = "torch.compile graphs"  # graphs recorded by torch.compile's cudagraph trees
+UNLABELLED = "unlabelled graphs"  # graphs no manager, label or torch.compile accounts for
+GLOBAL_GRAPH_POOL = "global graph pool"  # vLLM's name for the pool its graph managers share
+_CUDAGRAPH_TREES = "torch/_inductor/cudagraph_trees.py"
 
 
 @dataclass
@@ -84,10 +102,19 @@ class CaptureRecord:
     thread: int = field(default=0, repr=False)
     failed: bool = False  # capture_end raised: the graph was never made
     aborted: bool = False  # an exception left the capture open; the recorder ended it at stop
+    name: str | None = None  # a graph that is a capture of its own (torch.compile, unlabelled): its name
+    global_pool: bool = False  # its pool is vLLM's (or the replica's) global graph pool
+
+    @property
+    def identified(self) -> bool:
+        """Whether a graph manager or the caller's label says whose graph this is (only those join captures)."""
+        return self.name is None
 
     @property
     def capture(self) -> str:
-        """The capture this graph belongs to: manager and size."""
+        """The capture this graph belongs to: its own name, else manager and size."""
+        if self.name is not None:
+            return self.name
         return self.manager if self.size is None else f"{self.manager} {self.size}"
 
 
@@ -132,17 +159,24 @@ def _peek_locals(frame: FrameType) -> tuple[object, int | None]:
     return owner, size
 
 
+def _is_cudagraph_trees(frame: FrameType) -> bool:
+    return frame.f_code.co_filename.replace("\\", "/").endswith(_CUDAGRAPH_TREES)
+
+
 def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tuple[str, int | None] | None:
     """The innermost graph manager on the stack (from `frame`, else the caller's), and the capture size found there.
 
     The size is the innermost `num_tokens` (or `desc.num_tokens`, or an encoder's
-    `token_budget`) at or below the manager's frame.
+    `token_budget`) at or below the manager's frame. torch.compile's cudagraph
+    trees met first give `("torch.compile graphs", None)`: their shapes are not a size.
     """
     frame = frame if frame is not None else sys._getframe(1)
     size = None
     for _ in range(max_depth):
         if frame is None:
             return None
+        if _is_cudagraph_trees(frame):
+            return TORCH_COMPILE, None
         owner, frame_size = _peek_locals(frame)
         if size is None:
             size = frame_size
@@ -355,17 +389,26 @@ class CaptureRecorder:
     def _on_begin(self, graph, frame: FrameType | None) -> None:
         import torch
 
-        label = getattr(self._labels, "current", None) or label_from_stack(frame) or ("unlabelled graphs", None)
+        given = getattr(self._labels, "current", None)
+        manager, size = given or label_from_stack(frame) or (UNLABELLED, None)
         stream = torch.cuda.current_stream()
         thread = threading.get_ident()
         index = trace_length(torch)
         with self._lock:
-            mine = [r for r in self.records if r.thread == thread]
-            last = mine[-1] if mine else None
-            same = last is not None and (last.manager, last.size, last.stream) == (*label, stream.cuda_stream)
-            record = CaptureRecord(*label, stream.cuda_stream, last.index + 1 if same else 0, index, thread=thread)
+            record = CaptureRecord(manager, size, stream.cuda_stream, 0, index, thread=thread)
+            if given is None and manager in (TORCH_COMPILE, UNLABELLED):
+                record.name = self._own_capture_name(manager)  # a capture of its own: no eager break before it
+            else:
+                last = next((r for r in reversed(self.records) if r.thread == thread), None)
+                if _continues(last, record):
+                    record.index = last.index + 1  # the next segment of a breakable capture: an eager break between
             self.records.append(record)
             self._open[id(graph)] = (record, graph, stream)
+
+    def _own_capture_name(self, manager: str) -> str:
+        """A name for a graph that is a capture of its own: "torch.compile graph 1", "unlabelled graphs graph 0"."""
+        n = sum(1 for r in self.records if r.manager == manager and not r.identified)
+        return f"torch.compile graph {n + 1}" if manager == TORCH_COMPILE else f"{manager} graph {n}"
 
     def _on_end(self, graph, frame: FrameType | None) -> None:
         import torch
@@ -377,6 +420,7 @@ class CaptureRecorder:
                 return
             record = entry[0]
             record.pool = tuple(graph.pool())
+            record.global_pool = record.pool in known_global_pools()
             record.trace_end = index
 
     def _on_end_failed(self, graph, frame: FrameType | None, error: BaseException) -> None:
@@ -390,15 +434,6 @@ class CaptureRecorder:
 
     def _kit_metadata(self, torch) -> dict:
         finished = [r for r in self.records if r.trace_end is not None and r.pool is not None]
-        streams: dict[str, int] = {}
-        for r in self.records:
-            if r.stream not in streams.values():
-                streams[f"{r.manager} stream"] = r.stream
-        pools = sorted({r.pool for r in self.records if r.pool is not None})
-        pool_names = {"global graph pool": list(pools[0])} if len(pools) == 1 else {}
-        for r in self.records:
-            if r.pool is not None and len(pools) > 1:
-                pool_names.setdefault(f"{r.manager} pool", list(r.pool))
         return {
             "source": "live GPU",
             "provenance": {
@@ -408,8 +443,8 @@ class CaptureRecorder:
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "command": "kit.CaptureRecorder",
             },
-            "streams": streams,
-            "pools": pool_names,
+            "streams": stream_names(self.records),
+            "pools": pool_names(self.records),
             "graphs": {graph_name(r): list(r.pool) for r in finished},
             "captures": [
                 {
@@ -450,5 +485,68 @@ def last_recording() -> dict | None:
     return _last_recording[0]
 
 
+def _continues(last: CaptureRecord | None, record: CaptureRecord) -> bool:
+    """Whether `record` is the next graph of `last`'s capture: one known manager (or label), size and stream."""
+    if last is None or not last.identified:
+        return False
+    return (last.manager, last.size, last.stream) == (record.manager, record.size, record.stream)
+
+
 def graph_name(record: CaptureRecord) -> str:
-    return f"{record.capture} graph {record.index}"
+    """A graph's name: its capture's and its place there ("model graphs 512 graph 1"), or its own name."""
+    return record.name if record.name is not None else f"{record.capture} graph {record.index}"
+
+
+def stream_names(records: list[CaptureRecord]) -> dict[str, int]:
+    """Each capture stream by the first manager known to capture on it ("model graphs stream").
+
+    A stream only unlabelled graphs captured on gets no name here: `kit.analysis.names`
+    names it by its first allocation.
+    """
+    streams: dict[str, int] = {}
+    for r in records:
+        if r.manager != UNLABELLED and r.stream not in streams.values():
+            streams.setdefault(f"{r.manager} stream", r.stream)
+    return streams
+
+
+def pool_names(records: list[CaptureRecord]) -> dict[str, list[int]]:
+    """The pools the recorder knows: vLLM's global graph pool, and a pool only one manager captured into.
+
+    A pool torch.compile's trees, unlabelled graphs or several managers captured into gets no
+    name here (`kit.analysis.names` numbers it: "graph pool N").
+    """
+    by_pool: dict[tuple[int, int], list[CaptureRecord]] = {}
+    for r in records:
+        if r.pool is not None:
+            by_pool.setdefault(r.pool, []).append(r)
+    names: dict[str, list[int]] = {}
+    for pool, mine in by_pool.items():
+        managers = {r.manager for r in mine}
+        if any(r.global_pool for r in mine):
+            names.setdefault(GLOBAL_GRAPH_POOL, list(pool))
+        elif len(managers) == 1 and all(r.identified for r in mine):
+            names.setdefault(f"{mine[0].manager} pool", list(pool))
+    return names
+
+
+def known_global_pools() -> set[tuple[int, int]]:
+    """The global graph pools made in this process: vLLM's platform pool and the replica's, where made.
+
+    Read without making one: vLLM's `current_platform.get_global_graph_pool()` would mint it.
+    """
+    pools = set()
+    replica = sys.modules.get("kit.replica.cudagraph_utils")
+    platforms = sys.modules.get("vllm.platforms")
+    platform = vars(platforms).get("_current_platform") if platforms is not None else None
+    candidates = [
+        getattr(replica, "_global_graph_pool", None),
+        getattr(type(platform), "_global_graph_pool", None) if platform is not None else None,
+    ]
+    for pool in candidates:
+        try:
+            a, b = pool
+            pools.add((int(a), int(b)))
+        except (TypeError, ValueError):
+            continue
+    return pools

@@ -22,6 +22,7 @@ from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
 
 MIB = 1024 * 1024
+BAR_TOP_MARGIN = 120  # px above the bars: the two-line title, then the legend's row
 STATE_STYLE = {  # block state -> (legend name, opacity, bar pattern)
     "active_allocated": ("allocated", 1.0, ""),
     "active_pending_free": ("pending free", 0.8, "x"),
@@ -58,9 +59,14 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
         barmode="stack",
         title=_titled("Reserved memory per (pool, stream) group", snapshot.source_label),
         xaxis_title="MiB",
-        yaxis=dict(autorange="reversed"),
-        height=max(250, 60 + 40 * len(groups)),
-        legend_title="block state",
+        yaxis=dict(autorange="reversed", automargin=True),
+        # The legend in one row between the title and the bars, in a top margin kept for both: on the
+        # right it took the height of the bars, and with few groups its last entries were cut off.
+        legend=dict(
+            orientation="h", x=0, xanchor="left", y=1, yanchor="bottom", title_text="block state", traceorder="normal"
+        ),
+        margin=dict(t=BAR_TOP_MARGIN, b=50),
+        height=BAR_TOP_MARGIN + 90 + 32 * len(groups),
     )
     return fig
 

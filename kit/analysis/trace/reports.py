@@ -12,13 +12,14 @@ taken at the moment each new segment was made (never from the end of the run):
   `served == "stranded"` allocations), the streams those blocks sat on, and
   how many of those very segments are still reserved at the end (segments
   made before the trace began are not counted);
-- pending: the bytes of its other new segments made while a fitting block of
-  the same pool was freed but still pending on `record_stream` (between its
-  trace entries `free_requested` and `free_completed`), on any stream, its
-  own included: memory the allocator could not hand out yet.
+- pending: the bytes of its new segments (stranded or not) made while a
+  fitting block of the same pool was freed but still pending on
+  `record_stream` (between its trace entries `free_requested` and
+  `free_completed`), on any stream, its own included: memory the allocator
+  could not hand out yet.
 
-Groups below `min_bytes` (stranded plus pending) are left out; the largest
-come first.
+Groups whose new segments of either kind are below `min_bytes` are left out;
+the largest come first.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pandas as pd
 
 from kit.allocator.rules import is_small_request, round_size, round_sizes
 from kit.analysis.frames import frame_line
-from kit.analysis.names import pool_labels, stream_labels
+from kit.analysis.names import generated_labels, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.state import TraceReplay
@@ -90,6 +91,10 @@ def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = No
     table["stream_label"] = [streams.get(s, str(s)) for s in table["stream"]]
     table = table.astype({c: "int64" for c in ("stream", *REUSE_COLUMNS)})
     table.attrs["source"] = snap.source_label
+    made_up = generated_labels(snap)
+    table.attrs["generated_labels"] = sorted(
+        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}
+    )
     table.attrs["mismatches"] = replay.mismatches
     table.attrs["byte_columns"] = ("new_segment_bytes", "stranded_bytes")
     return table
@@ -104,12 +109,13 @@ def stranding_report(
     (new segments made while a fitting free block sat in the pool on another
     stream at that moment), `still_reserved` (of those segments, the bytes
     still in the final snapshot), `other_streams` (the streams those blocks sat
-    on, ints) and `other_labels`; `pending_bytes` (its other new segments made
-    while a fitting block of the pool waited on `record_stream`),
-    `pending_still_reserved`, `pending_streams` (the streams of the pending
-    blocks); `frames` (the first stack frames of its first such allocation)
-    and `verdict`, one line. Groups whose stranded and pending bytes together
-    are below `min_bytes` are left out. `attrs["source"]` names the data source.
+    on, ints) and `other_labels`; `pending_bytes` (its new segments, stranded
+    ones included, made while a fitting block of the pool waited on
+    `record_stream`), `pending_still_reserved`, `pending_streams` (the streams
+    of the pending blocks); `frames` (the first stack frames of its first such
+    allocation) and `verdict`, one line. Groups whose new segments of either
+    kind come to less than `min_bytes` are left out, and the others are
+    ordered by those bytes, largest first. `attrs["source"]` names the data source.
     """
     snap = load_snapshot(snapshot)
     replay = replay or replay_trace(snap)
@@ -118,14 +124,16 @@ def stranding_report(
     new = a[a["segment_bytes"] > 0]
     made = _segments_of(tc, new, replay.new_segments)
     kept = _still_reserved(snap, tc, replay)
-    waits = _pending_waits(snap, tc, a, new[new["served"] != "stranded"])
+    waits = _pending_waits(snap, tc, a, new)
     streams, pools = stream_labels(snap), pool_labels(snap)
     rows = []
     for (pool, stream), group in new.groupby(["pool", "stream"], sort=True):
         stranded = group[group["served"] == "stranded"]
-        pending = group[[i in waits for i in group["index"].tolist()]]
+        waited = np.array([i in waits for i in group["index"].tolist()], dtype=bool)
+        pending = group[waited]
         if stranded.empty and pending.empty:
             continue
+        either = int(group["segment_bytes"][(group["served"] == "stranded").to_numpy() | waited].sum())
         row = {
             "pool": tuple(pool),
             "stream": int(stream),
@@ -140,10 +148,10 @@ def stranding_report(
             "frames": frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
         }
         row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
-        if row["stranded_bytes"] + row["pending_bytes"] >= min_bytes:
+        if either >= min_bytes:
             row["verdict"] = _verdict(row, [streams.get(s, str(s)) for s in row["pending_streams"]])
-            rows.append(row)
-    rows.sort(key=lambda r: (-(r["stranded_bytes"] + r["pending_bytes"]), r["pool"], r["stream"]))
+            rows.append((either, row))
+    rows = [row for _, row in sorted(rows, key=lambda r: (-r[0], r[1]["pool"], r[1]["stream"]))]
     table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
     table = table.astype({c: "int64" for c in ("stream", *REPORT_BYTE_COLUMNS)})
     table.attrs["source"] = snap.source_label
@@ -167,7 +175,7 @@ def _verdict(row: dict, pending_labels: list[str]) -> str:
             f"{format_bytes(row['still_reserved'])} of them are still reserved at the end"
         )
         if row["pending_bytes"]:
-            text += f"; {format_bytes(row['pending_bytes'])} more were made while {waited}"
+            text += f"; {format_bytes(row['pending_bytes'])} of its new segments were made while {waited}"
         return head + text
     return head + (
         f"{format_bytes(row['pending_bytes'])} of new segments were made while {waited}; "

@@ -1,0 +1,156 @@
+"""`python -m kit check` and `kit.assert_no_stranding`: the CI guard, on the replica and the H200 recordings.
+
+Expected outcomes, from what each recording is:
+
+- the replica unpatched (small and large): the replay graphs are captured on
+  their own stream into the model graphs' pool and make new segments while the
+  model graphs' free blocks sit there: exit 1;
+- patched: one stream, nothing stranded in the graph pool: exit 0;
+- early aux under the PR: the PR keeps the replay graphs on their own stream
+  on purpose (an aux hidden state made before the replay layers), so they
+  strand exactly as unpatched (24 MiB of graph pool): exit 1. The guard
+  measures memory, not safety: a model with early aux fails it by design;
+- early aux forced to share: no stranding (though graphs then differ from
+  eager, `docs/replica.md`): exit 0;
+- the two-capture experiment on two streams: exit 1; on a shared stream: exit 0;
+- plain snapshots (`kit/recordings/plain`, where present): every `*_separate`
+  program exit 1, the `*_shared` ones and torch.compile's exit 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+
+import kit
+from kit.cli import main
+from kit.recordings import RECORDINGS, recording
+
+from .conftest import MIB, RECORDED
+from .test_tables import run_kit
+
+REPLICA = {
+    name: recording(f"replica/{name}.pickle")
+    for name in (
+        "small_unpatched",
+        "small_patched",
+        "small_early_aux_pr",
+        "small_early_aux_shared",
+        "large_unpatched",
+        "large_patched",
+    )
+}
+EXPECTED = {
+    "small_unpatched": 1,
+    "small_patched": 0,
+    "small_early_aux_pr": 1,
+    "small_early_aux_shared": 0,
+    "large_unpatched": 1,
+    "large_patched": 0,
+}
+STRANDED = {"small_unpatched": 24 * MIB, "small_early_aux_pr": 24 * MIB, "large_unpatched": 730 * MIB}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_check_on_the_replica(name):
+    done = run_kit("check", str(REPLICA[name]))
+    assert done.returncode == EXPECTED[name], done.stdout + done.stderr
+    if EXPECTED[name]:
+        (line,) = done.stdout.splitlines()  # one line per offending group: here the replay graphs' stream
+        assert line.startswith("global graph pool (0, 1), replay graphs stream (stream ")
+        assert f"({STRANDED[name]} bytes)" in line and "first stranded allocation: rms_norm" in line
+        assert "failed: 1 group(s) stranded more than 0 B" in done.stderr
+    else:
+        assert done.stdout.startswith("ok: no graph pool stranded more than 0 B")
+
+
+@pytest.mark.parametrize(("name", "code"), [("two_streams", 1), ("shared_stream", 0)])
+def test_check_on_the_two_capture_recordings(name, code):
+    done = run_kit("check", str(RECORDED[name]))
+    assert done.returncode == code, done.stdout + done.stderr
+    assert ("replay graphs stream" in done.stdout) == bool(code)
+
+
+PLAIN = sorted((RECORDINGS / "plain").glob("*.pickle"))  # plain torch snapshots of programs the kit did not write
+
+
+@pytest.mark.skipif(not PLAIN, reason="no plain recordings in kit/recordings/plain")
+@pytest.mark.parametrize("path", PLAIN, ids=lambda p: p.stem)
+def test_check_on_the_plain_recordings(path):
+    """Every separate-stream program fails; shared-stream ones and torch.compile's pass."""
+    done = run_kit("check", str(path))
+    assert done.returncode == (1 if path.stem.endswith("_separate") else 0), done.stdout + done.stderr
+    if done.returncode:
+        (line,) = done.stdout.splitlines()
+        assert line.startswith("graph pool 1 (0, 1), stream of ")
+
+
+def test_check_json():
+    done = run_kit("check", str(REPLICA["small_unpatched"]), "--json")
+    assert done.returncode == 1
+    out = json.loads(done.stdout)
+    assert set(out) == {"ok", "offending", "source"} and out["ok"] is False
+    assert "small_unpatched.pickle" in out["source"]
+    (group,) = out["offending"]
+    snap = kit.load_snapshot(REPLICA["small_unpatched"])
+    assert group["pool"] == [0, 1] and group["pool_label"] == "global graph pool"
+    assert group["stream"] == snap.kit["streams"]["replay graphs stream"]
+    assert group["stream_label"] == "replay graphs stream"
+    assert group["stranded_bytes"] == group["still_reserved"] == 24 * MIB
+    assert "rms_norm" in group["frames"]
+    done = run_kit("check", str(REPLICA["small_patched"]), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True
+    assert json.loads(done.stdout)["offending"] == []
+
+
+def test_max_stranded_and_pools():
+    path = str(REPLICA["small_unpatched"])
+    assert run_kit("check", path, "--max-stranded", str(24 * MIB)).returncode == 0  # not more than 24 MiB
+    assert run_kit("check", path, "--max-stranded", str(24 * MIB - 1)).returncode == 1
+    # the default pool strands too (the model graphs' stream beside the default stream): only --pools all sees it
+    assert run_kit("check", str(REPLICA["small_patched"]), "--pools", "all").returncode == 1
+    result = kit.check_snapshot(REPLICA["small_unpatched"], pools="all")
+    assert [tuple(g["pool"]) for g in result.offending] == [(0, 0), (0, 0), (0, 1)]
+
+
+def test_main_returns_the_exit_status_of_check(capsys):
+    assert main(["check", str(REPLICA["small_unpatched"])]) == 1
+    assert main(["check", str(REPLICA["small_patched"])]) == 0
+    assert main(["table", str(REPLICA["small_patched"])]) == 0  # commands that return nothing still exit 0
+    capsys.readouterr()
+
+
+def test_assert_no_stranding_for_a_pytest_test():
+    kit.assert_no_stranding(REPLICA["small_patched"])
+    kit.assert_no_stranding(REPLICA["small_unpatched"], max_stranded=24 * MIB)
+    with pytest.raises(AssertionError) as raised:
+        kit.assert_no_stranding(REPLICA["small_unpatched"])
+    lines = str(raised.value).splitlines()
+    assert lines == [
+        kit.check_snapshot(REPLICA["small_unpatched"]).summary(),
+        *run_kit("check", str(REPLICA["small_unpatched"])).stdout.splitlines(),
+    ]
+
+
+def test_bad_input_exits_2(tmp_path):
+    corrupt = tmp_path / "corrupt.pickle"
+    corrupt.write_bytes(b"not a pickle at all")
+    done = run_kit("check", str(corrupt))
+    assert done.returncode == 2 and done.stderr.startswith("kit: error:") and not done.stdout
+    raw = copy.deepcopy(kit.load_snapshot(REPLICA["small_unpatched"]).raw)
+    raw.pop("device_traces")
+    no_trace = tmp_path / "no_trace.pickle"
+    no_trace.write_bytes(pickle.dumps(raw))
+    done = run_kit("check", str(no_trace))
+    assert done.returncode == 2 and "needs a trace" in done.stderr
+    raw["device_traces"] = [[]]
+    with pytest.raises(kit.KitError, match="needs a trace"):
+        kit.check_snapshot(raw)
+    assert run_kit("check", str(tmp_path / "missing.pickle")).returncode == 2
+    assert run_kit("check", str(REPLICA["small_patched"]), "--pools", "default").returncode == 2
+    assert run_kit("check", str(REPLICA["small_patched"]), "--max-stranded", "-5").returncode == 2
+    with pytest.raises(kit.KitError, match="--pools"):
+        kit.check_snapshot(REPLICA["small_patched"], pools="some")
