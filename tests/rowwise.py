@@ -97,7 +97,7 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
     """
     snapshot = load_snapshot(snapshot)
     labels = stream_labels(snapshot, names.get("stream_names"))
-    pools = {**snapshot.pool_names, **(names.get("pool_names") or {})}
+    pools = pool_labels(snapshot, names.get("pool_names"))
     segments = sorted(
         snapshot.segments, key=lambda s: (s.device, s.segment_pool_id, labels.get(s.stream, ""), s.address)
     )
@@ -111,7 +111,7 @@ def segment_map_figure(snapshot: Snapshot | str | dict, *, max_segments: int = 2
     bars: dict[tuple[int, str], dict[str, list]] = {}
     rows = []
     for s in segments:
-        row = f"{pool_label(s.segment_pool_id, pools)} | {s.address:#x}"
+        row = f"{pools.get(s.segment_pool_id) or pool_label(s.segment_pool_id)} | {s.address:#x}"
         rows.append(row)
         blocks = s.blocks or ()
         for b in blocks:

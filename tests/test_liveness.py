@@ -123,15 +123,21 @@ def test_shared_stream_replay_graphs_reuse_the_break_input_only_when_they_share(
     assert not separate["overlapping_replay"].map(bool).any()
 
 
-def test_without_capture_windows_a_one_line_error():
+def test_without_recorded_windows_they_are_inferred_and_without_captures_a_one_line_error():
+    from kit.allocator.simulator import simulate
+    from kit.allocator.workload import parse_workload
+
     raw = copy.deepcopy(_fixture("small_patched").raw)
     raw["kit"].pop("captures")
+    found = liveness_table(raw)
+    assert "inferred" in found.source and found.model_captures  # the model graphs' stream, around its breaks
+    assert len(break_allocations(raw)) > 0
+    ops = [{"op": "alloc", "id": f"t{i}", "bytes": 4 << 20} for i in range(3)] + [{"op": "free", "id": "t0"}]
+    eager_only = simulate(parse_workload({"version": 1, "ops": ops})).snapshot()
     for analysis in (liveness_table, liveness_verdicts, break_allocations):
         with pytest.raises(KitError) as e:
-            analysis(raw)
-        assert "no capture windows" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(KitError, match="no capture windows"):
-        liveness_table({"segments": [], "device_traces": [[]]})
+            analysis(eager_only)
+        assert "no captures" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_without_a_trace_a_one_line_error():

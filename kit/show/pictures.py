@@ -17,6 +17,7 @@ import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 
+from kit.analysis.names import pool_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -85,7 +86,7 @@ def segment_map_figure(
     snapshot = load_snapshot(snapshot)
     c = snapshot.columns
     labels = stream_labels(snapshot, names.get("stream_names"))
-    pools = {**snapshot.pool_names, **(names.get("pool_names") or {})}
+    pools = pool_labels(snapshot, names.get("pool_names"))
     pool_of = c.pools()
     order, dropped, merged = _drawn(c, _map_order(c, pool_of, labels), max_segments, max_bars)
     bars, rows = _bars(c, order, _runs if merged else _blocks, pool_of, pools)
@@ -138,7 +139,7 @@ def _bars(
     rows = []
     for i in order:
         address = address_of[i]
-        row = f"{pool_label(pool_of[i], pools)} | {address:#x}"
+        row = f"{pools.get(pool_of[i]) or pool_label(pool_of[i])} | {address:#x}"
         rows.append(row)
         starts, sizes, states, counts = bars_of(c, i)
         for start, size, state, count in zip(starts, sizes, states, counts, strict=True):
