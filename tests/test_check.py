@@ -61,7 +61,7 @@ def test_check_on_the_replica(name):
     if EXPECTED[name]:
         (line,) = done.stdout.splitlines()  # one line per offending group: here the replay graphs' stream
         assert line.startswith("global graph pool (0, 1), replay graphs stream (stream ")
-        assert f"({STRANDED[name]} bytes)" in line and "first stranded allocation: rms_norm" in line
+        assert f"({STRANDED[name]} bytes)" in line and "first stranded allocation: forward (model.py:108)" in line
         assert "failed: 1 group(s) stranded more than 0 B" in done.stderr
     else:
         assert done.stdout.startswith("ok: no graph pool stranded more than 0 B")
@@ -100,7 +100,7 @@ def test_check_json():
     assert group["stream"] == snap.kit["streams"]["replay graphs stream"]
     assert group["stream_label"] == "replay graphs stream"
     assert group["stranded_bytes"] == group["still_reserved"] == 24 * MIB
-    assert "rms_norm" in group["frames"]
+    assert "forward (model.py:108)" in group["frames"]
     done = run_kit("check", str(REPLICA["small_patched"]), "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True
     assert json.loads(done.stdout)["offending"] == []

@@ -30,16 +30,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
-from kit.errors import KitError, as_text
+from kit.analysis.frames import frame_line, is_user_frame
+from kit.errors import KitError
 from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot
 
 DEFAULT_STREAM_LABEL = "default stream"
 DEFAULT_POOL_LABEL = "default pool"
 _ALLOC = TRACE_ACTIONS.index("alloc")
-# Frames that say nothing about the program: torch itself, code inductor generated
-# (hashed file names in its cache), and the kit's own recorder.
-_NOT_USER = ("/torch/", "torchinductor", "/kit/record/")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
 
 
@@ -58,12 +56,8 @@ def user_frame(frames: object) -> str | None:
     if not isinstance(frames, list):
         return None
     for f in frames:
-        if not isinstance(f, dict):
-            continue
-        filename = as_text(f.get("filename", ""))
-        if not filename.endswith(".py") or any(part in filename for part in _NOT_USER):
-            continue
-        return f"{as_text(f.get('name', '?'))} ({filename.rsplit('/', 1)[-1]}:{as_text(f.get('line', '?'))})"
+        if is_user_frame(f):
+            return frame_line([f])
     return None
 
 

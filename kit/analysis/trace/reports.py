@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kit.allocator.rules import is_small_request, round_size, round_sizes
-from kit.analysis.frames import frame_line
+from kit.analysis.frames import user_frame_line
 from kit.analysis.names import generated_labels, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
@@ -145,7 +145,7 @@ def stranding_report(
             "pending_bytes": int(pending["segment_bytes"].sum()),
             "pending_still_reserved": _kept_bytes(pending, made, kept, replay.new_segments),
             "pending_streams": sorted({s for i in pending["index"].tolist() for s in waits[i]}),
-            "frames": frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
+            "frames": user_frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
         }
         row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
         if either >= min_bytes:
