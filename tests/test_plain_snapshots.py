@@ -286,3 +286,17 @@ def test_the_readmes_debug_your_own_snapshot_path_runs_as_written(tmp_path):
     )
     assert "graph pool 1: 56.00 MiB reserved before, 34.00 MiB after (saved 22.00 MiB)" in outputs["diff"]
     assert (tmp_path / "report.html").stat().st_size > 100_000
+
+
+@pytest.mark.parametrize(
+    "name", [*sorted(f"plain/{p.name}" for p in (RECORDINGS / "plain").glob("*.pickle")), "two_streams.pickle"]
+)
+def test_any_stream_mapped_onto_any_other_gives_a_prediction(name):
+    # The simulated segments of a mapped run differ in size from the recording's; laying them out
+    # where the recording's lay must never make two overlap (the default stream as a target did once).
+    import itertools
+
+    snap = load_snapshot(recording(name))
+    for a, b in itertools.permutations(stream_labels(snap), 2):
+        result = what_if(snap, {a: b})
+        assert a not in set(result.predicted["stream"]), (a, b)

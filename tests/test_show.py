@@ -12,8 +12,9 @@ import kit
 from kit.analysis.liveness import HELD, RELEASED
 from kit.experiments.scenarios import replica_runs
 from kit.replica.model import replay_rows
+from kit.show import explorer as explorer_module
 from kit.show.before_after import SCENARIO_OF, BeforeAfterView, saving_line
-from kit.show.explorer import SnapshotExplorer, load_path, load_upload, reuse_section, uploaded_file
+from kit.show.explorer import SHIPPED, SnapshotExplorer, load_path, load_upload, reuse_section, uploaded_file
 from kit.show.safety import SafetyView, liveness_view, overview_table, scenario_for
 from kit.show.stepthrough import StepThrough, StepView
 from kit.show.timeline import BREAK_COLOUR, MARKS, REPLAY_COLOUR, break_bands, timeline_figure
@@ -21,6 +22,11 @@ from kit.show.timeline import BREAK_COLOUR, MARKS, REPLAY_COLOUR, break_bands, t
 from .conftest import FIXTURES, RECORDED
 
 ROOT = FIXTURES.parents[1]
+KIT_RECORDINGS = ("shared_stream", "small_unpatched", "small_patched")  # the kit's own recordings in the explorer
+
+
+def shipped_path(name: str):
+    return FIXTURES / SHIPPED[name]
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +236,8 @@ def test_uploaded_file_reads_both_ipywidgets_value_shapes():
 
 def test_snapshot_explorer_loads_each_choice_and_says_what_is_wrong_in_one_line(tmp_path):
     explorer = SnapshotExplorer(ROOT, "kit/recordings/two_streams.pickle")
-    assert explorer.main.options == ("path", "shared_stream", "small_unpatched", "small_patched")
+    plain = ("two_captures_shared", "two_captures_separate", "record_stream_separate", "record_stream_shared")
+    assert explorer.main.options == ("path", *plain, "compile_reduce_overhead", *KIT_RECORDINGS)
     assert explorer.first.origin == str(ROOT / "kit/recordings/two_streams.pickle")
     assert "data source: recorded: recorded on NVIDIA H200" in explorer.status.value
     bars = explorer.figures[kit.group_bar_figure]
@@ -247,3 +254,73 @@ def test_snapshot_explorer_loads_each_choice_and_says_what_is_wrong_in_one_line(
     explorer.show_or_say(lambda: load_upload(good.read_bytes(), "mine.pickle"))
     assert "upload mine.pickle" in explorer.status.value and "global graph pool" not in explorer.verdicts_html.value
     assert "upload mine.pickle" in bars.layout.title.text
+
+
+# --- the explorer on a plain snapshot: labels, check, attribution, the what-if panel -----------------------
+
+MiB = 1 << 20
+PLAIN = "kit/recordings/plain/two_captures_separate.pickle"
+FIRST = "stream of capture_first (two_captures.py:44)"
+SECOND = "stream of capture_second (two_captures.py:61)"
+
+
+def _graph_pool(table: pd.DataFrame) -> pd.DataFrame:
+    return table[[p == (0, 1) for p in table["pool"]]]
+
+
+def test_explorer_whatif_panel_predicts_the_shared_stream_pool_by_default_and_again_on_each_dropdown():
+    explorer = SnapshotExplorer(ROOT, PLAIN)
+    assert explorer.whatif_from.options == explorer.whatif_to.options == (FIRST, "default stream", SECOND)
+    # Default: the second stream that allocated in a graph pool onto the first.
+    assert (explorer.whatif_from.value, explorer.whatif_to.value) == (SECOND, FIRST)
+    html = explorer.whatif_html.value
+    assert "graph pool 1 (0, 1): 56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)" in html
+    assert "source: simulator (what-if on the trace of recorded snapshot" in html and "two_captures_separate" in html
+    assert explorer.whatif.saved[(0, 1)] == 22 * MiB and explorer.whatif.stream_map == {404756496: 357844048}
+    predicted = _graph_pool(explorer.whatif.predicted)
+    assert predicted["stream_label"].tolist() == [FIRST] and predicted["reserved"].sum() == 34 * MiB
+    shared = _graph_pool(kit.segment_table(kit.load_snapshot(shipped_path("two_captures_shared"))))
+    assert shared["reserved"].sum() == 34 * MiB  # what the shared-stream run measured
+    explorer.whatif_to.value = SECOND  # observed: the identity map, which must reproduce the recording
+    html = explorer.whatif_html.value
+    assert "identity map" in html and "56.00 MiB reserved as recorded, 56.00 MiB predicted (no change)" in html
+    assert explorer.whatif.saved[(0, 1)] == 0 and "correction" not in html
+    explorer.whatif_from.value = FIRST  # the other way round: the first capture's stream onto the second's
+    assert "56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)" in explorer.whatif_html.value
+    assert _graph_pool(explorer.whatif.predicted)["stream_label"].tolist() == [SECOND]
+
+
+def test_explorer_predicts_once_per_snapshot_and_resets_the_pair_for_each(monkeypatch):
+    explorer = SnapshotExplorer(ROOT, PLAIN, live=True)
+    assert explorer.main.options[:2] == ("live", "path") and explorer.main.value == "path"  # live only on request
+    calls = []
+    monkeypatch.setattr(explorer_module, "what_if", lambda snap, m: calls.append(m) or kit.what_if(snap, m))
+    explorer.main.value = "two_captures_shared"  # one stream in the graph pool: the identity map
+    assert calls == [{FIRST: FIRST}]
+    assert (explorer.whatif_from.value, explorer.whatif_to.value) == (FIRST, FIRST)
+    assert explorer.whatif_from.options == (FIRST, "default stream")
+    assert "34.00 MiB reserved as recorded, 34.00 MiB predicted (no change)" in explorer.whatif_html.value
+    explorer.main.value = "record_stream_separate"
+    assert calls[1:] == [{"stream of forward (record_stream.py:48) #2": "stream of forward (record_stream.py:48)"}]
+    assert "64.00 MiB reserved as recorded, 42.00 MiB predicted (saves 22.00 MiB)" in explorer.whatif_html.value
+
+
+def test_explorer_check_line_and_capture_attribution_say_what_they_read():
+    explorer = SnapshotExplorer(ROOT, PLAIN)
+    check = explorer.check_html.value
+    assert "<code>python -m kit check</code> exits 1" in check and "failed: 1 group(s)" in check
+    assert f"graph pool 1 (0, 1), {SECOND} (stream 404756496): 22.00 MiB stranded (23068672 bytes)" in check
+    attribution = explorer.attribution_html.value
+    assert "capture windows inferred from the trace" in attribution
+    assert "source: recorded snapshot" in attribution and "34.00 MiB" in attribution and "22.00 MiB" in attribution
+    explorer.main.value = "two_captures_shared"
+    assert "exits 0" in explorer.check_html.value and "ok: no graph pool stranded" in explorer.check_html.value
+    explorer.main.value = "small_patched"  # the kit's recorder wrote its capture windows
+    assert "as the capture recorder wrote them" in explorer.attribution_html.value
+    no_trace = {**kit.load_snapshot(RECORDED["two_streams"]).raw, "device_traces": [[]]}
+    explorer.show(kit.Snapshot(no_trace, origin="no history"))  # every section says why, in one line
+    assert "`check` needs a trace" in explorer.check_html.value
+    assert "no trace recorded" in explorer.whatif_html.value and "no trace recorded" in explorer.attribution_html.value
+    assert explorer.whatif is None
+    # Without a trace the pair still follows the graph pool's streams (by id): replay onto model graphs.
+    assert (explorer.whatif_from.value, explorer.whatif_to.value) == ("replay graphs stream", "model graphs stream")

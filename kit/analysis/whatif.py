@@ -166,8 +166,9 @@ class _TraceSim(CachingAllocatorSim):
         for address in self._recorded:
             if not any(a < address + size and address < a + n for a, n in self._extents.items()):
                 break
-        else:
-            address, self._fresh = self._fresh, self._fresh + _round_up(size)
+        else:  # above everything laid out so far, the recording's places included
+            address = _round_up(max([self._fresh, *(a + n for a, n in self._extents.items())]))
+            self._fresh = address + _round_up(size)
         self._extents[address] = size
         return address
 

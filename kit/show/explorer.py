@@ -1,16 +1,22 @@
-"""Notebook 05's snapshot explorer: any snapshot in, the kit's tables, verdicts and figures out.
+"""Notebook 05's snapshot explorer: any snapshot in, the kit's tables, verdicts, what-if and figures out.
 
-A reader picks a snapshot four ways: a recording shipped with the kit, a path
+A reader picks a snapshot four ways: a recording shipped with the kit (the
+plain `_dump_snapshot()` files of `kit/recordings/plain/` among them), a path
 (read relative to a root folder), an uploaded file, or, where the process has
 CUDA, the two-capture experiment run live. `SnapshotExplorer` shows for it
-what the CLI's `table` and `reuse` print: one row per (pool, stream) group,
-how each allocation was served, the stranding verdicts and, when the
-snapshot has the capture recorder's windows, the liveness verdicts across
-eager breaks; then the group bars and the segment map. Whatever is wrong with
-a file is said in one line (`KitError`), never as a traceback.
+what the CLI's `table`, `reuse`, `check` and `what-if` print: one row per
+(pool, stream) group, how each allocation was served, the stranding verdicts
+and, when the snapshot has the capture recorder's windows, the liveness
+verdicts across eager breaks; the `check` line; which capture added which
+segments (from windows inferred from the trace where the snapshot has none);
+the group bars and the segment map; and a what-if panel that moves one
+stream (FROM) onto another (TO) and shows the predicted pools. Whatever is
+wrong with a file is said in one line (`KitError`), never as a traceback.
 
 `load_upload` and `load_path` are the two loaders a user's input goes
-through; `segment_view` and `reuse_section` are the HTML parts.
+through; `segment_view`, `reuse_section`, `check_section`,
+`attribution_section` and `whatif_section` are the HTML parts, and
+`graph_pool_streams` picks the what-if panel's default pair.
 """
 
 from __future__ import annotations
@@ -20,12 +26,19 @@ from html import escape
 from pathlib import Path
 
 import ipywidgets as widgets
+import pandas as pd
 import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
+from kit.analysis.attribution import capture_attribution
+from kit.analysis.check import check_snapshot
 from kit.analysis.liveness import liveness_verdicts
+from kit.analysis.names import DEFAULT_STREAM_LABEL, stream_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
+from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_verdicts
+from kit.analysis.whatif import WhatIf, what_if
 from kit.errors import KitError
 from kit.experiments.two_captures import two_captures
 from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
@@ -33,6 +46,12 @@ from kit.recordings import LIVE, recording
 from kit.show.pictures import group_bar_figure, segment_map_figure, show_in
 
 SHIPPED = {  # the explorer's choices of shipped recording -> file under kit/recordings/
+    # Plain snapshots first; the shared-stream run leads, since the default path is its separate-stream twin.
+    "two_captures_shared": "plain/two_captures_shared.pickle",
+    "two_captures_separate": "plain/two_captures_separate.pickle",
+    "record_stream_separate": "plain/record_stream_separate.pickle",
+    "record_stream_shared": "plain/record_stream_shared.pickle",
+    "compile_reduce_overhead": "plain/compile_reduce_overhead.pickle",
     "shared_stream": "shared_stream.pickle",
     "small_unpatched": "replica/small_unpatched.pickle",
     "small_patched": "replica/small_patched.pickle",
@@ -57,12 +76,16 @@ def shown_path(path: Path, root: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def segment_view(snapshot: Snapshot) -> Styler:
-    """The segment-by-stream table: one row per (pool, stream) group, bytes readable, its source named."""
-    table = segment_table(snapshot)
+def segment_columns(table: pd.DataFrame) -> Styler:
+    """A `segment_table` (recorded or predicted) as the explorer shows it: bytes readable, its source named."""
     view = table[SEGMENT_COLUMNS].copy()
     view.attrs = table.attrs
     return style_table(view)
+
+
+def segment_view(snapshot: Snapshot) -> Styler:
+    """The segment-by-stream table: one row per (pool, stream) group, bytes readable, its source named."""
+    return segment_columns(segment_table(snapshot))
 
 
 def verdict_lines(snapshot: Snapshot) -> list[str]:
@@ -85,8 +108,84 @@ def reuse_section(snapshot: Snapshot) -> tuple[str, str]:
         return f"<p><i>reuse table: {escape(str(e))}</i></p>", ""
     styled = style_table(reuse).format({c: format_bytes for c in ("new_segment_bytes", "stranded_bytes")})
     warnings = "".join(f"<br>warning: {escape(m)}" for m in reuse.attrs["mismatches"])
-    items = "".join(f"<li>{escape(line)}</li>" for line in lines)
-    return styled.to_html() + warnings, f"<b>verdicts</b><ul>{items}</ul>"
+    return styled.to_html() + warnings, f"<b>verdicts</b>{_items(lines)}"
+
+
+def check_section(snapshot: Snapshot) -> str:
+    """`python -m kit check` as HTML: ok, or one line per graph pool group that stranded memory."""
+    try:
+        result = check_snapshot(snapshot)
+    except KitError as e:
+        return f"<p><b>check</b>: <i>{escape(str(e))}</i></p>"
+    exit_code = 0 if result.ok else 1
+    head = f"<p><b>check</b> (<code>python -m kit check</code> exits {exit_code}): {escape(result.summary())}</p>"
+    return head + (_items(result.lines()) if result.lines() else "")
+
+
+def attribution_section(snapshot: Snapshot) -> str:
+    """Which capture added which segments, saying whether the windows were recorded or inferred from the trace."""
+    try:
+        table = capture_attribution(snapshot)
+    except KitError as e:
+        return f"<p><b>capture attribution</b>: <i>{escape(str(e))}</i></p>"
+    if table.attrs["inferred"]:
+        how = "capture windows inferred from the trace (the snapshot has no recorder windows)"
+    elif snapshot.captures:
+        how = "capture windows as the capture recorder wrote them"
+    else:
+        how = "no capture windows: the snapshot has no trace to infer them from"
+    head = f"<p><b>capture attribution</b>: {escape(how)}</p>"
+    if table.empty:
+        return head + "<p><i>no capture added a segment</i></p>"
+    table.attrs["byte_columns"] = ["bytes"]
+    return head + style_table(table).to_html()
+
+
+def graph_pool_streams(snapshot: Snapshot) -> list[int]:
+    """The streams that allocated in a graph pool, in the order they first did (by id without a trace)."""
+    if snapshot.has_trace:
+        try:
+            allocs = replay_trace(snapshot).allocs
+        except KitError:
+            allocs = None
+        if allocs is not None:
+            graph = [s for s, p in zip(allocs["stream"], allocs["pool"], strict=True) if tuple(p) != DEFAULT_POOL]
+            return list(dict.fromkeys(int(s) for s in graph))
+    table = segment_table(snapshot)
+    return sorted({int(s) for s, p in zip(table["stream"], table["pool"], strict=True) if tuple(p) != DEFAULT_POOL})
+
+
+def default_pair(snapshot: Snapshot, labels: Mapping[int, str]) -> tuple[str, str]:
+    """The what-if panel's default (FROM, TO): the second stream to allocate in a graph pool onto the first.
+
+    With one such stream, that stream onto itself (the identity map); with
+    none, the default stream onto itself.
+    """
+    streams = [labels[s] for s in graph_pool_streams(snapshot) if s in labels]
+    streams = streams or [labels.get(DEFAULT_STREAM) or next(iter(labels.values()), DEFAULT_STREAM_LABEL)]
+    return streams[1 if len(streams) > 1 else 0], streams[0]
+
+
+def whatif_section(snapshot: Snapshot, source: str, target: str) -> tuple[str, WhatIf | None]:
+    """`python -m kit what-if --map "FROM=TO"` as HTML: per-pool lines, corrections, the predicted table."""
+    try:
+        result = what_if(snapshot, {source: target})
+    except KitError as e:
+        return f"<p><b>prediction</b>: <i>{escape(str(e))}</i></p>", None
+    if source == target:
+        head = (
+            f"identity map ({escape(source)} onto itself): the prediction must reproduce the recording, "
+            "a self-check of the simulator"
+        )
+    else:
+        head = f"{escape(source)} onto {escape(target)}: what each pool would reserve had FROM allocated on TO"
+    corrections = "".join(f"<br>correction: {escape(c)}" for c in result.corrections)
+    table = segment_columns(result.predicted).to_html()
+    return f"<p><b>prediction</b>: {head}</p>{_items(result.summary())}{corrections}{table}", result
+
+
+def _items(lines: list[str]) -> str:
+    return "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
 
 
 def uploaded_file(value) -> tuple[bytes, str] | None:
@@ -102,9 +201,12 @@ class SnapshotExplorer:
     """Pick a snapshot (live, a path, a shipped recording, an upload) and read its tables, verdicts and figures.
 
     `root` is the folder relative paths are read from; `default_path` fills
-    the path box; `live` offers the two-capture experiment run in this
-    process (it needs CUDA). `widget` is the app to display; `main` is its
-    main control.
+    the path box and is the first snapshot shown; `live` offers the
+    two-capture experiment run in this process (it needs CUDA). `widget` is
+    the app to display; `main` is its main control (the snapshot picker).
+    The what-if panel's `whatif_from` and `whatif_to` dropdowns list the
+    shown snapshot's streams by label; `whatif` holds the last prediction
+    (None where the snapshot allows none, e.g. without a trace).
     """
 
     def __init__(
@@ -112,8 +214,13 @@ class SnapshotExplorer:
     ) -> None:
         self.root, self.shipped = Path(root), {name: recording(file) for name, file in shipped.items()}
         self._live: Snapshot | None = None
+        self._quiet = False  # set while the dropdowns are refilled, so that the what-if runs once
+        self.whatif: WhatIf | None = None
         self.main = widgets.ToggleButtons(
-            options=[*(["live"] if live else []), "path", *self.shipped], description="snapshot"
+            options=[*(["live"] if live else []), "path", *self.shipped],
+            value="path",
+            description="snapshot",
+            style={"button_width": "auto"},  # the recordings' names in full
         )
         self.main.add_class("kit-main-control")
         self.path_box = widgets.Text(value=default_path, description="path", layout={"width": "60%"})
@@ -121,18 +228,33 @@ class SnapshotExplorer:
         self.upload = widgets.FileUpload(accept=".pickle,.pkl,.json", multiple=False, description="upload")
         self.status, self.segments_html = widgets.HTML(), widgets.HTML()
         self.reuse_html, self.verdicts_html = widgets.HTML(), widgets.HTML()
+        self.check_html, self.attribution_html = widgets.HTML(), widgets.HTML()
+        wide = {"width": "48%"}
+        self.whatif_from = widgets.Dropdown(
+            description="FROM stream", layout=wide, style={"description_width": "initial"}
+        )
+        self.whatif_to = widgets.Dropdown(description="TO stream", layout=wide, style={"description_width": "initial"})
+        self.whatif_html = widgets.HTML()
         self.first = self.load_choice(self.main.value)
+        self.current = self.first
         self.figures = {make: go.FigureWidget(make(self.first)) for make in (group_bar_figure, segment_map_figure)}
         self.main.observe(self.on_main, names="value")
         self.load_button.on_click(self.on_load)
         self.upload.observe(self.on_upload, names="value")
+        for dropdown in (self.whatif_from, self.whatif_to):
+            dropdown.observe(self.on_whatif, names="value")
         self.show(self.first)
 
     @property
     def widget(self) -> widgets.VBox:
         controls = [self.main, widgets.HBox([self.path_box, self.load_button, self.upload]), self.status]
-        tables = [self.segments_html, self.reuse_html, self.verdicts_html]
-        return widgets.VBox([*controls, *tables, *self.figures.values()])
+        tables = [self.segments_html, self.reuse_html, self.verdicts_html, self.check_html, self.attribution_html]
+        whatif = [
+            widgets.HTML("<b>what-if</b>: move FROM's allocations onto TO, as <code>python -m kit what-if</code>"),
+            widgets.HBox([self.whatif_from, self.whatif_to]),
+            self.whatif_html,
+        ]
+        return widgets.VBox([*controls, *tables, *self.figures.values(), *whatif])
 
     def live_snapshot(self) -> Snapshot:
         """The two-capture experiment (replay capture on a new stream), run in this process once."""
@@ -151,8 +273,32 @@ class SnapshotExplorer:
         self.status.value = f"data source: {escape(snapshot.data_source)}: {escape(snapshot.source_label)}"
         self.segments_html.value = segment_view(snapshot).to_html()
         self.reuse_html.value, self.verdicts_html.value = reuse_section(snapshot)
+        self.check_html.value = check_section(snapshot)
+        self.attribution_html.value = attribution_section(snapshot)
         for make, widget in self.figures.items():
             show_in(widget, make(snapshot))
+        self.current = snapshot
+        self.set_streams(snapshot)
+
+    def set_streams(self, snapshot: Snapshot) -> None:
+        """Fill both dropdowns with the snapshot's stream labels, pick the default pair, and predict once."""
+        labels = stream_labels(snapshot)
+        source, target = default_pair(snapshot, labels)
+        choices = list(labels.values()) or [source]  # a snapshot with no stream at all: its what-if says why
+        self._quiet = True
+        try:
+            for dropdown, value in ((self.whatif_from, source), (self.whatif_to, target)):
+                dropdown.options = choices
+                dropdown.value = value
+        finally:
+            self._quiet = False
+        self.on_whatif()
+
+    def on_whatif(self, change=None) -> None:
+        """Predict again for the dropdowns' FROM and TO."""
+        if self._quiet or self.whatif_from.value is None or self.whatif_to.value is None:
+            return
+        self.whatif_html.value, self.whatif = whatif_section(self.current, self.whatif_from.value, self.whatif_to.value)
 
     def show_or_say(self, load: Callable[[], Snapshot]) -> None:
         """Show what `load` returns; for a user's file that is no snapshot, one line and no traceback."""
