@@ -15,7 +15,8 @@ The public API, by idea:
 - ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`
 - safety: `liveness_table` (a `Liveness`), `liveness_verdicts`, `break_allocations` (what is live
   across the eager break, from a recorded trace), `check_equivalence`, `Equivalence` (graphs
-  against eager)
+  against eager), `ReadWriteRecorder`, `readwrite_table`, `obligation_verdicts` (the proof
+  obligation from the bytes each op reads and writes)
 - errors: `KitError`
 
 Where things live (`docs/architecture.md` draws the data flow):
@@ -41,6 +42,7 @@ from kit.analysis.equivalence import Equivalence, check_equivalence
 from kit.analysis.liveness import Liveness, break_allocations, liveness_table, liveness_verdicts
 from kit.analysis.names import pool_labels, resolve_stream, stream_labels
 from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
+from kit.analysis.readwrite import obligation_verdicts, readwrite_table
 from kit.analysis.tables import diff_summary, diff_tables, format_bytes, segment_table, style_table
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_report
@@ -48,6 +50,7 @@ from kit.analysis.whatif import WhatIf, simulate_trace, what_if
 from kit.errors import KitError
 from kit.load.rows import Block, Segment, TraceEntry
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.record.readwrite import ReadWriteRecorder
 from kit.record.recorder import CaptureRecorder
 
 __all__ = [
@@ -67,6 +70,9 @@ __all__ = [
     "Liveness",
     "liveness_table",
     "liveness_verdicts",
+    "ReadWriteRecorder",
+    "readwrite_table",
+    "obligation_verdicts",
     "load_ranks",
     "rank_table",
     "rank_verdicts",

@@ -242,6 +242,28 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print(f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)")
 
 
+def cmd_safety(args: argparse.Namespace) -> None:
+    from kit.experiments.pairings import load_recording, run_live, safety_json, safety_lines
+
+    data = run_live(args.preset) if args.live else load_recording(args.preset)
+    if args.json:
+        json.dump(safety_json(data), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    print("\n".join(safety_lines(data)))
+
+
+def cmd_alternatives(args: argparse.Namespace) -> None:
+    from kit.experiments.alternatives import alternatives_json, alternatives_lines, load_recording, run_live
+
+    data = run_live(args.preset) if args.live else load_recording(args.preset)
+    if args.json:
+        json.dump(alternatives_json(data), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    print("\n".join(alternatives_lines(data)))
+
+
 def cmd_vllm_patch(args: argparse.Namespace) -> None:
     import kit.patch.vllm as patch_vllm
 
@@ -344,6 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
     p.add_argument("--out", help="folder for the live snapshots (default: a new temporary folder)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("safety", help="every replay graph replayed in every model graph's break, against eager")
+    p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
+    p.add_argument("--live", action="store_true", help="run it on this GPU now, each policy in a fresh process")
+    p.add_argument("--json", action="store_true", help='{"pairs": [...], "source", "provenance"} as JSON')
+    p.set_defaults(func=cmd_safety)
+
+    p = sub.add_parser("alternatives", help="the PR's alternatives with the speculator, and the KV cache it frees")
+    p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
+    p.add_argument("--live", action="store_true", help="run it on this GPU now, each variant in a fresh process")
+    p.add_argument("--json", action="store_true", help="unpatched, pr, share_all, cap_replay_sizes, kv_cache as JSON")
+    p.set_defaults(func=cmd_alternatives)
 
     p = sub.add_parser("vllm-patch", help="PR 63155's change to the installed vLLM, as a diff (installs nothing)")
     p.add_argument("--check", action="store_true", help="only say whether it applies (exit 2 with the reason if not)")

@@ -17,24 +17,45 @@
 # # Start here: where does a CUDA graph pool's memory go?
 #
 # **The claim (vLLM PR 63155).** Every `CudaGraphManager.capture()` in vLLM 0.33 enters
-# `graph_capture()`, which makes a new CUDA stream, and PyTorch's caching allocator hands a
-# free block only to a request on the stream that freed it. So DeepSeek-V4.1's decoder
-# replay graphs, captured after the model graphs into the same graph pool, cannot reuse the
-# model graphs' free blocks and reserve a second pool's worth (5.18 GiB on DeepSeek-V4.1-Flash).
-# The fix captures the replay graphs on the model graphs' stream.
+# `graph_capture()`, which makes a new CUDA stream. PyTorch's caching allocator hands a free
+# block only to a request on the stream its segment belongs to: every block of a segment
+# carries the stream of the allocation that made the segment, whichever stream later frees
+# it. (`record_stream` does not change that; it only delays a block's free until the other
+# stream's work on it is done.) So DeepSeek-V4.1's decoder replay graphs, captured after the
+# model graphs into the same graph pool, cannot reuse the model graphs' free blocks and
+# reserve a second pool's worth (5.18 GiB on DeepSeek-V4.1-Flash, per the PR). The fix
+# captures the replay graphs on the model graphs' stream.
 #
 # This notebook shows the effect on real allocator state, grouped the way the allocator
 # itself divides memory: by `(segment_pool_id, stream)`.
 
 # %% [markdown]
-# ## Where the numbers come from
+# ## A map: where the numbers come from
 #
-# Every table and figure names its source:
-# - **live GPU**: this process's own allocator, when CUDA is available;
-# - **recorded**: snapshots recorded on an H200 and shipped with the kit in `kit/recordings`
-#   (GPU, torch version, date and command are in each file's provenance).
+# Three data sources; every table and figure names its own:
+# - **live GPU**: this process's own allocator (the replica: a fresh process per run), by
+#   default where CUDA is available;
+# - **recorded**: snapshots recorded on an NVIDIA H200 and shipped in `kit/recordings`
+#   (GPU, torch version, date and command in each file's provenance), by default without
+#   CUDA, or on a GPU with `SOURCE = "recorded"` below;
+# - **simulator**: the kit's model of the caching allocator replaying a live or recorded
+#   trace: 02's step-through and 03's what-if prediction.
 #
-# To force the recordings on a GPU machine, set `SOURCE = "recorded"` below.
+# Four headline figures, each from a different place:
+# - **42 MiB**: the graph-pool segments the replay capture adds on a stream of its own, and
+#   what sharing the stream saves, in the kit's **two-capture experiment**
+#   (`kit.experiments.two_captures`: two plain `torch.cuda.graph` captures into one pool;
+#   this notebook and 02);
+# - **24 MiB**: the replay graphs' graph-pool segments, saved by the patch (48 MiB to
+#   24 MiB), in the kit's **replica** of vLLM 0.33's capture path at its `small` preset
+#   (hidden 1024; notebook 03);
+# - **730 MiB** (0.713 GiB): the same saving in the replica's `large` preset (hidden 7168:
+#   2.25 GiB to 1.53 GiB; notebook 03);
+# - **5.18 GiB**: what the replay graphs reserve on DeepSeek-V4.1-Flash, **stated in the
+#   PR**; the kit does not run that model and does not measure it.
+#
+# The first three, read from the shipped recordings (so that they are the same on every
+# machine; the experiments below and in 02 and 03 measure them again on `SOURCE`):
 
 # %%
 import ipywidgets as widgets
@@ -43,20 +64,53 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
+from kit.experiments.scenarios import replica_runs
 from kit.experiments.two_captures import two_captures
-from kit.recordings import default_source
+from kit.recordings import RECORDED, default_source
+from kit.show.before_after import GRAPH_POOL, change_figure, replay_segment_bytes
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
+
+
+def graph_pool_saved(before: kit.Snapshot, after: kit.Snapshot) -> int:
+    """The graph pool's reserved bytes in `before` minus those in `after` (two runs, matched by label)."""
+    change = kit.diff_tables(kit.segment_table(before), kit.segment_table(after), by="label")
+    pool = change[change["pool_label"] == GRAPH_POOL]
+    return int(pool["reserved_before"].sum() - pool["reserved_after"].sum())
+
+
+two_streams, one_stream = (two_captures(shared_stream=shared, source=RECORDED) for shared in (False, True))
+replica = {preset: replica_runs(preset, ("unpatched", "patched"), source=RECORDED) for preset in ("small", "large")}
+headline = [
+    ("two-capture experiment: the replay capture's new graph-pool segments", replay_segment_bytes(two_streams)),
+    ("two-capture experiment: what sharing the stream saves", graph_pool_saved(two_streams, one_stream)),
+]
+for preset, runs in replica.items():
+    added = replay_segment_bytes(runs["unpatched"])
+    headline.append((f"replica, {preset} preset: the replay captures' new graph-pool segments, unpatched", added))
+    saved = graph_pool_saved(runs["unpatched"], runs["patched"])
+    headline.append((f"replica, {preset} preset: graph pool saved by the patch", saved))
+print(f"data source: {RECORDED}: the shipped H200 recordings two_streams, shared_stream and replica/*")
+for what, n in headline:
+    print(f"{kit.format_bytes(n):>10} = {n / 2**30:.3f} GiB ({n:,} bytes): {what}")
+print("  5.18 GiB on DeepSeek-V4.1-Flash: stated in PR 63155, not measured by the kit")
+
+# %% [markdown]
+# To force the recordings on a GPU machine for the rest of this notebook, set
+# `SOURCE = "recorded"` below.
+
+# %%
 SOURCE = default_source()
 print(f"data source: {SOURCE}")
 
 # %% [markdown]
 # ## The experiment
 #
-# A model-like graph (four layers of bf16 matmuls, intermediates freed as it goes) is
-# captured into a `torch.cuda.graph_pool_handle()` pool. Then a smaller "replay" graph is
-# captured into the *same* pool, once on a **new** stream (vLLM 0.33) and once on the
-# **same** stream (the PR).
+# The kit's two-capture experiment: a model-like graph (four layers of bf16 matmuls,
+# intermediates freed as it goes) is captured into a `torch.cuda.graph_pool_handle()` pool.
+# Then a smaller "replay" graph is captured into the *same* pool, once on a **new** stream
+# (as every `graph_capture()` of vLLM 0.33 makes one) and once on the **same** stream (as
+# the PR does for the replay graphs). These are two plain torch captures, not vLLM.
 
 # %%
 new_stream = two_captures(shared_stream=False, source=SOURCE)
@@ -66,7 +120,7 @@ kit.style_table(kit.segment_table(new_stream))
 
 # %% [markdown]
 # Read the rows of the graph pool. With the replay capture on its own stream, the pool has
-# **two** groups: the model graphs' stream, and the replay graphs' stream, whose segments
+# **two** groups: the model graph's stream, and the replay graph's stream, whose segments
 # are mostly free. The free blocks the model capture left behind were there, on the other
 # stream, and could not be used. The same, as bars:
 
@@ -78,49 +132,53 @@ kit.style_table(kit.segment_table(shared_stream))
 
 # %% [markdown]
 # On the shared stream the pool has **one** group: the replay capture fit into blocks the
-# model capture had freed. What did sharing save? The diff below goes from the new-stream
-# run to the shared-stream run, group by group. The two runs are separate processes whose
-# stream ids differ, so groups are matched by stream name (`by="label"`).
+# model capture had freed.
+#
+# ## What changes between the two runs?
+#
+# The capture table says what each capture added to its pool; the diff goes from the
+# new-stream run to the shared-stream run, group by group. The two runs are separate
+# processes whose stream ids differ, so groups are matched by stream name (`by="label"`).
 
 # %%
 diff = kit.diff_tables(kit.segment_table(new_stream), kit.segment_table(shared_stream), by="label")
-graph_pool = tuple(new_stream.kit["pools"]["global graph pool"])
-in_pool = diff[diff["pool"] == graph_pool]
-saved = -in_pool["reserved"].sum()
-print(
-    f"graph pool reserved: {kit.format_bytes(in_pool['reserved_before'].sum())} on two streams, "
-    f"{kit.format_bytes(in_pool['reserved_after'].sum())} on one; sharing saves {kit.format_bytes(saved)}"
-)
-kit.style_table(diff[["pool_label", "stream_label", "status", "segments", "reserved", "allocated", "free"]])
+print(f"data source: {SOURCE}: {diff.attrs['source']}")
+for name, snap in (("new stream", new_stream), ("shared stream", shared_stream)):
+    added = replay_segment_bytes(snap)
+    print(f"{name}: the replay capture added {kit.format_bytes(added)} ({added:,} bytes) of graph-pool segments")
+for line in kit.diff_summary(diff):
+    print(line)
 
 # %% [markdown]
-# The graph pool is not the only cost. The default pool has a group on the replay graphs'
-# stream too: the cuBLAS workspace the warm-up's first matmul allocated on that new stream
-# (cuBLAS keeps one per stream). A stream of its own costs the replay capture its own
-# workspace as well as its own pool segments.
-
-# %% [markdown]
-# ## Look for yourself
-#
-# Pick a run; the bars split each group's reserved bytes into allocated and free.
+# Where did sharing the stream save memory: in the graph pool only, or elsewhere too? Pick a
+# pool. The bars show each of its (pool, stream) groups in both runs, allocated and free;
+# the table below them is the change (`kit.diff_tables`), one row per group.
 
 # %%
-choice = widgets.ToggleButtons(options=["new stream (vLLM 0.33)", "shared stream (PR 63155)"])
-choice.add_class("kit-main-control")  # the control tests/test_browser.py moves
-figures = {kit.group_bar_figure: go.FigureWidget(), kit.segment_map_figure: go.FigureWidget()}
+pool_choice = widgets.ToggleButtons(options=sorted(set(diff["pool_label"]), reverse=True), description="pool")
+pool_choice.add_class("kit-main-control")  # the control tests/test_browser.py moves
+summary, rows, bars = widgets.HTML(), widgets.HTML(), go.FigureWidget()
+CHANGE = ["stream_label", "status", "segments", "reserved_before", "reserved_after", "reserved", "free"]
 
 
 def show(change=None):
-    snap = shared_stream if choice.value.startswith("shared") else new_stream
-    for make, widget in figures.items():
-        kit.show_in(widget, make(snap))
+    in_pool = diff[diff["pool_label"] == pool_choice.value]
+    summary.value = "".join(f"<p><b>{line}</b></p>" for line in kit.diff_summary(in_pool))
+    rows.value = kit.style_table(in_pool[CHANGE]).to_html()
+    kit.show_in(bars, change_figure(in_pool, "new stream", "shared stream"))
 
 
-choice.observe(show, names="value")
+pool_choice.observe(show, names="value")
 show()
-display(widgets.VBox([choice, *figures.values()]))
+display(widgets.VBox([pool_choice, summary, bars, rows]))
 
 # %% [markdown]
+# In the graph pool the replay stream's whole group is gone and the model stream's group
+# kept its segments: the replay graph's blocks now sit in them. The default pool has a group
+# on the replay stream too, gone when it shares: the cuBLAS workspace the warm-up's first
+# matmul allocated on that new stream (cuBLAS keeps one per stream). A stream of its own
+# costs the replay capture its own workspace as well as its own pool segments.
+#
 # **What it shows.** A second stream in one graph pool is a second set of segments: its
 # capture allocates fresh memory while the pool's other stream holds enough free bytes.
 #

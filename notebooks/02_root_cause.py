@@ -29,6 +29,8 @@
 
 # %%
 import inspect
+import sys
+from pathlib import Path
 
 import plotly.io as pio
 from IPython.display import display
@@ -36,6 +38,7 @@ from IPython.display import display
 import kit
 from kit.experiments.scenarios import replica_runs
 from kit.experiments.two_captures import two_captures
+from kit.patch.vllm import quiet_import
 from kit.recordings import default_source
 from kit.replica import cudagraph_utils, parallel_state
 from kit.show.stepthrough import GROUP_COLUMNS, StepThrough, StepView
@@ -115,7 +118,7 @@ print(
 
 # %%
 replica = replica_runs("small", ("unpatched",), source=SOURCE)["unpatched"]
-print(f"data source: {SOURCE}: {replica.source_label}")
+print(f"data source: {SOURCE}: the replica, unpatched: {replica.source_label}")
 captures = kit.capture_table(replica)
 shown = ["manager", "size", "stream_label", "pool", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]
 kit.style_table(captures[shown]).format({"new_segment_bytes": kit.format_bytes})
@@ -132,13 +135,44 @@ kit.style_table(table[table["pool_label"] == "global graph pool"][GROUP_COLUMNS]
 # %% [markdown]
 # Two groups of the same pool, the replay graphs' one reserved and entirely free once its
 # captures ended, next to the model graphs' free blocks it could not use. The second stream
-# comes from `graph_capture()`, which every `CudaGraphManager.capture()` enters:
+# comes from `graph_capture()`, which every `CudaGraphManager.capture()` enters. Here is
+# vLLM's own code where vLLM is importable (it is installed with the kit), else the
+# replica's mirror of it (`kit.replica`); the first line says which was printed. Of
+# `capture()` only the lines up to its `graph_capture()` call are shown.
+
 
 # %%
-for function in (parallel_state.graph_capture, cudagraph_utils.CudaGraphManager.capture):
-    for line in inspect.getsource(function).splitlines():
-        print(line + ("    # <-- a new stream on every call" if "torch.cuda.Stream(" in line else ""))
+def capture_path():
+    """(which code, graph_capture, CudaGraphManager.capture): the installed vLLM's, else the replica's."""
+    try:
+        with quiet_import():
+            import vllm
+            from vllm.distributed import parallel_state as vllm_parallel_state
+            from vllm.v1.worker.gpu import cudagraph_utils as vllm_cudagraph_utils
+    except (ImportError, OSError, RuntimeError) as e:  # not installed, or broken on this machine
+        return f"the replica's mirror (vLLM not importable: {e})", parallel_state, cudagraph_utils
+    return f"the installed vLLM {vllm.__version__}", vllm_parallel_state, vllm_cudagraph_utils
+
+
+def print_source(function, stop_after: str | None = None) -> None:
+    """A function's source with its module and first line; up to the first line holding `stop_after`."""
+    function = inspect.unwrap(function)  # past @contextmanager and @torch.inference_mode()
+    lines, first = inspect.getsourcelines(function)
+    package = Path(sys.modules[function.__module__.partition(".")[0]].__file__).parent
+    where = Path(inspect.getsourcefile(function)).relative_to(package.parent)
+    print(f"# {function.__module__}.{function.__qualname__}, {where}:{first}")
+    for line in lines:
+        print(line.rstrip() + ("    # <-- a new stream on every call" if "torch.cuda.Stream(" in line else ""))
+        if stop_after and stop_after in line:
+            print("        ...")
+            break
     print()
+
+
+which, graph_capture_module, manager_module = capture_path()
+print(f"printed: {which}")
+print_source(graph_capture_module.graph_capture)
+print_source(manager_module.CudaGraphManager.capture, stop_after="graph_capture(")
 
 # %% [markdown]
 # **What it shows.** The allocator did what its rule says: the replay capture's requests

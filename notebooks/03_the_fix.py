@@ -29,11 +29,18 @@ from IPython.display import display
 
 import kit
 import kit.patch.replica
+from kit.analysis.attribution import is_replay_capture
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
 from kit.replica import parallel_state
-from kit.show.before_after import SCENARIO_OF, BeforeAfterView
+from kit.show.before_after import (
+    GRAPH_POOL,
+    SCENARIO_OF,
+    BeforeAfterView,
+    replay_segment_bytes,
+    replay_segments_line,
+)
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 SOURCE = default_source()
@@ -56,17 +63,18 @@ print(f"{patch}; it replaces:")
 for target in patch.targets():
     print("  ", target)
 kit.patch.replica.revert()
-print(f"{patch}; graph_capture is vLLM 0.33's again: {parallel_state.graph_capture is original}")
+print(f"{patch}; the replica's graph_capture is unpatched again: {parallel_state.graph_capture is original}")
 print(patch.diff())
 
 # %% [markdown]
 # ## The same capture, unpatched and patched
 #
 # The replica is captured twice, each time in a fresh process so that its allocator starts
-# empty: as vLLM 0.33 has it (`unpatched`) and under the PR (`kit.patch.replica.patched("pr")`,
-# scenario `patched`), at two sizes: `small` (hidden 1024, sizes 128 to 512) and `large`
-# (hidden 7168, sizes 512 to 8192, bf16). `kit.experiments.scenarios.replica_runs` runs them
-# live on a GPU, or loads their H200 recordings.
+# empty: unpatched, its mirror of vLLM 0.33's capture path (scenario `unpatched`), and under
+# the PR (`kit.patch.replica.patched("pr")`, scenario `patched`), at two sizes: `small`
+# (hidden 1024, sizes 128 to 512) and `large` (hidden 7168, sizes 512 to 8192, bf16).
+# `kit.experiments.scenarios.replica_runs` runs them live on a GPU, or loads their H200
+# recordings.
 
 # %%
 PRESETS = ("small", "large")
@@ -81,20 +89,44 @@ for (preset, name), snap in runs.items():
 # %% [markdown]
 # ## Before and after, side by side
 #
-# Left, vLLM 0.33; right, the run under the policy you pick (`pr` is PR 63155; `unpatched`
-# puts the same run on both sides). Below them, the change per group, matched by stream
-# name since the runs are separate processes (`kit.diff_tables(..., by="label")`), and the
-# bytes the graph pool saves; the bars show the right-hand run (`kit.show.before_after`).
+# Left, the replica unpatched; right, the replica patched (PR 63155's policy `pr`), at the
+# preset you pick: does the saving grow with the model? Below them, the bytes the graph pool
+# saves, the graph-pool segments each run's replay captures added, and the change per group,
+# matched by stream name since the runs are separate processes
+# (`kit.diff_tables(..., by="label")`); the bars show each group in both runs
+# (`kit.show.before_after`).
 
 # %%
 display(BeforeAfterView(runs, PRESETS).widget)
 
 # %% [markdown]
 # Under the PR the graph pool has one group: the replay graphs' captures fit into the model
-# graphs' free blocks and added no segment, and the model graphs' group did not grow. The
-# replay graphs' stream is gone from the default pool too (its warm-up activations and its
-# own cuBLAS workspace).
+# graphs' free blocks, and the model graphs' group did not grow. The replay graphs' stream is
+# gone from the default pool too (its warm-up activations and its own cuBLAS workspace).
 #
+# ## Under the patch the replay capture adds no graph-pool segment
+#
+# Stated plainly, and read from the data: per capture, the segments it added to its pool
+# (`kit.capture_table`, `new_segment_bytes`). Unpatched, the replay captures add exactly
+# what the patch saves; patched, they add nothing.
+
+# %%
+replay_rows = []
+for (preset, name), snap in runs.items():
+    captures = kit.capture_table(snap)
+    replay = captures[captures["manager"].map(is_replay_capture) & (captures["pool_label"] == GRAPH_POOL)]
+    replay_rows.append(replay.assign(preset=preset, run=name))
+replay_captures = pd.concat(replay_rows, ignore_index=True)
+replay_captures.attrs.update(source=f"{SOURCE} runs of the replica", byte_columns=["new_segment_bytes"])
+print(f"data source: {SOURCE}")
+for (preset, name), snap in runs.items():
+    print(replay_segments_line(f"{preset} {name}", snap))
+patched_added = sum(replay_segment_bytes(runs[preset, "patched"]) for preset in PRESETS)
+print(f"under the patch the replay captures add no graph-pool segment: {patched_added == 0} ({patched_added:,} bytes)")
+shown = ["preset", "run", "manager", "size", "stream_label", "pool_label", "new_segments", "new_segment_bytes"]
+kit.style_table(replay_captures[shown])
+
+# %% [markdown]
 # ## Predicted from the unpatched trace
 #
 # `kit.what_if(unpatched, {"replay graphs stream": "model graphs stream"})` turns the
@@ -144,8 +176,10 @@ for (name, scenario), snap in runs.items():
 
 # %% [markdown]
 # **What it shows.** On the model graphs' stream the replay graphs reuse the model graphs'
-# free blocks: the graph pool loses the replay stream's whole group, the what-if predicted
-# exactly that from the unpatched trace, and every output is still bit-exact.
+# free blocks: under the patch the replay capture adds no graph-pool segment, so the graph
+# pool loses the replay stream's whole group (24 MiB at the small preset, 730 MiB at the
+# large one, on the H200 recordings); the what-if predicted exactly that from the unpatched
+# trace, and every output is still bit-exact.
 #
 # **Next question.** Bit-exact here, but is sharing always safe? A replay graph now writes
 # into blocks the model graph freed. If the model graph still needs one of them across the

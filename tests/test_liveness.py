@@ -285,20 +285,71 @@ def test_classes_on_either_side_of_the_next_segments_first_allocation():
     assert rows[B]["class"] == HELD and rows[D]["class"] == RELEASED
 
 
-def test_without_a_release_the_newest_held_block_is_the_break_input():
-    t = Trace()
+def _kept_bound_capture(t: Trace) -> None:
+    """A break that releases nothing: A, B and D are held across it and freed only as the forward returns.
+
+    As in DeepSeek-V4.1's forward, B and D go into the break (the hidden states' companions,
+    `residual` and `post_mix`) and stay bound; A is an early aux state, read after the break.
+    """
     t.segment(GRAPH_POOL)
-    t.alloc(A)
-    t.alloc(B)
+    for addr in (A, B, D):
+        t.alloc(addr)
     t.graph("model graphs 64", "model graphs", 64, 0, 0)
     begin = t.now
     t.alloc(C)
-    t.free(B)
-    t.free(A)
-    t.free(C)
+    for addr in (B, D, A, C):
+        t.free(addr)
     t.graph("model graphs 64", "model graphs", 64, 1, begin)
-    rows = _by_addr(liveness_table(t.snapshot()))
-    assert rows[B]["class"] == BREAK_INPUT and rows[A]["class"] == HELD
+
+
+def test_without_the_breaks_reads_no_held_block_is_taken_for_a_break_input():
+    t = Trace()
+    _kept_bound_capture(t)
+    found = liveness_table(t.snapshot())
+    assert not found.break_reads_known
+    assert {addr: row["class"] for addr, row in _by_addr(found).items()} == {A: HELD, B: HELD, D: HELD}
+
+
+def test_several_break_inputs_are_the_blocks_the_break_read():
+    t = Trace()
+    _kept_bound_capture(t)
+    _replay_capture(t, 32, [(B, 64 * KIB), (D, 64 * KIB)])  # over both break inputs, not over A
+    snap = t.snapshot()
+    reads = {("model graphs 64", 0): [(B, B + 64 * KIB), (D + 8 * KIB, D + 16 * KIB), (F, F + KIB)]}
+    found = liveness_table(snap, break_reads=reads)
+    rows = _by_addr(found)
+    assert found.break_reads_known
+    assert rows[B]["class"] == rows[D]["class"] == BREAK_INPUT and rows[A]["class"] == HELD  # a part read is enough
+    assert rows[B]["overlapping_replay"] == ["replay graphs 32"] and not rows[B]["conflict"] and not rows[D]["conflict"]
+    assert liveness_verdicts(found)[0].startswith("model graphs 64: safe:")
+    # from the trace alone both break inputs count as held, and the replay graph over them is a conflict
+    alone = liveness_table(snap)
+    assert _by_addr(alone)[B]["conflict"] and _by_addr(alone)[D]["conflict"]
+    assert "the breaks' reads unrecorded" in liveness_verdicts(alone)[0]
+    # a replay allocation over the early aux state (A) is still a conflict with the reads known
+    t2 = Trace()
+    _kept_bound_capture(t2)
+    _replay_capture(t2, 32, [(A, 64 * KIB)])
+    assert _by_addr(liveness_table(t2.snapshot(), break_reads=reads))[A]["conflict"]
+
+
+def test_the_breaks_reads_come_from_the_snapshots_kit_key():
+    from kit.analysis.readwrite import Access, ReadWriteRecording, attach_break_reads, model_break
+
+    t = Trace()
+    _kept_bound_capture(t)
+    recording = ReadWriteRecording(
+        [Access(0, model_break(64), "aten.index_select.default", "read", start, start + 64 * KIB) for start in (B, D)]
+    )
+    snap = attach_break_reads(t.snapshot(), recording)
+    assert snap["kit"]["break_reads"] == [
+        {"capture": "model graphs 64", "break": 0, "ranges": [[B, B + 64 * KIB], [D, D + 64 * KIB]]}
+    ]
+    found = liveness_table(snap)
+    assert found.break_reads_known
+    assert {addr: row["class"] for addr, row in _by_addr(found).items()} == {A: HELD, B: BREAK_INPUT, D: BREAK_INPUT}
+    # an explicit mapping wins over the snapshot's
+    assert _by_addr(liveness_table(snap, break_reads={}))[B]["class"] == HELD
 
 
 def test_a_replay_allocation_over_a_held_block_is_a_conflict_and_over_a_released_one_is_not():

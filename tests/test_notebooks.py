@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,34 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+# Lines a notebook prints from the shipped H200 recordings: the headline figures of 01's map (the
+# two-capture experiment's 42 MiB, the replica's 24 MiB and 730 MiB), measured again where each is shown.
+KEY_LINES = {
+    "01_start_here": (
+        "(44,040,192 bytes): two-capture experiment: the replay capture's new graph-pool segments",
+        "42.00 MiB = 0.041 GiB (44,040,192 bytes): two-capture experiment: what sharing the stream saves",
+        "24.00 MiB = 0.023 GiB (25,165,824 bytes): replica, small preset: graph pool saved by the patch",
+        "730.00 MiB = 0.713 GiB (765,460,480 bytes): replica, large preset: graph pool saved by the patch",
+        "5.18 GiB on DeepSeek-V4.1-Flash: stated in PR 63155, not measured by the kit",
+        "new stream: the replay capture added 42.00 MiB (44,040,192 bytes) of graph-pool segments",
+        "shared stream: the replay capture added 0 B (0 bytes) of graph-pool segments",
+        "global graph pool: 108.00 MiB reserved before, 66.00 MiB after (saved 42.00 MiB)",
+    ),
+    "02_root_cause": (
+        "3 new segments, 42.00 MiB of new graph-pool memory",
+        "printed: the installed vLLM 0.33.0" if HAS_VLLM else "printed: the replica's mirror",
+        "GraphCaptureContext(torch.cuda.Stream(device=device))    # <-- a new stream on every call",
+    ),
+    "03_the_fix": (
+        "small unpatched: the replay captures added 24.00 MiB (25,165,824 bytes) of graph-pool segments",
+        "small patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
+        "large unpatched: the replay captures added 730.00 MiB (765,460,480 bytes) of graph-pool segments",
+        "large patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
+        "under the patch the replay captures add no graph-pool segment: True (0 bytes)",
+    ),
+}
 
 
 def test_every_notebook_is_paired_and_output_free():
@@ -37,8 +66,12 @@ def test_walkthrough_runs_every_notebook_on_cpu(tmp_path):
         html = (tmp_path / f"{source.stem}.html").read_text()
         assert "data source: recorded" in html, f"{source.name} names no data source"
         executed = nbformat.read(tmp_path / f"{source.stem}.ipynb", as_version=4)
+        printed = []
         for cell in executed.cells:
             for out in cell.get("outputs", []):
                 assert out.output_type != "error", f"{source.name}: {out.get('ename')}: {out.get('evalue')}"
                 text = out.get("text", "") if out.output_type == "stream" else ""
                 assert "Traceback" not in text, f"{source.name} printed a traceback:\n{text[-2000:]}"
+                printed.append(text)
+        for line in KEY_LINES.get(source.stem, ()):
+            assert line in "".join(printed), f"{source.name} did not print {line!r}"

@@ -13,7 +13,7 @@ from kit.analysis.liveness import HELD, RELEASED
 from kit.experiments.scenarios import replica_runs
 from kit.replica.model import replay_rows
 from kit.show import explorer as explorer_module
-from kit.show.before_after import SCENARIO_OF, BeforeAfterView, saving_line
+from kit.show.before_after import SCENARIO_OF, BeforeAfterView, change_figure, replay_segment_bytes, saving_line
 from kit.show.explorer import SHIPPED, SnapshotExplorer, load_path, load_upload, reuse_section, uploaded_file
 from kit.show.safety import SafetyView, liveness_view, overview_table, scenario_for
 from kit.show.stepthrough import StepThrough, StepView
@@ -158,18 +158,46 @@ def test_safety_view_shows_the_capture_the_rule_picks_and_redraws_in_place(runs)
 
 
 def test_before_after_view_says_what_the_graph_pool_saved():
-    scenarios = replica_runs("small", tuple(SCENARIO_OF.values()), source="recorded")
-    runs = {("small", name): snap for name, snap in scenarios.items()}
-    view = BeforeAfterView(runs, ("small",))
-    before, after = kit.segment_table(runs["small", "unpatched"]), kit.segment_table(runs["small", "patched"])
-    change = kit.diff_tables(before, after, by="label")
-    pool = tuple(runs["small", "unpatched"].kit["pools"]["global graph pool"])
-    saved = before[before["pool"] == pool]["reserved"].sum() - after[after["pool"] == pool]["reserved"].sum()
-    assert saved > 0 and f"saved ({saved:,} bytes)" in saving_line(change)
-    assert saving_line(change) in view.change_html.value and "policy pr" in view.after_html.value
-    assert view.bars.layout.title.text == kit.group_bar_figure(runs["small", "patched"]).layout.title.text
-    view.policy.value = "unpatched"  # the same run on both sides: nothing saved
-    assert "saved (0 bytes)" in view.change_html.value
+    presets = ("small", "large")
+    runs = {
+        (preset, name): snap
+        for preset in presets
+        for name, snap in replica_runs(preset, tuple(SCENARIO_OF.values()), source="recorded").items()
+    }
+    view = BeforeAfterView(runs, presets)
+    assert "kit-main-control" in view.preset._dom_classes and not hasattr(view, "policy")
+    for preset in presets:
+        view.preset.value = preset
+        unpatched, patched = runs[preset, "unpatched"], runs[preset, "patched"]
+        before, after = kit.segment_table(unpatched), kit.segment_table(patched)
+        change = kit.diff_tables(before, after, by="label")
+        pool = tuple(unpatched.kit["pools"]["global graph pool"])
+        saved = before[before["pool"] == pool]["reserved"].sum() - after[after["pool"] == pool]["reserved"].sum()
+        assert saved > 0 and f"saved ({saved:,} bytes)" in saving_line(change)
+        assert saving_line(change) in view.change_html.value
+        assert "replica, unpatched" in view.before_html.value and "replica, patched" in view.after_html.value
+        assert "vLLM 0.33 (unpatched)" not in view.before_html.value  # the runs are the replica's, not vLLM's
+        # Under the patch the replay captures add no graph-pool segment; unpatched they add what the patch saves.
+        assert replay_segment_bytes(patched) == 0 and replay_segment_bytes(unpatched) == saved
+        assert "patched: the replay captures added 0 B (0 bytes)" in view.change_html.value
+        assert view.bars.layout.title.text == change_figure(change, "unpatched", "patched").layout.title.text
+        drawn = {name for trace in view.bars.data for name in trace.y[1]}
+        assert drawn == {"unpatched", "patched"}
+
+
+def test_change_figure_draws_both_sides_of_every_group():
+    before = kit.segment_table(RECORDED["two_streams"])
+    change = kit.diff_tables(before, kit.segment_table(RECORDED["shared_stream"]), by="label")
+    figure = change_figure(change, "two streams", "one stream")
+    totals: dict[tuple[str, str], float] = {}
+    for trace in figure.data:
+        for group, run, mib in zip(trace.y[0], trace.y[1], trace.x, strict=True):
+            totals[group, run] = totals.get((group, run), 0) + mib
+    for row in change.itertuples():
+        group = f"{row.pool_label} / {row.stream_label}"
+        assert totals[group, "two streams"] * 2**20 == pytest.approx(row.reserved_before)
+        assert totals[group, "one stream"] * 2**20 == pytest.approx(row.reserved_after)
+    assert "source: before:" in figure.layout.title.text
 
 
 # --- kit.show.stepthrough.StepView -------------------------------------------------------------------

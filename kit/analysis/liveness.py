@@ -11,18 +11,23 @@ windows: `kit.analysis.attribution.capture_windows`, where any other capture
 into the pool counts as one that may run in the break); `liveness_verdicts` says safe or
 conflict per capture, and `break_allocations` checks that the breaks allocate
 outside the pool (their outputs live there). `kit.analysis.equivalence` is
-the same question asked of the outputs on a GPU.
+the same question asked of the outputs on a GPU, and `kit.analysis.readwrite`
+asks it of what is read and written: a trace says when a block is allocated
+and freed, never who reads it, so this analysis infers liveness from
+lifetimes and from what each break read (when the snapshot has it), and the
+read/write analysis checks the inference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
 
 from kit.analysis.attribution import captures_by_name, is_replay_capture
-from kit.analysis.frames import first_user_frame
+from kit.analysis.frames import first_user_frame, frame_line, is_user_frame
+from kit.analysis.readwrite import Ranges, read_break_reads
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
 from kit.errors import KitError
@@ -61,7 +66,9 @@ class Liveness:
     captures with eager breaks, in recording order, `replay_captures` the
     replay captures checked against them, and `paired` says whether each
     break was paired with the one replay graph that runs in it
-    (`replay_size_for`) rather than with every replay graph.
+    (`replay_size_for`) rather than with every replay graph;
+    `break_reads_known` whether what each break read was known (`break input`
+    needs it).
     """
 
     rows: pd.DataFrame
@@ -69,6 +76,7 @@ class Liveness:
     model_captures: list[str]
     replay_captures: list[str]
     paired: bool
+    break_reads_known: bool = False
 
     def verdicts(self) -> list[str]:
         """One line per model capture: safe, or the conflict (`liveness_verdicts`)."""
@@ -120,7 +128,11 @@ def _in_windows(index: int, graphs: list[dict]) -> bool:
 
 
 def liveness_table(
-    snapshot: Snapshot | str | dict, *, replay_size_for: Callable[[int], int] | None = None, device: int = 0
+    snapshot: Snapshot | str | dict,
+    *,
+    replay_size_for: Callable[[int], int] | None = None,
+    break_reads: Mapping[tuple[str, int], Iterable[tuple[int, int]]] | None = None,
+    device: int = 0,
 ) -> Liveness:
     """The graph-pool blocks each model capture holds across each eager break, and who writes over them.
 
@@ -132,15 +144,27 @@ def liveness_table(
 
     - `released by the break`: freed from the break's start up to the next
       segment's first pool allocation (the forward dropped it as the break
-      returned: the break's argument, which the break gathered);
-    - `break input`: when a break released no block, the newest block held
-      across it, which is the break's argument (the forward computes it just
-      before the call). This covers recordings in which the argument outlived
-      the break because of the recording itself: a tool that reads a frame's
-      `f_locals` on Python 3.12 and older keeps the forward's locals alive
-      until it returns;
+      returned: a break argument the forward does not keep);
+    - `break input`: any other block the break read (`break_reads`), which
+      the forward passed into the break and kept bound. The real DeepSeek-V4.1
+      forward does this with `residual`, `post_mix` and `res_mix`: they go into
+      the break with the hidden states and stay bound until the forward
+      returns, and nothing reads them after the break;
     - `held after the break`: any other, freed later or never: the model graph
-      may read it after the break (an aux hidden state, a residual).
+      may read it after the break (an aux hidden state).
+
+    The rule is the break's reads, not a guess from the trace: a trace shows
+    when a block is allocated and freed, never who reads it, and a block the
+    forward keeps bound looks the same whether it is read after the break
+    (an early aux state) or not (a break input). `break_reads` maps
+    `(model capture, break index)` to the byte ranges the break read
+    (`kit.analysis.readwrite.break_reads`); by default they come from the
+    snapshot's `kit["break_reads"]` (`kit.analysis.readwrite.attach_break_reads`).
+    Without them no block is called a break input: every block held and not
+    released counts as held after the break, which may flag a block nothing
+    reads after the break (the safe side; `break_reads_known` says which).
+    The rule assumes a break input is not read after the break as well; the
+    read/write analysis checks that assumption (`kit.analysis.readwrite`).
 
     Replay captures (a manager named "... replay ...") are checked for
     allocations, inside their windows, over each block's bytes
@@ -155,6 +179,9 @@ def liveness_table(
     captures = _captures(snap)
     inferred = any(gs[0].get("inferred") for gs in captures.values())
     lives = _lifetimes(snap, device)
+    if break_reads is None and snap.kit.get("break_reads") is not None:
+        break_reads = read_break_reads(snap.kit["break_reads"])
+    reads = {key: Ranges(spans) for key, spans in (break_reads or {}).items()}
 
     def writes_over(gs: list[dict]) -> bool:
         # Inferred windows have no roles: any other capture into the pool may run in a break.
@@ -169,15 +196,35 @@ def liveness_table(
     models = [name for name, gs in captures.items() if (inferred or not writes_over(gs)) and len(gs) > 1]
     for name in models:
         others = {r: lives_ for r, lives_ in replays.items() if r != name}
-        rows += _breaks_of(name, captures[name], captures, lives, others, replay_size_for)
+        rows += _breaks_of(name, captures[name], captures, lives, others, replay_size_for, reads)
     table = pd.DataFrame(rows, columns=LIVENESS_COLUMNS)
     source = snap.source_label + (", capture windows and eager breaks inferred from the trace" if inferred else "")
     table.attrs["source"] = source
     table.attrs["inferred"] = inferred
-    return Liveness(table, source, models, list(replays), paired=replay_size_for is not None)
+    known = break_reads is not None
+    return Liveness(table, source, models, list(replays), paired=replay_size_for is not None, break_reads_known=known)
 
 
-def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[dict]:
+def _program_frame(frames: list) -> str:
+    """The first frame of the program's own code (not torch's, nor the kit's recorders'), as `name (file:line)`."""
+    mine = [f for f in frames or () if is_user_frame(f)]
+    return frame_line(mine[:1]) if mine else first_user_frame(frames)
+
+
+def _classify(held: list[_Life], next_first: int, read: Ranges | None) -> dict[int, str]:
+    """Each held block's class: released by the break, a break input (the break read it), or held after it."""
+    classes = {}
+    for life in held:
+        if life.free is not None and life.free < next_first:
+            classes[id(life)] = RELEASED
+        elif read is not None and read.intersects(life.addr, life.addr + life.size):
+            classes[id(life)] = BREAK_INPUT
+        else:
+            classes[id(life)] = HELD
+    return classes
+
+
+def _breaks_of(name, graphs, captures, lives, replays, replay_size_for, reads) -> list[dict]:
     pool = tuple(graphs[0]["pool"])
     mine = [life for life in lives if life.pool == pool and _in_windows(life.index, graphs)]
     size = graphs[0].get("size")
@@ -190,9 +237,7 @@ def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[
         firsts = [life.index for life in mine if after["trace_begin"] <= life.index < after["trace_end"]]
         next_first = min(firsts, default=after["trace_end"])
         held = [life for life in mine if life.index < begin and (life.free is None or life.free >= begin)]
-        classes = {id(life): RELEASED if life.free is not None and life.free < next_first else HELD for life in held}
-        if held and RELEASED not in classes.values():
-            classes[id(max(held, key=lambda life: life.index))] = BREAK_INPUT
+        classes = _classify(held, next_first, reads.get((name, j)))
         for life in held:
             overlaps = [(r, other.index) for r, others in replays.items() for other in others if life.overlaps(other)]
             names = sorted({r for r, _ in overlaps}, key=list(replays).index)
@@ -209,8 +254,8 @@ def _breaks_of(name, graphs, captures, lives, replays, replay_size_for) -> list[
                     "alloc_index": life.index,
                     "free_index": life.free,
                     "class": classes[id(life)],
-                    "alloc_frame": first_user_frame(life.frames),
-                    "free_frame": first_user_frame(life.free_frames or []),
+                    "alloc_frame": _program_frame(life.frames),
+                    "free_frame": _program_frame(life.free_frames or []),
                     "overlapping_replay": names,
                     "replay_in_break": in_break,
                     "replay_overlaps": overlaps,
@@ -238,6 +283,7 @@ def liveness_verdicts(liveness: Liveness | Snapshot | str | dict) -> list[str]:
                 f"{name}: CONFLICT: {format_bytes(bad['bytes'].sum())} in {len(bad)} block(s) held after the break "
                 f"(first at {first['addr']:#x}, allocated at {first['alloc_frame'] or '?'}) are written over by "
                 f"{', '.join(writers)}, which {'runs' if found.paired else 'may run'} in the break"
+                + ("" if found.break_reads_known else " (the breaks' reads unrecorded: held may include break inputs)")
             )
         else:
             lines.append(f"{name}: safe: {_safe_detail(rows)}")

@@ -47,6 +47,17 @@ def has_early_aux(model_state: Any) -> bool | None:
     live on the backbone that owns the state's `decoder_replay_layers`
     (`model_state.model.model` for vLLM's DeepSeek-V4.1, `model_state.model`
     for the replica's decoder).
+
+    Early means `layer_id < decoder_replay_start`, strictly: vLLM's V4.1
+    records aux id `idx` while it runs layer `idx` (`_run_layers` keeps the
+    `previous_aux` that layer `idx`'s fused pre reads back), and the forward
+    runs layers `range(start_layer, decoder_replay_start)` before the break
+    and `range(decoder_replay_start, end_layer)` inside it. So id
+    `decoder_replay_start - 1` is made before the break and held across it,
+    while id `decoder_replay_start` (and every id up to the last layer) is
+    made by the replay layers themselves, in the break, into buffers outside
+    the graph pool. The replica records aux id `i` as layer `i`'s input, while
+    running layer `i`, the same way.
     """
     layers = getattr(model_state, "decoder_replay_layers", None)
     candidate, seen = getattr(model_state, "model", None), set()

@@ -53,7 +53,7 @@ TARGETS = (
     Target(
         "kit.replica.model_runner",
         "GPUModelRunner.capture_model",
-        ("self",),
+        ("self", "profile_only"),
         (
             Hunk(
                 "self.model_state.capture_inner_cudagraphs()",

@@ -3,12 +3,16 @@
 vLLM's `vllm/models/deepseek_v41/decoder_replay_layers.py` in miniature: the
 layers from the replay start run on a subset of the batch's rows (vLLM: each
 request's last `window` rows; here: the rows the model state picks). Inside
-a PIECEWISE model graph they run in an eager break: the inputs are gathered
-by row, the layers run (eagerly, or as a replay graph,
-`decoder_replay_cudagraph.py`), and the per-row outputs are scattered into
-fixed buffers (`_break_outputs`) that the model graph's next segment reads.
-Those buffers are allocated in the break, outside any capture, so outside the
-graph pool.
+a PIECEWISE model graph they run in an eager break: the break's inputs (the
+hidden states and the hyper-connection state, as V4.1 passes them) are
+merged into the layers' one input (`merge_inputs`) and gathered by row, the
+layers run (eagerly, or as a replay graph, `decoder_replay_cudagraph.py`),
+and the per-row outputs are scattered into fixed buffers (`_break_outputs`)
+that the model graph's next segment reads. Those buffers are allocated in the
+break, outside any capture, so outside the graph pool. V4.1 gathers its seven
+inputs into seven static buffers and merges them inside the replay graph;
+merging first keeps the replica's replay graphs at one static input, while
+the model graph's break still reads every input.
 """
 
 from __future__ import annotations
@@ -32,28 +36,32 @@ class ReplayBatch:
 
 
 class DecoderReplayLayers:
-    """Runs the replay layers (`run_layers`) on the step's replay batch."""
+    """Runs the replay layers (`run_layers`) on the step's replay batch, on the input `merge_inputs` makes."""
 
-    def __init__(self, run_layers: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+    def __init__(
+        self, run_layers: Callable[..., tuple[torch.Tensor, ...]], merge_inputs: Callable[..., torch.Tensor]
+    ) -> None:
         self.run_layers = run_layers
+        self.merge_inputs = merge_inputs
         self.replay_batch: ReplayBatch | None = None  # set by the model state every step
         self._break_outputs: list[torch.Tensor] | None = None
 
-    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if in_piecewise_cudagraph():
-            return self._run_in_graph_break(hidden_states)
-        return self._run(hidden_states)
+            return self._run_in_graph_break(*inputs)
+        return self._run(*inputs)
 
     @eager_break_during_capture
-    def _run_in_graph_break(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _run_in_graph_break(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A graph break: the outputs land in fixed buffers the next segment reads."""
-        outputs = self._run(hidden_states)
+        outputs = self._run(*inputs)
         if self._break_outputs is None:
             # Sized by the first call: the largest model graph is captured first.
             self._break_outputs = [torch.empty_like(out) for out in outputs]
         return tuple(buf[: out.shape[0]].copy_(out) for buf, out in zip(self._break_outputs, outputs, strict=True))
 
-    def _run(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden_states = self.merge_inputs(*inputs)
         replay_batch = self.replay_batch
         if replay_batch is None:
             return self.run_layers(hidden_states)

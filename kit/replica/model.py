@@ -7,12 +7,18 @@ break on the replay rows, which the model state (`model_state.py`) picks for
 each step (here: the last half of the batch, `replay_rows`, standing in for
 each request's last `window` rows). Aux hidden states (the input of each
 layer in `aux_hidden_state_layers`) are returned with the output, as for an
-EAGLE-style speculator. The decoder carries `decoder_replay_layers`,
-`decoder_replay_start` and `aux_hidden_state_layers` as vLLM's DeepSeek-V4.1
-backbone does, which is where `kit.patch.policy.has_early_aux` reads them.
-Under tensor parallelism (`parallel_state.init_distributed_environment`) each
-layer's FFN is split over the ranks and its output all-reduced, inside the
-graphs.
+EAGLE-style speculator: aux id `i` is recorded while layer `i` runs, so ids
+below `decoder_replay_start` are made before the break and held across it
+(as vLLM's V4.1 records aux id `idx` while running layer `idx`). Like V4.1's
+forward, the decoder hands the break several tensors, the hidden states and
+its hyper-connection state (`residual`, `post_mix`, `res_mix`), and keeps the
+latter bound across the break without reading them after it (with
+`hyper_connections`, which the safety experiments set). The decoder
+carries `decoder_replay_layers`, `decoder_replay_start` and
+`aux_hidden_state_layers` as vLLM's DeepSeek-V4.1 backbone does, which is
+where `kit.patch.policy.has_early_aux` reads them. Under tensor parallelism
+(`parallel_state.init_distributed_environment`) each layer's FFN is split
+over the ranks and its output all-reduced, inside the graphs.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class ReplicaConfig:
     dtype: str = "bfloat16"
     seed: int = 0
     intermediate_size: int = field(default=0)  # 0: four times the hidden size
+    # V4.1's hyper-connection state handed to the break beside the hidden states (the safety experiments
+    # use it; the recorded scenarios predate it and keep one break input).
+    hyper_connections: bool = False
+    speculator: bool = False  # a DSpark drafter reading the aux hidden states, its graphs captured last (speculator.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -116,9 +126,14 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=1e-6)
+        if config.hyper_connections:
+            # The hyper-connection state handed to the replay layers (after the weights above, so theirs are unchanged).
+            self.residual_norm = nn.RMSNorm(config.hidden_size, eps=1e-6)
+            self.post_mix_proj = nn.Linear(config.hidden_size, 1, bias=False)
+            self.res_mix_proj = nn.Linear(config.hidden_size, 1, bias=False)
         self.aux_hidden_state_layers = config.aux_hidden_state_layers
         self.decoder_replay_start = config.decoder_replay_start
-        self.decoder_replay_layers = DecoderReplayLayers(self._run_replay_layers)
+        self.decoder_replay_layers = DecoderReplayLayers(self._run_replay_layers, self._merge_replay_inputs)
 
     def _run_replay_layers(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Layers from the replay start: the output, then their aux hidden states."""
@@ -134,9 +149,32 @@ class Decoder(nn.Module):
             hidden_states = self.layers[i](hidden_states)
         return hidden_states, aux
 
+    def _hyper_connection_state(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`residual, post_mix, res_mix`: what V4.1 hands its replay layers beside the hidden states.
+
+        V4.1 carries `hc_mult` copies of the stream and per-token mixing weights;
+        the replica carries one normalized copy and two per-token mixes, each a
+        tensor of its own, so each is a graph-pool block of its own in a capture.
+        """
+        residual = self.residual_norm(hidden_states)
+        post_mix = torch.sigmoid(self.post_mix_proj(hidden_states))
+        res_mix = torch.sigmoid(self.res_mix_proj(hidden_states))
+        return residual, post_mix, res_mix
+
+    @staticmethod
+    def _merge_replay_inputs(hidden_states: torch.Tensor, *state: torch.Tensor) -> torch.Tensor:
+        """The replay layers' input from the break's (V4.1 merges them in the first replay layer's pre)."""
+        if not state:
+            return hidden_states
+        residual, post_mix, res_mix = state
+        return hidden_states * post_mix + residual * res_mix
+
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         hidden_states = self.embed_tokens(input_ids)
-        # Early aux states stay referenced across the replay layers' break.
+        # Early aux states stay referenced across the replay layers' break, and are read after it.
         hidden_states, early_aux = self._run_layers(hidden_states, range(self.decoder_replay_start))
-        hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states)
+        # As in V4.1, `residual`, `post_mix` and `res_mix` go into the break with the hidden states
+        # and stay bound until the forward returns, but nothing reads them after the break.
+        state = self._hyper_connection_state(hidden_states) if self.config.hyper_connections else ()
+        hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
         return self.norm(hidden_states), (*early_aux, *replay_aux)

@@ -4,7 +4,8 @@
 - `report`: a self-contained HTML page for one snapshot;
 - `stepthrough`: the root cause one allocator request at a time (`StepThrough`,
   and notebook 02's slider view `StepView`);
-- `before_after`: the replica unpatched and under a policy, side by side (notebook 03);
+- `before_after`: two runs side by side and what changed (notebook 01's two captures,
+  notebook 03's replica unpatched and patched);
 - `timeline`: the blocks a model graph holds across its eager breaks (notebook 04);
 - `safety`: the scenarios side by side and the policy explorer (notebook 04);
 - `explorer`: any snapshot in, tables, verdicts and figures out (notebook 05).

@@ -1,0 +1,405 @@
+"""The safety argument from what is read and written: the proof obligation, checked per pairing.
+
+The obligation PR 63155 must meet, in one sentence (`OBLIGATION`): for every
+model graph N and every replay graph R that can run in N's eager break, the
+bytes R writes do not overlap the bytes that N reads after the break (in its
+later segments, or as its outputs, which the caller reads after the forward)
+and that were last written before the break: the values N carries across it.
+
+`kit.record.readwrite.ReadWriteRecorder` records, during capture, the
+device byte ranges every aten op reads and writes, tagged with a `Phase`
+(which capture: model graph N segment J, its break J, its outputs read after
+the forward, or replay graph R). Capture records what replay does: a graph
+replays the kernels and addresses it captured. Here:
+
+- `carried_reads`: per model graph and break, the bytes read after the break
+  whose last write came before it (a read's bytes that the break or a later
+  phase wrote first are left out: that value is made after R has run);
+- `readwrite_table`: per (model graph, break, replay graph) pairing, those
+  bytes intersected with the bytes R writes, with the ops on both sides;
+- `obligation_verdicts`, `obligation_summary`: holds, or violated with the
+  bytes and the op names;
+- `break_reads`, `attach_break_reads`: what each break read, the input
+  `kit.analysis.liveness` uses to tell a break's inputs from blocks read after
+  it (the lifetime analysis sees when blocks are allocated and freed, not
+  what reads them).
+
+Why only the bytes carried across the break, and not what the segments did
+with blocks they freed: a segment ends with `CUDAGraph.capture_end`, which
+calls `cudaStreamEndCapture` on the capture stream and checks its result
+(`AT_CUDA_CHECK(cudaStreamEndCapture(capture_stream_, &graph_));` in
+aten/src/ATen/cuda/CUDAGraph.cpp of pytorch/pytorch). CUDA fails that call unless every stream forked into the
+capture has joined back to the origin stream ("Failure to rejoin to the origin
+stream will result in failure of the overall capture operation", CUDA
+Programming Guide, cross-stream dependencies in stream capture), so a
+segment's graph ends only after all its work, on every stream it forked. The
+break's eager work and R's replay are queued on the stream the segment was
+replayed on, after it. So a block a segment freed is idle when R writes it,
+even if its free was pending (freed with `record_stream` uses during capture,
+which the caching allocator defers: `needs_events_deferred_until_no_capture`
+in c10/cuda/CUDACachingAllocator.cpp, whose
+`insert_events_deferred_until_no_capture` says "we know all streams recorded
+during cudagraph must have completed") or made on another stream. What is
+left is data: does anything after the break read a value R overwrote. That is
+the obligation, and it asks the same of R's own graph, which ends joined too.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from kit.analysis.attribution import is_replay_capture
+from kit.analysis.tables import format_bytes
+from kit.errors import KitError
+
+OBLIGATION = (
+    "For every model graph N and every replay graph R that can run in N's eager break, the bytes R writes "
+    "do not overlap the bytes N reads after the break (in its later segments or as its outputs) whose "
+    "values were written before the break."
+)
+MODEL, REPLAY = "model", "replay"
+SEGMENT, BREAK, OUTPUT = "segment", "break", "output"
+READ, WRITE = "read", "write"
+TABLE_COLUMNS = [
+    "model_size",
+    "break",
+    "replay_size",
+    "can_run",
+    "carried_bytes",
+    "replay_write_bytes",
+    "overlap_bytes",
+    "first_overlap",
+    "reading_ops",
+    "writing_ops",
+    "holds",
+]
+
+
+@dataclass(frozen=True, order=True)
+class Phase:
+    """Where an op ran: model or replay graph `size`, in segment `index`, break `index`, or its outputs."""
+
+    graph: str
+    size: int
+    part: str = SEGMENT
+    index: int = 0
+
+    @property
+    def label(self) -> str:
+        part = OUTPUT + "s read after the forward" if self.part == OUTPUT else f"{self.part} {self.index}"
+        return f"{self.graph} graph {self.size} {part}"
+
+    @property
+    def order(self) -> float:
+        """Position in the graph's forward: segment J at 2J, break J at 2J + 1, the outputs last."""
+        return float("inf") if self.part == OUTPUT else 2 * self.index + (self.part == BREAK)
+
+
+def model_segment(size: int, index: int = 0) -> Phase:
+    return Phase(MODEL, size, SEGMENT, index)
+
+
+def model_break(size: int, index: int = 0) -> Phase:
+    return Phase(MODEL, size, BREAK, index)
+
+
+def model_outputs(size: int) -> Phase:
+    return Phase(MODEL, size, OUTPUT)
+
+
+def replay_graph(size: int) -> Phase:
+    return Phase(REPLAY, size)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One op's read or write of the bytes [start, end), in recording order `seq`."""
+
+    seq: int
+    phase: Phase
+    op: str
+    kind: str
+    start: int
+    end: int
+
+    def to_record(self) -> str:
+        """One line, `seq graph size part index kind start end op` (the op last: it may hold spaces)."""
+        p = self.phase
+        return " ".join(
+            map(str, (self.seq, p.graph, p.size, p.part, p.index, self.kind, self.start, self.end, self.op))
+        )
+
+    @classmethod
+    def from_record(cls, record: str) -> Access:
+        seq, graph, size, part, index, kind, start, end, op = record.split(" ", 8)
+        return cls(int(seq), Phase(graph, int(size), part, int(index)), op, kind, int(start), int(end))
+
+
+class Ranges:
+    """Disjoint, sorted half-open byte ranges `[start, end)`; union `|`, intersection `&`, difference `-`."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self, spans: Iterable[tuple[int, int]] = ()) -> None:
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted((int(s), int(e)) for s, e in spans if e > s):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        self.spans = merged
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ranges) and self.spans == other.spans
+
+    def __repr__(self) -> str:
+        return f"Ranges({[(hex(s), hex(e)) for s, e in self.spans]})"
+
+    @property
+    def total(self) -> int:
+        return sum(e - s for s, e in self.spans)
+
+    def __or__(self, other: Ranges) -> Ranges:
+        return Ranges(self.spans + other.spans)
+
+    def __and__(self, other: Ranges) -> Ranges:
+        out, i, j = [], 0, 0
+        a, b = self.spans, other.spans
+        while i < len(a) and j < len(b):
+            start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+            if start < end:
+                out.append((start, end))
+            if a[i][1] < b[j][1]:
+                i += 1
+            else:
+                j += 1
+        return Ranges(out)
+
+    def __sub__(self, other: Ranges) -> Ranges:
+        out = []
+        for start, end in self.spans:
+            for cut_start, cut_end in other.spans:
+                if cut_end <= start or cut_start >= end:
+                    continue
+                if cut_start > start:
+                    out.append((start, cut_start))
+                start = max(start, cut_end)
+                if start >= end:
+                    break
+            if start < end:
+                out.append((start, end))
+        return Ranges(out)
+
+    def intersects(self, start: int, end: int) -> bool:
+        i = bisect.bisect_right(self.spans, (start, float("inf"))) - 1
+        candidates = self.spans[max(i, 0) : i + 2]
+        return any(s < end and start < e for s, e in candidates)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes `[start, end)` an op read or wrote, with the op and the phase's label."""
+
+    start: int
+    end: int
+    op: str
+    phase: str
+
+
+@dataclass
+class ReadWriteRecording:
+    """What a `ReadWriteRecorder` saw: every access in recording order."""
+
+    accesses: list[Access]
+
+    def to_records(self) -> list[str]:
+        return [a.to_record() for a in self.accesses]
+
+    @classmethod
+    def from_records(cls, records: Iterable[str]) -> ReadWriteRecording:
+        return cls([Access.from_record(r) for r in records])
+
+    def sizes(self, graph: str) -> list[int]:
+        return sorted({a.phase.size for a in self.accesses if a.phase.graph == graph})
+
+    def of(self, graph: str, size: int) -> list[Access]:
+        return [a for a in self.accesses if a.phase.graph == graph and a.phase.size == size]
+
+    def breaks(self, size: int) -> list[int]:
+        """The eager breaks model graph `size` went through, by index."""
+        return sorted({a.phase.index for a in self.of(MODEL, size) if a.phase.part == BREAK})
+
+
+def _recording(recording: ReadWriteRecording | Iterable) -> ReadWriteRecording:
+    if isinstance(recording, ReadWriteRecording):
+        return recording
+    accesses = list(recording)
+    if all(isinstance(a, Access) for a in accesses):
+        return ReadWriteRecording(accesses)
+    return ReadWriteRecording.from_records(accesses)
+
+
+def carried_reads(recording: ReadWriteRecording | Iterable, size: int, break_index: int = 0) -> list[Piece]:
+    """The bytes model graph `size` reads after break `break_index` whose last write came before the break.
+
+    Reads in the break itself are the break's own (its inputs, read before any
+    replay graph runs there), so they are left out; a read after the break of
+    bytes the break or a later phase wrote first is left out too.
+    """
+    recording = _recording(recording)
+    boundary = model_break(size, break_index).order
+    rewritten, pieces = Ranges(), []
+    for access in recording.of(MODEL, size):
+        order = access.phase.order
+        if order < boundary:
+            continue
+        span = Ranges([(access.start, access.end)])
+        if access.kind == WRITE:
+            rewritten = rewritten | span
+        elif order > boundary:
+            pieces += [Piece(s, e, access.op, access.phase.label) for s, e in span - rewritten]
+    return pieces
+
+
+def replay_writes(recording: ReadWriteRecording | Iterable, size: int) -> list[Piece]:
+    """Every byte range replay graph `size` writes."""
+    recording = _recording(recording)
+    return [Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(REPLAY, size) if a.kind == WRITE]
+
+
+def _touching(pieces: list[Piece], ranges: Ranges) -> list[Piece]:
+    return [p for p in pieces if ranges.intersects(p.start, p.end)]
+
+
+def readwrite_table(
+    recording: ReadWriteRecording | Iterable, *, can_run: Callable[[int, int], bool] | None = None
+) -> pd.DataFrame:
+    """Per (model graph, break, replay graph) pairing: the carried bytes R writes, and whether the obligation holds.
+
+    `can_run(model_size, replay_size)` says which replay graphs can run in a
+    model graph's break (vLLM's dispatch: `kit.experiments.pairings.dispatchable_replay_sizes`);
+    without it every pairing can. Every pairing gets a row; the verdicts read
+    only those that can run. `first_overlap` is the lowest overlapping address.
+    """
+    recording = _recording(recording)
+    replays = {r: replay_writes(recording, r) for r in recording.sizes(REPLAY)}
+    written = {r: Ranges((p.start, p.end) for p in pieces) for r, pieces in replays.items()}
+    rows = []
+    for model_size in recording.sizes(MODEL):
+        for j in recording.breaks(model_size):
+            carried_pieces = carried_reads(recording, model_size, j)
+            carried = Ranges((p.start, p.end) for p in carried_pieces)
+            for replay_size, writes in written.items():
+                overlap = carried & writes
+                rows.append(
+                    {
+                        "model_size": model_size,
+                        "break": j,
+                        "replay_size": replay_size,
+                        "can_run": True if can_run is None else bool(can_run(model_size, replay_size)),
+                        "carried_bytes": carried.total,
+                        "replay_write_bytes": writes.total,
+                        "overlap_bytes": overlap.total,
+                        "first_overlap": overlap.spans[0][0] if overlap else None,
+                        "reading_ops": sorted({p.op for p in _touching(carried_pieces, overlap)}),
+                        "writing_ops": sorted({p.op for p in _touching(replays[replay_size], overlap)}),
+                        "holds": not overlap,
+                    }
+                )
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table["first_overlap"] = table["first_overlap"].astype("Int64")  # addresses stay exact beside the missing ones
+    table.attrs["obligation"] = OBLIGATION
+    return table
+
+
+def obligation_verdicts(table: pd.DataFrame) -> list[str]:
+    """One line per pairing that can run: holds, or violated with the bytes, the first address and the ops."""
+    lines = []
+    for _, row in table[table["can_run"]].iterrows():
+        pair = f"model graph {row['model_size']} break {row['break']}, replay graph {row['replay_size']}"
+        if row["holds"]:
+            lines.append(
+                f"{pair}: holds: replay graph {row['replay_size']} writes none of the "
+                f"{format_bytes(row['carried_bytes'])} carried across the break"
+            )
+        else:
+            lines.append(
+                f"{pair}: VIOLATED: {format_bytes(row['overlap_bytes'])} carried across the break (first at "
+                f"{int(row['first_overlap']):#x}, read after it by {', '.join(row['reading_ops'])}) are written "
+                f"by {', '.join(row['writing_ops'])} in replay graph {row['replay_size']}"
+            )
+    return lines
+
+
+def obligation_summary(table: pd.DataFrame) -> str:
+    """The obligation and its result in one line."""
+    running = table[table["can_run"]]
+    bad = running[~running["holds"]]
+    if running.empty:
+        return f"{OBLIGATION} Nothing to check: no pairing can run."
+    if bad.empty:
+        return f"{OBLIGATION} Holds for all {len(running)} pairings that can run."
+    pairs = ", ".join(f"({m}, {r})" for m, r in zip(bad["model_size"], bad["replay_size"], strict=True))
+    return (
+        f"{OBLIGATION} Violated in {len(bad)} of {len(running)} pairings that can run: {pairs} "
+        f"(model graph, replay graph), {format_bytes(bad['overlap_bytes'].sum())} in all."
+    )
+
+
+def break_reads(recording: ReadWriteRecording | Iterable) -> dict[tuple[int, int], Ranges]:
+    """What each model graph's break read: `(model size, break index) -> Ranges`."""
+    recording = _recording(recording)
+    reads: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for a in recording.accesses:
+        if a.phase.graph == MODEL and a.phase.part == BREAK and a.kind == READ:
+            reads.setdefault((a.phase.size, a.phase.index), []).append((a.start, a.end))
+    return {key: Ranges(spans) for key, spans in reads.items()}
+
+
+def capture_names(captures: Iterable[Mapping]) -> dict[tuple[str, int], str]:
+    """`(MODEL or REPLAY, size) -> capture name` from the capture recorder's windows (`kit["captures"]`).
+
+    A replay capture is one `is_replay_capture` names so; a model graph is any
+    other capture with more than one graph (segments around eager breaks).
+    """
+    graphs: dict[str, list[Mapping]] = {}
+    for c in captures:
+        graphs.setdefault(c["capture"], []).append(c)
+    names = {}
+    for name, gs in graphs.items():
+        if is_replay_capture(gs[0].get("manager", "")):
+            names[(REPLAY, gs[0]["size"])] = name
+        elif len(gs) > 1:
+            names[(MODEL, gs[0]["size"])] = name
+    return names
+
+
+def attach_break_reads(raw: dict, recording: ReadWriteRecording | Iterable) -> dict:
+    """Write what each break read into a recorded snapshot's `kit` key (`break_reads`), for the liveness analysis.
+
+    `raw` is a snapshot dict with the capture recorder's windows; each model
+    graph's size names its capture there (`capture_names`). Returns `raw`.
+    """
+    names = capture_names(raw.get("kit", {}).get("captures") or [])
+    entries = []
+    for (size, j), ranges in sorted(break_reads(recording).items()):
+        if (MODEL, size) not in names:
+            raise KitError(f"the snapshot has no model graph of size {size} to attach its break's reads to")
+        entries.append({"capture": names[(MODEL, size)], "break": j, "ranges": [list(span) for span in ranges]})
+    raw.setdefault("kit", {})["break_reads"] = entries
+    return raw
+
+
+def read_break_reads(entries: Iterable[Mapping]) -> dict[tuple[str, int], Ranges]:
+    """`kit["break_reads"]` of a snapshot as `(capture, break index) -> Ranges`."""
+    return {(e["capture"], int(e["break"])): Ranges(tuple(span) for span in e["ranges"]) for e in entries}

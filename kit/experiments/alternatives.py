@@ -1,0 +1,687 @@
+"""PR 63155's two alternatives measured on the replica with its speculator, and what the saving buys.
+
+The PR's "Alternatives" section names two other ways to stop the replay graphs stranding a
+graph-pool group of their own:
+
+- (a) one `graph_capture()` for every capture, which also puts the speculator's capture on the
+  model graphs' stream. The speculator runs after the target forward and reads its outputs, "so
+  it needs its own lifetime argument". Here `SHARE_ALL` is the PR plus that: the replay graphs on
+  the model graphs' stream (policy `share`), and the speculator's `capture()` handed the same
+  stream (two more hunks, on `DSparkSpeculator.capture` and `DFlashCudaGraphManager.capture`,
+  and one on `GPUModelRunner.capture_model`). `kit.patch.policy.POLICIES` is left as it is.
+- (b) shrinking `decoder_replay_cudagraph_capture_sizes`: vLLM 0.33 (unpatched) with the replay
+  capture sizes capped at `max_replay_size`. Replay batches above the cap run eagerly
+  (vLLM's dispatch finds no graph for them); which ones is a property of the config
+  (`eager_replay_sizes`), the graph pool each cap leaves is measured.
+
+Every variant runs the replica with its speculator (`ReplicaConfig.speculator`, a DSpark
+drafter whose FULL graphs are captured last, `kit/replica/speculator.py`), each in a fresh
+process (patches and the graph pool are per process):
+
+- `unpatched`, `pr`, `share_all`: the graph pool after the capture (`graph_pool_bytes`, by
+  stream), and graphs against eager, step by step: for every capture size after a step of every
+  size, the target's outputs as the sampler reads them and the drafter's output (run on the
+  target's real outputs, as they are left in the graph pool after a graph forward) compared bit
+  for bit with an eager step (`safe`, `evidence`). Each step also says whether the drafter's
+  graph overwrote the target's outputs in the pool (it may: `propose` copies them out first);
+- `cap_<N>`: the graph pool with the replay capture sizes capped at N (no graphs-vs-eager run:
+  the replica's replay dispatch has no eager fallback for an uncaptured size);
+- every variant: `capture_model(profile_only=True)`'s estimate (`profile_cudagraph_memory`,
+  as vLLM sizes the KV cache), and from the estimates the KV cache each variant frees
+  (`kit.analysis.kv_cache`), and what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash.
+
+The phases an analysis of reads and writes can wrap are named in `kit/replica/speculator.py`.
+`record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`;
+the shipped recordings are `alternatives/<preset>.json` under `kit/recordings/`:
+
+    python -m kit.experiments.alternatives --preset small --out DIR
+    python -m kit.experiments.alternatives --variant share_all --preset small --out share_all.json
+    python -m kit alternatives [--preset small|large] [--live] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+from kit.fileio import atomic_write
+from kit.patch import replica as replica_patch
+from kit.patch import vllm as vllm_patch
+from kit.patch.pr import Codebase, Target
+from kit.patch.source import Hunk
+from kit.recordings import RECORDINGS
+
+RECORDINGS_DIR = RECORDINGS / "alternatives"
+SEED = 1234
+MAIN_VARIANTS = ("unpatched", "pr", "share_all")
+DRAFTER = "DFlash speculator graphs"  # the speculator manager's name, as the capture recorder labels it
+VARIANT_KEYS = ("graph_pool_bytes", "saved_bytes", "safe", "evidence")
+CAP_KEYS = ("max_replay_size", "graph_pool_bytes", "eager_replay_sizes")
+_STREAM_PARAM = "stream: torch.cuda.Stream | None = None"
+
+# --- alternative (a): one stream for every capture ------------------------------------------
+
+
+def _replica_target(qualname: str) -> Target:
+    return next(t for t in replica_patch.TARGETS if t.qualname == qualname)
+
+
+SPECULATOR_GETS_THE_STREAM = Hunk(
+    "self.speculator.capture()",
+    """
+    # Alternative (a): the speculator too on the model graphs' stream.
+    self.speculator.capture(stream=self.cudagraph_manager.capture_stream)
+    """,
+)
+_CAPTURE_MODEL = _replica_target("GPUModelRunner.capture_model")
+SHARE_ALL_TARGETS = (
+    *(
+        replace(
+            t,
+            hunks=(*t.hunks, SPECULATOR_GETS_THE_STREAM),
+            change="hands the model graphs' `capture_stream` to the replay graphs and to the speculator",
+        )
+        if t is _CAPTURE_MODEL
+        else t
+        for t in replica_patch.TARGETS
+    ),
+    Target(
+        "kit.replica.speculator",
+        "DSparkSpeculator.capture",
+        ("self",),
+        (
+            Hunk("def capture(self) -> None:", f"def capture(self, {_STREAM_PARAM}) -> None:"),
+            Hunk(
+                'manager.capture(self._generate_draft, self._prepare_graph_forward, "Capturing dspark CUDA graphs")',
+                """
+                manager.capture(
+                    self._generate_draft, self._prepare_graph_forward, "Capturing dspark CUDA graphs", stream=stream
+                )
+                """,
+            ),
+        ),
+        "captures the drafter's graphs on `stream` when one is given",
+    ),
+    Target(
+        "kit.replica.speculator",
+        "DFlashCudaGraphManager.capture",
+        ("self", "forward_fn", "prepare_forward", "progress_bar_desc"),
+        (
+            vllm_patch.CAPTURE_TAKES_A_STREAM,
+            Hunk(
+                "super().capture(create_forward_fn, progress_bar_desc)",
+                "super().capture(create_forward_fn, progress_bar_desc, stream=stream)",
+            ),
+        ),
+        "hands `stream` to the base `CudaGraphManager.capture`",
+    ),
+)
+SHARE_ALL = Codebase("kit.replica", lambda: "replica, alternative (a): one capture stream for all", SHARE_ALL_TARGETS)
+
+
+# --- alternative (b): capped replay capture sizes ----------------------------------------------
+
+
+def replay_batch_sizes(config) -> list[int]:
+    """The replay batch sizes the replica's steps make: `replay_rows(N)` rows for a step of N tokens."""
+    return sorted(config.decoder_replay_cudagraph_capture_sizes)
+
+
+def capped_replay_sizes(config, max_replay_size: int | None) -> list[int]:
+    """The replay capture sizes left under a cap (None: no cap)."""
+    return [s for s in replay_batch_sizes(config) if max_replay_size is None or s <= max_replay_size]
+
+
+def eager_replay_sizes(config, max_replay_size: int | None) -> list[int]:
+    """The replay batch sizes that run eagerly under a cap: those above it (vLLM's dispatch finds no graph)."""
+    return [s for s in replay_batch_sizes(config) if max_replay_size is not None and s > max_replay_size]
+
+
+def cap_sweep(config) -> list[int | None]:
+    """The caps swept: every replay capture size, then none."""
+    return [*replay_batch_sizes(config), None]
+
+
+def cap_variant(config, max_replay_size: int | None) -> str:
+    """The variant that measures a cap: a cap that leaves every size is vLLM 0.33 as it is (`unpatched`)."""
+    if max_replay_size is None or not eager_replay_sizes(config, max_replay_size):
+        return "unpatched"
+    return f"cap_{max_replay_size}"
+
+
+def parse_variant(variant: str) -> tuple[str, int | None]:
+    """`unpatched`, `pr`, `share_all` or `cap_<N>`: the kind and the cap."""
+    if variant in MAIN_VARIANTS:
+        return variant, None
+    head, _, number = variant.partition("_")
+    if head == "cap" and number.isdigit() and int(number) > 0:
+        return "cap", int(number)
+    raise KitError(f"unknown variant {variant!r}: one of {', '.join(MAIN_VARIANTS)}, or cap_<N> (N > 0)")
+
+
+def variants_to_run(config) -> list[str]:
+    """Each distinct configuration once: the three variants, then every cap that leaves some size out."""
+    caps = [cap_variant(config, cap) for cap in cap_sweep(config)]
+    return [*MAIN_VARIANTS, *dict.fromkeys(v for v in caps if v not in MAIN_VARIANTS)]
+
+
+# --- the config --------------------------------------------------------------------------------
+
+
+def alternatives_config(preset: str):
+    """The preset's replica with the speculator on."""
+    from kit.experiments.scenarios import check_preset
+    from kit.replica.model import PRESETS
+
+    check_preset(preset)
+    return replace(PRESETS[preset], speculator=True)
+
+
+def speculator_summary(config) -> dict:
+    from kit.replica.speculator import MAX_NUM_REQS, NUM_DRAFT_LAYERS, NUM_SPECULATIVE_STEPS, speculator_capture_sizes
+
+    return {
+        "kind": "DSpark (FULL graphs, DFlashCudaGraphManager)",
+        "draft_layers": NUM_DRAFT_LAYERS,
+        "num_query_per_req": NUM_SPECULATIVE_STEPS,
+        "max_num_reqs": MAX_NUM_REQS,
+        "capture_sizes": speculator_capture_sizes(config.cudagraph_capture_sizes, NUM_SPECULATIVE_STEPS),
+        "reads": [f"aux_hidden_state[{i}]" for i in sorted(set(config.aux_hidden_state_layers))],
+    }
+
+
+def kv_layout(config):
+    """The replica's KV layout: the target's layers and the drafter's (vLLM sizes both from one budget)."""
+    from kit.analysis.kv_cache import replica_layout
+    from kit.replica.speculator import NUM_DRAFT_LAYERS
+
+    layers = config.num_layers + (NUM_DRAFT_LAYERS if config.speculator else 0)
+    return replica_layout(config.hidden_size, layers, config.dtype)
+
+
+# --- one variant (CUDA) -----------------------------------------------------------------------
+
+
+def variant_patch(kind: str):
+    if kind == "pr":
+        return replica_patch.patched("pr")
+    if kind == "share_all":
+        return SHARE_ALL.patched("share")
+    return contextlib.nullcontext()  # unpatched and the caps: vLLM 0.33
+
+
+def pool_figures(raw: dict) -> dict:
+    """The global graph pool of a recorder's snapshot: bytes reserved, by stream, and the stream each manager used."""
+    meta = raw.get("kit", {})
+    pool = meta.get("pools", {}).get("global graph pool")
+    if pool is None:
+        raise KitError("the recording names no global graph pool: no manager captured into it")
+    labels = {stream: name for name, stream in meta.get("streams", {}).items()}
+    by_stream: dict[str, int] = {}
+    for seg in raw.get("segments", []):
+        if tuple(seg["segment_pool_id"]) == tuple(pool):
+            label = labels.get(seg["stream"], f"stream {seg['stream']:#x}")
+            by_stream[label] = by_stream.get(label, 0) + int(seg["total_size"])
+    streams = {}
+    for capture in meta.get("captures", []):
+        streams.setdefault(capture["manager"], labels.get(capture["stream"], f"stream {capture['stream']:#x}"))
+    return {"graph_pool_bytes": sum(by_stream.values()), "graph_pool_by_stream": by_stream, "capture_streams": streams}
+
+
+def compare_step(config, graph, eager) -> dict:
+    """A graph step against an eager one: the target's outputs and the draft, bit for bit."""
+    from kit.analysis.equivalence import compare
+
+    names = ["hidden_states", *(f"aux_hidden_state[{i}]" for i in sorted(set(config.aux_hidden_state_layers)))]
+    graphs, eagers = (graph.hidden_states, *graph.aux_hidden_states), (eager.hidden_states, *eager.aux_hidden_states)
+    target = [compare(0, name, g, e) for name, g, e in zip(names, graphs, eagers, strict=True)]
+    draft = compare(0, "draft_hidden_states", graph.draft_hidden_states, eager.draft_hidden_states)
+    checks = [*target, draft]
+    return {
+        "bit_exact": all(c["bit_exact"] for c in checks),
+        "draft_bit_exact": draft["bit_exact"],
+        "max_abs_diff": max(c["max_abs_diff"] for c in checks),
+        "draft_max_abs_diff": draft["max_abs_diff"],
+        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
+    }
+
+
+def run_checks(runner, seed: int = SEED) -> list[dict]:
+    """Every capture size, after a graph step of every size (whose graphs wrote the pool), against an eager step."""
+    import torch
+
+    config = runner.config
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def fresh_ids(size: int):
+        return torch.randint(config.vocab_size, (size,), generator=generator).to(runner.device)
+
+    sizes = sorted(config.cudagraph_capture_sizes)
+    rows = []
+    for size in sizes:
+        ids = fresh_ids(size)
+        eager = runner.step(ids, use_cudagraph=False)
+        for previous in sizes:
+            runner.step(fresh_ids(previous))
+            graph = runner.step(ids)
+            rows.append(
+                {
+                    "size": size,
+                    "previous_size": previous,
+                    "draft_graph_size": graph.draft_graph_size,
+                    "target_outputs_overwritten": graph.target_outputs_overwritten,
+                    **compare_step(config, graph, eager),
+                }
+            )
+    return rows
+
+
+def provenance(command: str) -> dict:
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
+def build_runner(config, max_replay_size: int | None = None):
+    """The replica on CUDA, its replay capture sizes capped at `max_replay_size` (None: as the config has them)."""
+    from kit.replica.model_runner import GPUModelRunner
+
+    runner = GPUModelRunner(config)
+    if max_replay_size is not None:
+        runner.model_state.replay_cudagraphs.capture_sizes = sorted(
+            capped_replay_sizes(config, max_replay_size), reverse=True
+        )
+    return runner
+
+
+def captured_runner(variant: str, preset: str = "small"):
+    """The replica with its speculator captured under `variant` in this process, nothing else run.
+
+    For an analysis that wraps the phases `kit/replica/speculator.py` names (the target forward,
+    the reads of its outputs, the drafter's graph, the speculator capture): patch them, then call
+    this, then `runner.step(ids)`.
+    """
+    kind, cap = parse_variant(variant)
+    config = alternatives_config(preset)
+    require_cuda()
+    with variant_patch(kind):
+        runner = build_runner(config, cap)
+        runner.capture_model()
+    return runner
+
+
+def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
+    """Capture the replica with its speculator under `variant` in this process: pool, estimate, checks."""
+    import torch
+
+    from kit.record.recorder import CaptureRecorder
+    from kit.replica.model_runner import free_device_memory
+
+    kind, cap = parse_variant(variant)
+    config = alternatives_config(preset)
+    require_cuda()
+    with variant_patch(kind) as patch:
+        runner = build_runner(config, cap)
+        replay = runner.model_state.replay_cudagraphs
+        torch.cuda.synchronize()
+        estimate = runner.profile_cudagraph_memory()
+        free_before = free_device_memory(runner.device)
+        with CaptureRecorder() as recorder:
+            runner.capture_model()
+        capture_delta = free_before - free_device_memory(runner.device, empty_cache=False)
+        decisions = [d.reason for d in patch.decisions] if patch is not None else []
+    return {
+        "variant": variant,
+        "preset": preset,
+        "max_replay_size": cap,
+        "replay_capture_sizes": sorted(replay.capture_sizes),
+        "speculator_capture_sizes": sorted(runner.speculator.capture_sizes),
+        **pool_figures(recorder.snapshot.raw),
+        "profile_estimate_bytes": int(estimate),
+        "capture_free_memory_delta": int(capture_delta),
+        "replay_decisions": decisions,
+        "checks": run_checks(runner, seed) if cap is None else [],
+        "seed": seed,
+        "provenance": provenance(f"python -m kit.experiments.alternatives --variant {variant} --preset {preset}"),
+    }
+
+
+def run_variant_in_subprocess(variant: str, preset: str, out: Path) -> dict:
+    """`run_variant` in a fresh process; what it wrote to `out`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kit.experiments.alternatives"]
+        + ["--variant", variant, "--preset", preset, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise KitError(f"alternative {variant} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
+    return json.loads(out.read_text())
+
+
+# --- the recording ------------------------------------------------------------------------------
+
+
+def safety_verdict(run: dict) -> tuple[bool, str]:
+    """Whether a variant's graphs equal eager, target and drafter, and the evidence in one line."""
+    checks = run.get("checks") or []
+    if not checks:
+        return False, "not checked: no graphs-vs-eager steps were run"
+    n = len(checks)
+    graphs = sorted({c["draft_graph_size"] for c in checks if c["draft_graph_size"] is not None})
+    stream = run.get("capture_streams", {}).get(DRAFTER, "?")
+    drafter = f"drafter graphs {', '.join(map(str, graphs))} captured on the {stream}" if graphs else ""
+    bad = [c for c in checks if not c["bit_exact"]]
+    if bad:
+        steps = ", ".join(f"{c['size']} after {c['previous_size']}" for c in bad)
+        outputs = sorted({o for c in bad for o in c["differing_outputs"]})
+        worst = max(c["max_abs_diff"] for c in bad)
+        return False, (
+            f"graphs differ from eager in {len(bad)} of {n} steps ({steps}): {', '.join(outputs)}, "
+            f"largest difference {worst:.4g}; {drafter or 'no drafter graph replayed'}"
+        )
+    if not graphs:
+        return False, f"target graphs equal eager in all {n} steps, but no drafter graph replayed: the drafter unshown"
+    overwritten = sum(bool(c["target_outputs_overwritten"]) for c in checks)
+    if overwritten:
+        note = (
+            f"the drafter's graph overwrote the target's outputs in the pool in {overwritten} of them, "
+            "after propose had copied them out (read before the drafter's graph runs)"
+        )
+    else:
+        note = "the drafter's graphs never overwrote the target's outputs in the pool"
+    return True, (
+        f"graphs equal eager bit for bit in all {n} steps (each size after each size), target outputs and "
+        f"drafts; {drafter}; {note}"
+    )
+
+
+def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
+    """The alternatives JSON from the variants' runs (`runs[variant]`, as `run_variant` returns them)."""
+    from kit.analysis.kv_cache import kv_cache_section
+
+    missing = [v for v in variants_to_run(config) if v not in runs]
+    if missing:
+        raise KitError(f"no run of {', '.join(missing)} to assemble the alternatives from")
+    base = runs["unpatched"]["graph_pool_bytes"]
+    data: dict[str, Any] = {
+        "preset": preset,
+        "config": dataclasses.asdict(config),
+        "speculator": speculator_summary(config),
+    }
+    for variant in MAIN_VARIANTS:
+        run = runs[variant]
+        safe, evidence = safety_verdict(run)
+        data[variant] = {
+            "graph_pool_bytes": run["graph_pool_bytes"],
+            "saved_bytes": base - run["graph_pool_bytes"],
+            "safe": safe,
+            "evidence": evidence,
+            **{k: run[k] for k in ("graph_pool_by_stream", "capture_streams", "replay_decisions", "checks")},
+            "profile_estimate_bytes": run["profile_estimate_bytes"],
+            "capture_free_memory_delta": run["capture_free_memory_delta"],
+        }
+    data["cap_replay_sizes"] = []
+    for cap in cap_sweep(config):
+        variant = cap_variant(config, cap)
+        run = runs[variant]
+        data["cap_replay_sizes"].append(
+            {
+                "max_replay_size": cap,
+                "graph_pool_bytes": run["graph_pool_bytes"],
+                "eager_replay_sizes": eager_replay_sizes(config, cap),
+                "replay_capture_sizes": capped_replay_sizes(config, cap),
+                "saved_bytes": base - run["graph_pool_bytes"],
+                "graph_pool_by_stream": run["graph_pool_by_stream"],
+                "profile_estimate_bytes": run["profile_estimate_bytes"],
+                "measured_in": variant,
+            }
+        )
+    estimates = {v: runs[v]["profile_estimate_bytes"] for v in MAIN_VARIANTS}
+    data["kv_cache"] = kv_cache_section(estimates, kv_layout(config))
+    data["provenance"] = prov
+    return data
+
+
+def record(preset: str, out_dir: Path) -> Path:
+    """Every variant, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    config = alternatives_config(preset)
+    require_cuda()
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kit-alternatives-") as tmp:
+        runs = {v: run_variant_in_subprocess(v, preset, Path(tmp) / f"{v}.json") for v in variants_to_run(config)}
+    prov = {
+        **runs["unpatched"]["provenance"],
+        "command": f"python -m kit.experiments.alternatives --preset {preset} --out {_shown(out_dir)}",
+    }
+    data = assemble(preset, config, runs, prov)
+    text = json.dumps(data, indent=1) + "\n"
+    path = out_dir / f"{preset}.json"
+    with atomic_write(path) as f:
+        f.write(text)
+    manifest_path = out_dir / "PROVENANCE.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[path.name] = {
+        **prov,
+        "figures": {v: {k: data[v][k] for k in VARIANT_KEYS} for v in MAIN_VARIANTS},
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+    with atomic_write(manifest_path) as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it (provenance and source lines)."""
+    try:
+        return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
+    except ValueError:
+        return str(path)
+
+
+# --- reading and showing ---------------------------------------------------------------------
+
+
+def require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError(
+            "live alternatives runs need CUDA, and this process has none; without --live, alternatives shows "
+            "the H200 recording"
+        )
+
+
+def recording_path(preset: str) -> Path:
+    return RECORDINGS_DIR / f"{preset}.json"
+
+
+def _schema_problem(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for variant in MAIN_VARIANTS:
+        entry = data.get(variant)
+        missing = [k for k in VARIANT_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            return f"{variant!r} lacks {', '.join(missing)}"
+    caps = data.get("cap_replay_sizes")
+    if not isinstance(caps, list) or not caps:
+        return "no 'cap_replay_sizes' list"
+    for row in caps:
+        missing = [k for k in CAP_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            return f"a cap_replay_sizes row lacks {', '.join(missing)}"
+    if not isinstance(data.get("kv_cache"), dict):
+        return "no 'kv_cache'"
+    if not isinstance(data.get("provenance"), dict):
+        return "no 'provenance'"
+    return None
+
+
+def load_recording(preset: str, path: str | Path | None = None) -> dict:
+    """An alternatives recording (the shipped one for `preset` by default), checked, with its `source` line."""
+    from kit.experiments.scenarios import check_preset
+
+    check_preset(preset)
+    path = Path(path) if path is not None else recording_path(preset)
+    if not path.is_file():
+        raise KitError(
+            f"no alternatives recording for preset {preset!r} ({_shown(path)}); run `python -m kit alternatives "
+            f"--live --preset {preset}` on a GPU"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KitError(f"{_shown(path)}: not an alternatives recording (not JSON: {e})") from None
+    problem = _schema_problem(data)
+    if problem:
+        raise KitError(f"{_shown(path)}: not an alternatives recording ({problem})")
+    prov = data["provenance"]
+    data["source"] = (
+        f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')} ({_shown(path)})"
+    )
+    return data
+
+
+def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
+    """Record `preset` on this GPU now (each variant in a fresh process) and read it back."""
+    alternatives_config(preset)  # an unknown preset first
+    require_cuda()  # before any folder or process is made
+    out = Path(out_dir or tempfile.mkdtemp(prefix="kit-alternatives-"))
+    path = record(preset, out)
+    data = load_recording(preset, path)
+    gpu = data["provenance"]["gpu"]
+    data["source"] = f"live GPU ({gpu}: captured just now, each variant in a fresh process; {path})"
+    return data
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _sizes(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes)) or "none"
+
+
+def alternatives_lines(data: dict) -> list[str]:
+    """The `python -m kit alternatives` text: source, the variants, the cap sweep, the KV cache."""
+    import pandas as pd
+
+    config, spec = data.get("config", {}), data.get("speculator", {})
+    lines = [f"source: {data.get('source', '?')}"]
+    if config:
+        lines.append(
+            f"replica {data.get('preset', '?')}: hidden {config['hidden_size']}, {config['num_layers']} layers, "
+            f"capture sizes {_sizes(config['cudagraph_capture_sizes'])}; speculator: {spec.get('kind', '?')}, "
+            f"{spec.get('draft_layers', '?')} layers, graphs of {_sizes(spec.get('capture_sizes', []))} tokens, "
+            "captured last"
+        )
+    variants = pd.DataFrame(
+        [
+            {
+                "variant": v,
+                "graph pool": mib(data[v]["graph_pool_bytes"]),
+                "saved": mib(data[v]["saved_bytes"]),
+                "safe": "yes" if data[v]["safe"] else "NO",
+            }
+            for v in MAIN_VARIANTS
+        ]
+    )
+    lines += ["", "unpatched (vLLM 0.33), pr (PR 63155), share_all (alternative (a): every capture on one stream)"]
+    lines += variants.to_string(index=False).splitlines()
+    lines += [f"  {v}: {data[v]['evidence']}" for v in MAIN_VARIANTS]
+    caps = pd.DataFrame(
+        [
+            {
+                "max replay size": "none" if row["max_replay_size"] is None else row["max_replay_size"],
+                "graph pool": mib(row["graph_pool_bytes"]),
+                "saved": mib(row.get("saved_bytes", data["unpatched"]["graph_pool_bytes"] - row["graph_pool_bytes"])),
+                "eager replay sizes": _sizes(row["eager_replay_sizes"]),
+            }
+            for row in data["cap_replay_sizes"]
+        ]
+    )
+    lines += ["", "alternative (b): vLLM 0.33 with the replay capture sizes capped; larger replay batches run eagerly"]
+    lines += caps.to_string(index=False).splitlines()
+    lines += ["", *kv_cache_lines(data["kv_cache"])]
+    return lines
+
+
+def kv_cache_lines(kv: dict) -> list[str]:
+    """What the saving buys, in lines: the replica's estimates and freed KV cache, then DeepSeek's."""
+    lines = ["what the saving buys: capture_model(profile_only=True)'s estimate is taken off the KV cache budget"]
+    replica = kv.get("replica")
+    if replica:
+        layout = replica["layout"]
+        estimates = ", ".join(f"{v} {mib(b)}" for v, b in replica["profile_estimate_bytes"].items())
+        lines.append(f"  replica estimate: {estimates}")
+        for variant, freed in replica["freed"].items():
+            lines.append(
+                f"  {variant} frees {mib(freed['bytes'])} of KV budget: {freed['blocks']:,} blocks, "
+                f"{freed['tokens']:,} tokens"
+            )
+        per_token, block = layout["bytes_per_token"], layout["block_size"]
+        lines.append(f"  (replica layout {per_token:,} B/token, block {block}: {layout['source']})")
+    for key in ("deepseek_v41_flash", "deepseek_v3_mla"):
+        entry = kv.get(key)
+        if not entry:
+            continue
+        layout = entry["layout"]
+        line = (
+            f"  {layout['name']}: the PR's {entry['saved_bytes'] / 2**30:.2f} GiB = {entry['blocks']:,} blocks of "
+            f"{layout['block_size']}, {entry['tokens']:,} tokens at {layout['bytes_per_token']:,} B/token"
+        )
+        if "or_swa_requests" in entry:
+            line += f", or the sliding windows of {entry['or_swa_requests']:,} more requests"
+        lines += [line, f"    ({layout['source']})"]
+    return lines
+
+
+def alternatives_json(data: dict) -> dict:
+    """The recording as `python -m kit alternatives --json` prints it, with its `source` line."""
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="PR 63155's alternatives on the replica with its speculator.")
+    parser.add_argument("--variant", help="one variant in this process (unpatched, pr, share_all, cap_<N>)")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--out", required=True, help="folder for <preset>.json, or with --variant a JSON file")
+    args = parser.parse_args(argv)
+    try:
+        if args.variant:
+            result = run_variant(args.variant, args.preset)
+            with atomic_write(args.out) as f:
+                f.write(json.dumps(result, indent=1) + "\n")
+            print(f"{args.variant}: graph pool {mib(result['graph_pool_bytes'])}")
+        else:
+            path = record(args.preset, Path(args.out))
+            print(f"wrote {path}")
+            print("\n".join(alternatives_lines(load_recording(args.preset, path))))
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

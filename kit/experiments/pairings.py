@@ -1,0 +1,541 @@
+"""Adversarial pairings: every replay graph replayed inside every model graph's break, against eager.
+
+The safety argument for sharing a stream is that, for every model graph N and
+every replay graph R that can run in N's eager break, the blocks R writes do
+not overlap the blocks N's post-break segment reads (what N made before the
+break and still needs after it). `check_equivalence` asks that only of the
+pair the replica dispatches, (N, `replay_rows(N)`). Here every pair is run:
+N on fresh random token ids, and inside N's break, before N's own replay
+graph, replay graph R on fresh random inputs (random values copied into the
+replay manager's static input buffers, then R replayed); N's outputs (hidden
+states and aux hidden states) are compared bit for bit with an eager run of
+the same ids.
+
+The hook leaves the replica's modules alone, so the PR's hunks still apply
+to them: `adversary()` shadows the model state's `prepare_replay_batch` on
+the instance, and wraps the `run_graph` of each replay batch it sets in
+`Adversary.then(real)`: the break's inputs read (as the real gather reads
+them before any replay graph runs), R replayed, then the real replay.
+
+Which pairs are `dispatchable` (`dispatchable_replay_sizes`): in vLLM a
+step's replay rows are each request's last `window` rows, so their count
+is not fixed by the step's token count (a decode request gives one row per
+token, a long prefill `window`): a step padded to model graph N has from 1
+up to as many rows as N allows, here `replay_rows(N)` (the replica's
+stand-in, N/2). vLLM's replay dispatch (`CudaGraphManager.dispatch`) pads a
+row count to the smallest replay capture size at least as large and runs
+eagerly above the largest (`dispatch_replay_size`). So R is dispatchable in
+N's break iff R = dispatch(r) for some r in 1..replay_rows(N); with the
+replica's sizes that is R <= N/2. The other pairs are stress only. (vLLM
+breaks only model graphs of `decoder_replay_trim_threshold` = 768 tokens or
+more; the replica breaks every one.)
+
+Policies, each captured in a fresh process (patches and the graph pool are
+per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
+`early_aux_shared` (an aux hidden state at layer 1, before the replay
+layers, with the replay graphs forced onto the model graphs' stream), the
+scenarios of `kit.experiments.scenarios`. `record(preset, out_dir)` writes
+`<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the shipped
+recordings are `safety/<preset>.json` under `kit/recordings/`:
+
+    python -m kit.experiments.pairings --preset small --out DIR   # the shipped: DIR = the recordings' safety/
+    python -m kit.experiments.pairings --policy pr --preset small --out pr.json   # one policy, this process
+    python -m kit safety [--preset small|large] [--live] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kit.errors import KitError
+from kit.fileio import atomic_write
+from kit.recordings import RECORDINGS
+
+# policy -> the scenario of kit.experiments.scenarios that captures it
+POLICIES = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+RECORDINGS_DIR = RECORDINGS / "safety"
+SEED = 1234
+PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
+DISPATCH_RULE = (
+    "dispatchable: replay graph R can run in model graph N's break, i.e. R is the smallest replay "
+    "capture size >= r for some row count r in 1..replay_rows(N) (vLLM pads the rows, each request's "
+    "last window rows, to the next replay size); the others are stress only"
+)
+_MISSING = object()
+
+
+# --- which pairs ---------------------------------------------------------------
+
+
+def dispatch_replay_size(num_rows: int, replay_sizes: list[int]) -> int | None:
+    """The replay graph vLLM's dispatch runs `num_rows` rows in: the smallest size that fits; None (eager) above all."""
+    return min((s for s in replay_sizes if s >= num_rows), default=None)
+
+
+def dispatchable_replay_sizes(model_size: int, replay_sizes: list[int]) -> set[int]:
+    """The replay graphs a step padded to `model_size` tokens can run in its break."""
+    from kit.replica.model import replay_rows
+
+    sizes = {dispatch_replay_size(r, replay_sizes) for r in range(1, replay_rows(model_size) + 1)}
+    return sizes - {None}
+
+
+def enumerate_pairs(config) -> list[tuple[int, int, bool]]:
+    """Every (model graph size, replay graph size, dispatchable) of a replica config, small first."""
+    replay_sizes = config.decoder_replay_cudagraph_capture_sizes
+    pairs = []
+    for model_size in sorted(config.cudagraph_capture_sizes):
+        reachable = dispatchable_replay_sizes(model_size, replay_sizes)
+        pairs += [(model_size, r, r in reachable) for r in sorted(replay_sizes)]
+    return pairs
+
+
+# --- the adversary -------------------------------------------------------------
+
+
+@dataclass
+class Adversary:
+    """Replays replay graph `replay_size` of `graphs` on `inputs` (one tensor per static input buffer)."""
+
+    graphs: Any  # a DecoderReplayCudaGraphManager
+    replay_size: int
+    inputs: list
+    replays: int = 0
+
+    def replay(self) -> None:
+        from kit.replica.forward_context import CUDAGraphMode, ForwardContext, override_forward_context
+
+        size = self.replay_size
+        for buf, values in zip(self.graphs.input_buffers, self.inputs, strict=True):
+            buf[:size].copy_(values)
+        with override_forward_context(ForwardContext(size, CUDAGraphMode.PIECEWISE)):
+            self.graphs.breakable_cg_runner(*(buf[:size] for buf in self.graphs.input_buffers))
+        self.replays += 1
+
+    def then(self, real: Callable[..., tuple]) -> Callable[..., tuple]:
+        """A replay batch's `run_graph`: this adversary's replay first, then `real` as normal.
+
+        The break's inputs are read first (copied), as the real gather reads them
+        before any replay graph runs: R stands for a replay graph run in the break,
+        not for one that runs before the break has read its inputs.
+        """
+
+        def run_graph(rows, inputs):
+            inputs = tuple(t.clone() for t in inputs)
+            self.replay()
+            return real(rows, inputs)
+
+        return run_graph
+
+
+@contextlib.contextmanager
+def adversary(model_state, replay_size: int, inputs: list) -> Iterator[Adversary]:
+    """While open, every replay batch that runs in a replay graph first replays graph `replay_size` on `inputs`."""
+    graphs = model_state.replay_cudagraphs
+    if graphs is None or replay_size not in graphs.breakable_cg_runner.captures:
+        raise KitError(f"no replay graph of {replay_size} rows was captured to replay as an adversary")
+    hook = Adversary(graphs, replay_size, inputs)
+    saved = vars(model_state).get("prepare_replay_batch", _MISSING)
+    prepare = model_state.prepare_replay_batch
+
+    def prepare_then_arm(num_tokens: int, use_replay_graphs: bool) -> None:
+        prepare(num_tokens, use_replay_graphs)
+        batch = model_state.decoder_replay_layers.replay_batch
+        if batch is not None and batch.run_graph is not None:
+            batch.run_graph = hook.then(batch.run_graph)
+
+    model_state.prepare_replay_batch = prepare_then_arm
+    try:
+        yield hook
+    finally:
+        if saved is _MISSING:
+            del model_state.prepare_replay_batch
+        else:
+            model_state.prepare_replay_batch = saved
+
+
+# --- running the pairs (CUDA) ------------------------------------------------------
+
+
+def output_names(config) -> list[str]:
+    return ["hidden_states", *(f"aux_hidden_state[{layer}]" for layer in sorted(set(config.aux_hidden_state_layers)))]
+
+
+def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
+    """Graph outputs against eager ones, bit for bit: the pair's row figures."""
+    from kit.analysis.equivalence import compare
+
+    (graph_out, graph_aux), (eager_out, eager_aux) = graph, eager
+    names = output_names(config)
+    checks = [
+        compare(0, name, g, e)
+        for name, g, e in zip(names, (graph_out, *graph_aux), (eager_out, *eager_aux), strict=True)
+    ]
+    return {
+        "bit_exact": all(c["bit_exact"] for c in checks),
+        # A NaN difference (garbage read as a float) counts as the largest there is.
+        "max_abs_diff": max(math.inf if math.isnan(c["max_abs_diff"]) else c["max_abs_diff"] for c in checks),
+        "outputs": len(checks),
+        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
+        "mismatched_elements": sum(c["mismatched_elements"] for c in checks),
+    }
+
+
+def run_pairs(runner, seed: int = SEED) -> list[dict]:
+    """Every pair of a captured runner: the model graph with the adversary in its break, against eager.
+
+    Each row also says how the model graph fares with its own replay graph
+    alone (`alone_bit_exact`), so a difference can be told apart from one the
+    dispatched pair makes anyway.
+    """
+    import torch
+
+    config = runner.config
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def fresh_ids(size: int):
+        return torch.randint(config.vocab_size, (size,), generator=generator).to(runner.device)
+
+    alone = {}
+    for model_size in sorted(config.cudagraph_capture_sizes):
+        ids = fresh_ids(model_size)
+        alone[model_size] = compare_outputs(config, runner.run(ids), runner.run(ids, use_cudagraph=False))
+    rows = []
+    graphs = runner.model_state.replay_cudagraphs
+    for model_size, replay_size, dispatchable in enumerate_pairs(config):
+        ids = fresh_ids(model_size)
+        noise = [
+            torch.randn((replay_size, *buf.shape[1:]), generator=generator).to(buf.device, buf.dtype)
+            for buf in graphs.input_buffers
+        ]
+        eager = runner.run(ids, use_cudagraph=False)
+        with adversary(runner.model_state, replay_size, noise) as hook:
+            graph = runner.run(ids)
+        if hook.replays != 1:
+            raise KitError(f"replay graph {replay_size} ran {hook.replays} times in model graph {model_size}, not once")
+        rows.append(
+            {
+                "model_size": model_size,
+                "replay_size": replay_size,
+                "dispatchable": dispatchable,
+                **compare_outputs(config, graph, eager),
+                "alone_bit_exact": alone[model_size]["bit_exact"],
+                "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
+            }
+        )
+    return rows
+
+
+def _provenance(command: str) -> dict:
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
+def _shares_model_stream(runner) -> bool:
+    """Whether the replay graphs were captured on the model graphs' stream (the patch records `capture_stream`)."""
+    model = getattr(runner.cudagraph_manager, "capture_stream", None)
+    replay = getattr(runner.model_state.replay_cudagraphs, "capture_stream", None)
+    return model is not None and replay is not None and model == replay
+
+
+def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
+    """Capture the replica under `policy` in this process and run every pair; its rows and metadata."""
+    from kit.experiments.scenarios import SCENARIOS, check_preset, scenario_config
+    from kit.patch import replica as replica_patch
+    from kit.replica.model_runner import GPUModelRunner
+
+    check_policy(policy)
+    check_preset(preset)
+    require_cuda()
+    scenario = POLICIES[policy]
+    patch_policy, _, description = SCENARIOS[scenario]
+    # The break gets V4.1's several inputs (hyper-connection state), the case the safety argument must meet.
+    config = dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True)
+    with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
+        runner = GPUModelRunner(config)
+        runner.capture_model()
+    pairs = [{"policy": policy, **row} for row in run_pairs(runner, seed)]
+    command = f"python -m kit.experiments.pairings --policy {policy} --preset {preset}"
+    return {
+        "policy": policy,
+        "scenario": scenario,
+        "description": description,
+        "preset": preset,
+        "config": dataclasses.asdict(config),
+        "has_early_aux": replica_patch.has_early_aux(runner.model_state),
+        "shares_model_stream": _shares_model_stream(runner),
+        "outputs": output_names(config),
+        "seed": seed,
+        "pairs": pairs,
+        "provenance": _provenance(command),
+    }
+
+
+def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
+    """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kit.experiments.pairings", "--policy", policy, "--preset", preset, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise KitError(f"pairings for {policy} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
+    return json.loads(out.read_text())
+
+
+def record(preset: str, out_dir: Path) -> Path:
+    """Every policy, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    from kit.experiments.scenarios import check_preset
+
+    check_preset(preset)
+    require_cuda()
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kit-pairings-") as tmp:
+        runs = {policy: run_policy_in_subprocess(policy, preset, Path(tmp) / f"{policy}.json") for policy in POLICIES}
+    first = runs[next(iter(POLICIES))]
+    data = {
+        "preset": preset,
+        "rule": DISPATCH_RULE,
+        "pairs": [row for run in runs.values() for row in run["pairs"]],
+        "policies": {policy: {k: v for k, v in run.items() if k != "pairs"} for policy, run in runs.items()},
+        "provenance": {
+            **first["provenance"],
+            "command": f"python -m kit.experiments.pairings --preset {preset} --out {_shown(out_dir)}",
+        },
+    }
+    text = json.dumps(data, indent=1) + "\n"
+    path = out_dir / f"{preset}.json"
+    with atomic_write(path) as f:
+        f.write(text)
+    manifest_path = out_dir / "PROVENANCE.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[path.name] = {
+        **data["provenance"],
+        "verdicts": pair_verdicts(pairs_frame(data)),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+    with atomic_write(manifest_path) as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it (provenance and source lines)."""
+    try:
+        return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
+    except ValueError:
+        return str(path)
+
+
+# --- reading and showing ---------------------------------------------------------
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise KitError(f"unknown pairing policy {policy!r}: one of {', '.join(POLICIES)}")
+    return policy
+
+
+def require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError(
+            "live safety runs need CUDA, and this process has none; without --live, safety shows the H200 recording"
+        )
+
+
+def recording_path(preset: str) -> Path:
+    return RECORDINGS_DIR / f"{preset}.json"
+
+
+def load_recording(preset: str, path: str | Path | None = None) -> dict:
+    """A safety recording (the shipped one for `preset` by default), checked, with its `source` line."""
+    from kit.experiments.scenarios import check_preset
+
+    check_preset(preset)
+    path = Path(path) if path is not None else recording_path(preset)
+    if not path.is_file():
+        raise KitError(
+            f"no safety recording for preset {preset!r} ({_shown(path)}); run `python -m kit safety --live "
+            f"--preset {preset}` on a GPU"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KitError(f"{_shown(path)}: not a safety recording (not JSON: {e})") from None
+    problem = _schema_problem(data)
+    if problem:
+        raise KitError(f"{_shown(path)}: not a safety recording ({problem})")
+    prov = data["provenance"]
+    data["source"] = (
+        f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')} ({_shown(path)})"
+    )
+    return data
+
+
+def _schema_problem(data: Any) -> str | None:
+    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list) or not data["pairs"]:
+        return "no 'pairs' list"
+    if not isinstance(data.get("provenance"), dict):
+        return "no 'provenance'"
+    for row in data["pairs"]:
+        missing = [k for k in PAIR_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            return f"a pair lacks {', '.join(missing)}"
+    return None
+
+
+def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
+    """Record `preset` on this GPU now (each policy in a fresh process) and read it back."""
+    from kit.experiments.scenarios import check_preset
+
+    check_preset(preset)
+    require_cuda()  # before any folder or process is made
+    out = Path(out_dir or tempfile.mkdtemp(prefix="kit-safety-"))
+    path = record(preset, out)
+    data = load_recording(preset, path)
+    data["source"] = (
+        f"live GPU ({data['provenance']['gpu']}: captured just now, each policy in a fresh process; {path})"
+    )
+    return data
+
+
+def pairs_frame(data: dict) -> pd.DataFrame:
+    """A recording's pairs, one row each, policies in `POLICIES` order; `attrs` keep source and provenance."""
+    df = pd.DataFrame(data["pairs"])
+    order = {p: i for i, p in enumerate(POLICIES)}
+    df = df.sort_values(
+        ["policy", "model_size", "replay_size"],
+        key=lambda c: c.map(order).fillna(len(order)) if c.name == "policy" else c,
+    ).reset_index(drop=True)
+    df.attrs["source"] = data.get("source", "?")
+    df.attrs["provenance"] = data.get("provenance", {})
+    return df
+
+
+def load_pairs(preset: str, path: str | Path | None = None) -> pd.DataFrame:
+    """The shipped recording's pairs at `preset` (or the recording at `path`) as a frame."""
+    return pairs_frame(load_recording(preset, path))
+
+
+def _cell(row) -> str:
+    text = "bit-exact" if row["bit_exact"] else f"differs {row['max_abs_diff']:.4g}"
+    return text if row["dispatchable"] else f"{text} *"
+
+
+def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per policy: model graph sizes down, replay graph sizes across, each cell bit-exact or the largest difference."""
+    tables = {}
+    for policy, rows in df.groupby("policy", sort=False):
+        cells = rows.assign(cell=rows.apply(_cell, axis=1))
+        table = cells.pivot(index="model_size", columns="replay_size", values="cell")
+        if "alone_bit_exact" in rows:
+            alone = rows.groupby("model_size")[["alone_bit_exact", "alone_max_abs_diff"]].first()
+            table["own replay alone"] = [
+                "bit-exact" if exact else f"differs {diff:.4g}"
+                for exact, diff in zip(alone["alone_bit_exact"], alone["alone_max_abs_diff"], strict=True)
+            ]
+        table.columns = [str(c) for c in table.columns]
+        tables[policy] = table.rename_axis("N \\ R").reset_index()
+    return tables
+
+
+def pair_verdicts(df: pd.DataFrame) -> list[str]:
+    """One line per policy: all pairings bit-exact, or which differ from eager and by how much."""
+    lines = []
+    for policy, rows in df.groupby("policy", sort=False):
+        n, dispatchable = len(rows), int(rows["dispatchable"].sum())
+        bad = rows[~rows["bit_exact"].astype(bool)]
+        if bad.empty:
+            lines.append(f"{policy}: all {n} pairings bit-exact ({dispatchable} dispatchable)")
+            continue
+        pairs = ", ".join(f"({m}, {r})" for m, r in zip(bad["model_size"], bad["replay_size"], strict=True))
+        line = (
+            f"{policy}: {len(bad)} of {n} pairings differ from eager ({int(bad['dispatchable'].sum())} of them "
+            f"dispatchable): {pairs} — largest difference {float(bad['max_abs_diff'].max()):.4g}"
+        )
+        if "alone_bit_exact" in rows:
+            alone = sorted(set(rows.loc[~rows["alone_bit_exact"].astype(bool), "model_size"]))
+            if alone:
+                line += f"; with only its own replay graph, model graph {', '.join(map(str, alone))} differs too"
+        lines.append(line)
+    return lines
+
+
+def safety_lines(data: dict) -> list[str]:
+    """The `python -m kit safety` text: source, rule, a table per policy, the verdicts."""
+    df = pairs_frame(data)
+    lines = [
+        f"source: {data.get('source', '?')}",
+        "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
+        "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference",
+        data.get("rule", DISPATCH_RULE),
+    ]
+    described = data.get("policies", {})
+    for policy, table in pair_tables(df).items():
+        about = described.get(policy, {}).get("description")
+        lines += ["", f"{policy} ({about})" if about else policy, *table.to_string(index=False).splitlines()]
+    lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break", ""]
+    return lines + pair_verdicts(df)
+
+
+def safety_json(data: dict) -> dict:
+    df = pairs_frame(data)
+    return {
+        "pairs": data["pairs"],
+        "source": data.get("source"),
+        "provenance": data.get("provenance"),
+        "rule": data.get("rule", DISPATCH_RULE),
+        "verdicts": pair_verdicts(df),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Adversarial pairings of the replica's graphs, on this GPU.")
+    parser.add_argument("--policy", help=f"one policy in this process ({', '.join(POLICIES)}); --out is its JSON file")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--out", required=True, help="folder for <preset>.json (every policy), or with --policy a file")
+    args = parser.parse_args(argv)
+    try:
+        if args.policy:
+            result = run_policy(args.policy, args.preset)
+            with atomic_write(args.out) as f:
+                f.write(json.dumps(result, indent=1) + "\n")
+            print(pair_verdicts(pairs_frame(result))[0])
+        else:
+            path = record(args.preset, Path(args.out))
+            print(f"wrote {path}")
+            print("\n".join(pair_verdicts(load_pairs(args.preset, path))))
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

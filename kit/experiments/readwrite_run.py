@@ -1,0 +1,458 @@
+"""The proof obligation on the replica's captures: reads and writes against lifetimes, per pairing.
+
+Each policy (`pr`, `unpatched`, `early_aux_shared`, the scenarios of
+`kit.experiments.scenarios`) is captured in a fresh process under the
+capture recorder (the allocator trace) and the read/write recorder
+(`kit.record.readwrite`), with phases set from the replica's breakable
+capture (`replica_phases`): model graph N segment J, its break J, its
+outputs (read by the caller after the forward), replay graph R. Then, side
+by side for every (model graph, replay graph) pairing:
+
+- the read/write analysis (`kit.analysis.readwrite.readwrite_table`): do the
+  bytes R writes overlap the bytes N carries across its break;
+- the lifetime analysis (`kit.analysis.liveness.liveness_table`) with what
+  each break read attached to the snapshot (`break input` is a block the
+  break read), and as a trace alone would give it (`trace_only`: no block is
+  a break input);
+- whether they agree, and for each disagreement an `explanation` built from
+  the blocks involved.
+
+`dispatchable` marks the pairings vLLM's dispatch can produce
+(`kit.experiments.pairings.dispatchable_replay_sizes`); the rest are stress.
+`record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json`
+entry to `out_dir`; the shipped recordings are `readwrite/<preset>.json` in
+the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
+
+    python -m kit.experiments.readwrite_run --preset small --out OUT   # all three policies into OUT/small.json
+    python -m kit.experiments.readwrite_run --policy pr --preset small --out pr.json   # one policy, this process
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, liveness_table, liveness_verdicts
+from kit.analysis.readwrite import (
+    BREAK,
+    MODEL,
+    OBLIGATION,
+    OUTPUT,
+    REPLAY,
+    SEGMENT,
+    Phase,
+    Ranges,
+    ReadWriteRecording,
+    attach_break_reads,
+    capture_names,
+    carried_reads,
+    obligation_summary,
+    obligation_verdicts,
+    readwrite_table,
+)
+from kit.analysis.tables import format_bytes
+from kit.errors import KitError
+from kit.fileio import atomic_write
+from kit.recordings import RECORDINGS
+
+POLICIES = ("pr", "unpatched", "early_aux_shared")
+RECORDINGS_DIR = RECORDINGS / "readwrite"
+OUTPUTS_READ = "the forward's caller"  # the op name of the reads of a model graph's outputs
+PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "readwrite_holds", "lifetime_conflict", "agree")
+
+
+# --- phases from the replica's breakable capture ----------------------------------
+
+
+@contextlib.contextmanager
+def replica_phases(runner, recorder) -> Iterator[None]:
+    """While open, `recorder` records the replica's captures by phase: segments, breaks, outputs, replay graphs.
+
+    Wraps `BreakableCUDAGraphWrapper._capture` (a capture of the model's
+    wrapper is model graph N, whose outputs are read after the forward; of the
+    replay graphs' wrapper, replay graph R; any other is left unrecorded)
+    and `BreakableCUDAGraphCapture.add_eager` (the break between segments J
+    and J + 1). The replica's modules are put back as found.
+    """
+    from kit.replica.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
+
+    capture, add_eager = BreakableCUDAGraphWrapper._capture, BreakableCUDAGraphCapture.add_eager
+    replay_graphs = runner.model_state.replay_cudagraphs
+    graphs = {id(runner.model_runnable): MODEL, id(getattr(replay_graphs, "breakable_cg_runner", None)): REPLAY}
+
+    def capture_by_phase(wrapper, num_tokens: int, args: tuple):
+        graph = graphs.get(id(wrapper))
+        if graph is None:
+            return capture(wrapper, num_tokens, args)
+        with recorder.phase(Phase(graph, num_tokens)):
+            output = capture(wrapper, num_tokens, args)
+            if graph == MODEL:
+                recorder.set_phase(Phase(MODEL, num_tokens, OUTPUT))
+                recorder.note_reads(output, OUTPUTS_READ)
+        return output
+
+    def break_by_phase(graph_capture, fn):
+        phase = recorder.current_phase
+        if phase is None:
+            return add_eager(graph_capture, fn)
+        index = graph_capture.num_eager_breaks
+        with recorder.phase(dataclasses.replace(phase, part=BREAK, index=index)):
+            result = add_eager(graph_capture, fn)
+        recorder.set_phase(dataclasses.replace(phase, part=SEGMENT, index=index + 1))
+        return result
+
+    BreakableCUDAGraphWrapper._capture = capture_by_phase
+    BreakableCUDAGraphCapture.add_eager = break_by_phase
+    try:
+        yield
+    finally:
+        BreakableCUDAGraphWrapper._capture = capture
+        BreakableCUDAGraphCapture.add_eager = add_eager
+
+
+# --- the two analyses side by side ----------------------------------------------
+
+
+def _without_break_reads(raw: dict) -> dict:
+    return {**raw, "kit": {k: v for k, v in raw["kit"].items() if k != "break_reads"}}
+
+
+def lifetime_pair(liveness: Liveness, model_capture: str, replay_capture: str) -> dict:
+    """The lifetime analysis's verdict on one pairing: the held blocks of N that R allocates over."""
+    rows = liveness.rows[liveness.rows["capture"] == model_capture]
+    over = rows[rows["overlapping_replay"].map(lambda names: replay_capture in names).astype(bool)]
+    hits = over[over["class"] == HELD]
+    return {
+        "conflict": bool(len(hits)),
+        "conflict_bytes": int(hits["bytes"].sum()),
+        "blocks": [
+            {"addr": int(r["addr"]), "bytes": int(r["bytes"]), "class": r["class"], "alloc_frame": r["alloc_frame"]}
+            for _, r in over.iterrows()
+        ],
+    }
+
+
+def _block_of(liveness: Liveness, model_capture: str, addr: int) -> pd.Series | None:
+    rows = liveness.rows[liveness.rows["capture"] == model_capture]
+    inside = rows[(rows["addr"] <= addr) & (addr < rows["addr"] + rows["bytes"])]
+    return None if inside.empty else inside.iloc[0]
+
+
+def explain(row: dict, lifetime: dict, liveness: Liveness, model_capture: str, carried: Ranges) -> str | None:
+    """Why the lifetime analysis and the read/write analysis disagree on a pairing; None when they agree."""
+    if lifetime["conflict"] == (not row["holds"]):
+        return None
+    replay = f"replay graph {row['replay_size']}"
+    if lifetime["conflict"]:
+        held = [b for b in lifetime["blocks"] if b["class"] == HELD]
+        unread = [b for b in held if not carried.intersects(b["addr"], b["addr"] + b["bytes"])]
+        if len(unread) == len(held):
+            why = (
+                "what the break read was not given to the lifetime analysis, so it could not call them break inputs"
+                if not liveness.break_reads_known
+                else "not even the break reads them"
+            )
+            return (
+                f"the lifetime analysis flags {format_bytes(sum(b['bytes'] for b in held))} in {len(held)} block(s) "
+                f"held across the break that {replay} allocates over, but nothing after the break reads them: the "
+                f"forward keeps them bound without reading them (as V4.1 keeps residual, post_mix and res_mix); {why}"
+            )
+        return (
+            f"{replay} allocates over blocks read after the break, but writes none of the bytes that are read "
+            "(an allocation it does not fill where the reads are)"
+        )
+    addr = int(row["first_overlap"])
+    block = _block_of(liveness, model_capture, addr)
+    ops = ", ".join(row["reading_ops"])
+    if block is None:
+        return (
+            f"the bytes at {addr:#x} that {replay} writes and {ops} reads after the break are in no graph-pool "
+            "block the model graph holds across the break in the trace (allocated outside its capture windows)"
+        )
+    if block["class"] in (BREAK_INPUT, RELEASED):
+        return (
+            f"the lifetime analysis takes the block at {int(block['addr']):#x} for the break's ({block['class']}), "
+            f"but {ops} reads it after the break too: a break input that is also read later"
+        )
+    return (
+        f"the block at {int(block['addr']):#x} is held after the break, but {replay} writes it without an "
+        "allocation over it in its capture window"
+    )
+
+
+def compare_analyses(raw: dict, recording: ReadWriteRecording, can_run=None) -> list[dict]:
+    """Per pairing: the read/write verdict, the lifetime verdicts (with and without the break's reads), agreement.
+
+    `raw` is the capture recorder's snapshot dict with `kit["break_reads"]`
+    attached (`attach_break_reads`), `can_run(model_size, replay_size)` the
+    dispatch rule (None: every pairing).
+    """
+    table = readwrite_table(recording, can_run=can_run)
+    names = capture_names(raw["kit"]["captures"])
+    with_reads = liveness_table(raw)
+    trace_only = liveness_table(_without_break_reads(raw))
+    pairs = []
+    for _, row in table.iterrows():
+        model, replay = names[(MODEL, row["model_size"])], names[(REPLAY, row["replay_size"])]
+        carried = Ranges((p.start, p.end) for p in carried_reads(recording, row["model_size"], row["break"]))
+        lifetime = lifetime_pair(with_reads, model, replay)
+        trace = lifetime_pair(trace_only, model, replay)
+        found = row.to_dict()
+        pairs.append(
+            {
+                "model_size": int(row["model_size"]),
+                "replay_size": int(row["replay_size"]),
+                "break": int(row["break"]),
+                "dispatchable": bool(row["can_run"]),
+                "readwrite_holds": bool(row["holds"]),
+                "overlap_bytes": int(row["overlap_bytes"]),
+                "first_overlap": None if row["holds"] else int(row["first_overlap"]),
+                "carried_bytes": int(row["carried_bytes"]),
+                "replay_write_bytes": int(row["replay_write_bytes"]),
+                "reading_ops": list(row["reading_ops"]),
+                "writing_ops": list(row["writing_ops"]),
+                "lifetime_conflict": lifetime["conflict"],
+                "lifetime_conflict_bytes": lifetime["conflict_bytes"],
+                "lifetime_blocks": lifetime["blocks"],
+                "agree": lifetime["conflict"] == (not row["holds"]),
+                "explanation": explain(found, lifetime, with_reads, model, carried),
+                "trace_only_conflict": trace["conflict"],
+                "trace_only_conflict_bytes": trace["conflict_bytes"],
+                "agree_trace_only": trace["conflict"] == (not row["holds"]),
+                "explanation_trace_only": explain(found, trace, trace_only, model, carried),
+            }
+        )
+    return pairs
+
+
+def break_inputs(raw: dict) -> list[dict]:
+    """Per model capture and break: the blocks held across it by class, with and without the break's reads."""
+    out = []
+    for analysis, liveness in (
+        ("with_break_reads", liveness_table(raw)),
+        ("trace_only", liveness_table(_without_break_reads(raw))),
+    ):
+        for (capture, j), rows in liveness.rows.groupby(["capture", "break"], sort=False):
+            by_class = rows.groupby("class")["bytes"]
+            classes = {
+                c: {"blocks": int(n), "bytes": int(b)}
+                for (c, n), b in zip(by_class.count().items(), by_class.sum(), strict=True)
+            }
+            out.append({"analysis": analysis, "capture": capture, "break": int(j), "classes": classes})
+    return out
+
+
+# --- running a policy (CUDA) --------------------------------------------------------
+
+
+def _provenance(command: str) -> dict:
+    from kit.experiments.pairings import _provenance as provenance
+
+    return provenance(command)
+
+
+def run_policy(policy: str, preset: str = "small") -> dict:
+    """Capture the replica under `policy` in this process, recording reads, writes and the trace; the comparison."""
+    import torch
+
+    from kit.analysis.equivalence import check_equivalence
+    from kit.experiments.pairings import POLICIES as SCENARIO_OF
+    from kit.experiments.pairings import dispatchable_replay_sizes
+    from kit.experiments.scenarios import SCENARIOS, check_preset, scenario_config
+    from kit.patch import replica as replica_patch
+    from kit.record.readwrite import ReadWriteRecorder
+    from kit.record.recorder import CaptureRecorder
+    from kit.replica.model_runner import GPUModelRunner
+
+    check_policy(policy)
+    check_preset(preset)
+    require_cuda()
+    scenario = SCENARIO_OF[policy]
+    patch_policy, _, description = SCENARIOS[scenario]
+    # The break gets V4.1's several inputs (hyper-connection state), the case the safety argument must meet.
+    config = dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True)
+    patch = replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext()
+    # Recording from the first allocation, so the trace replays from an empty allocator.
+    with patch, CaptureRecorder() as capture_recorder:
+        runner = GPUModelRunner(config)
+        torch.cuda.synchronize()
+        with ReadWriteRecorder() as rw, replica_phases(runner, rw):
+            runner.capture_model()
+    recording = rw.recording()
+    raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
+    replay_sizes = config.decoder_replay_cudagraph_capture_sizes
+
+    def can_run(model_size: int, replay_size: int) -> bool:
+        return replay_size in dispatchable_replay_sizes(model_size, replay_sizes)
+
+    pairs = compare_analyses(raw, recording, can_run)
+    table = readwrite_table(recording, can_run=can_run)
+    command = f"python -m kit.experiments.readwrite_run --policy {policy} --preset {preset}"
+    return {
+        "policy": policy,
+        "scenario": scenario,
+        "description": description,
+        "preset": preset,
+        "config": dataclasses.asdict(config),
+        "has_early_aux": replica_patch.has_early_aux(runner.model_state),
+        "pairs": [{"policy": policy, **pair} for pair in pairs],
+        "obligation": obligation_summary(table),
+        "verdicts": obligation_verdicts(table),
+        "lifetime_verdicts": liveness_verdicts(liveness_table(raw)),
+        "trace_only_verdicts": liveness_verdicts(liveness_table(_without_break_reads(raw))),
+        "break_inputs": break_inputs(raw),
+        "break_reads": raw["kit"]["break_reads"],
+        "equivalence": check_equivalence(runner).to_records(),
+        "accesses": recording.to_records(),
+        "provenance": _provenance(command),
+    }
+
+
+def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
+    """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kit.experiments.readwrite_run",
+            "--policy",
+            policy,
+            "--preset",
+            preset,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise KitError(f"read/write run for {policy} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
+    return json.loads(out.read_text())
+
+
+def record(preset: str, out_dir: Path) -> Path:
+    """Every policy, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    from kit.experiments.pairings import DISPATCH_RULE, _shown
+    from kit.experiments.scenarios import check_preset
+
+    check_preset(preset)
+    require_cuda()  # before any folder or process is made
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kit-readwrite-") as tmp:
+        runs = {policy: run_policy_in_subprocess(policy, preset, Path(tmp) / f"{policy}.json") for policy in POLICIES}
+    first = runs[POLICIES[0]]
+    data = {
+        "preset": preset,
+        "obligation": OBLIGATION,
+        "rule": DISPATCH_RULE,
+        "pairs": [pair for run in runs.values() for pair in run["pairs"]],
+        "policies": {policy: {k: v for k, v in run.items() if k != "pairs"} for policy, run in runs.items()},
+        "provenance": {
+            **first["provenance"],
+            "command": f"python -m kit.experiments.readwrite_run --preset {preset} --out {_shown(out_dir)}",
+        },
+    }
+    text = json.dumps(data, indent=1) + "\n"
+    path = out_dir / f"{preset}.json"
+    with atomic_write(path) as f:
+        f.write(text)
+    manifest_path = out_dir / "PROVENANCE.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[path.name] = {
+        **data["provenance"],
+        "obligation": {policy: run["obligation"] for policy, run in runs.items()},
+        "agreement": summary_lines(data),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+    with atomic_write(manifest_path) as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise KitError("recording reads and writes during capture needs CUDA, and this process has none")
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise KitError(f"unknown read/write policy {policy!r}: one of {', '.join(POLICIES)}")
+    return policy
+
+
+def load_recording(preset: str, path: str | Path | None = None) -> dict:
+    """A read/write recording (the shipped one for `preset` by default), checked."""
+    path = Path(path) if path is not None else RECORDINGS_DIR / f"{preset}.json"
+    if not path.is_file():
+        raise KitError(f"no read/write recording for preset {preset!r} at {path}; record it on a GPU")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KitError(f"{path}: not a read/write recording (not JSON: {e})") from None
+    pairs = data.get("pairs") if isinstance(data, dict) else None
+    if not isinstance(pairs, list) or not pairs or not all(isinstance(p, dict) for p in pairs):
+        raise KitError(f"{path}: not a read/write recording (no 'pairs' list)")
+    missing = sorted({k for p in pairs for k in PAIR_KEYS if k not in p})
+    if missing or not isinstance(data.get("provenance"), dict):
+        raise KitError(f"{path}: not a read/write recording (lacks {', '.join(missing) or 'provenance'})")
+    return data
+
+
+def summary_lines(data: dict) -> list[str]:
+    """Per policy: the obligation's result on the dispatchable pairings, and where the analyses agree."""
+    lines = []
+    df = pd.DataFrame(data["pairs"])
+    for policy, rows in df.groupby("policy", sort=False):
+        running = rows[rows["dispatchable"]]
+        violated = running[~running["readwrite_holds"]]
+        agree = int(rows["agree"].sum())
+        trace_agree = int(rows["agree_trace_only"].sum())
+        lines.append(
+            f"{policy}: obligation {'holds' if violated.empty else 'VIOLATED'} on "
+            f"{len(running) - len(violated)} of {len(running)} dispatchable pairings; the lifetime analysis agrees "
+            f"on {agree} of {len(rows)} pairings with the breaks' reads, {trace_agree} from the trace alone"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Reads and writes against lifetimes, per pairing, on this GPU.")
+    parser.add_argument("--policy", help=f"one policy in this process ({', '.join(POLICIES)}); --out is its JSON file")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--out", required=True, help="folder for <preset>.json (every policy), or with --policy a file")
+    args = parser.parse_args(argv)
+    try:
+        if args.policy:
+            result = run_policy(args.policy, args.preset)
+            with atomic_write(args.out) as f:
+                f.write(json.dumps(result, indent=1) + "\n")
+            print(result["obligation"])
+        else:
+            path = record(args.preset, Path(args.out))
+            print(f"wrote {path}")
+            print("\n".join(summary_lines(load_recording(args.preset, path))))
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Adversarial pairings live: the small preset, every policy in a fresh process, every pair against eager."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kit.experiments.pairings import POLICIES, enumerate_pairs, load_recording, pair_verdicts, pairs_frame, record
+from kit.experiments.scenarios import scenario_config
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> dict:
+    return load_recording("small", record("small", tmp_path_factory.mktemp("safety")))
+
+
+def test_every_pair_ran_under_every_policy(small):
+    df = pairs_frame(small)
+    assert list(df["policy"].unique()) == list(POLICIES)
+    for policy, rows in df.groupby("policy"):
+        ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
+        assert ran == enumerate_pairs(scenario_config(POLICIES[policy], "small")), policy
+        assert (rows["outputs"] == len(small["policies"][policy]["outputs"])).all()
+
+
+def test_the_policies_took_effect(small):
+    meta = small["policies"]
+    assert [meta[p]["shares_model_stream"] for p in POLICIES] == [True, False, True]
+    assert [meta[p]["has_early_aux"] for p in POLICIES] == [False, False, True]
+
+
+def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
+    df = pairs_frame(small)
+    for policy in ("pr", "unpatched"):
+        rows = df[df["policy"] == policy]
+        assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), rows[~rows["bit_exact"]]
+        assert rows["alone_bit_exact"].all()
+    assert pair_verdicts(df)[:2] == [
+        "pr: all 9 pairings bit-exact (6 dispatchable)",
+        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
+    ]
+
+
+def test_early_aux_forced_to_share_differs_from_eager_on_some_pairing(small):
+    df = pairs_frame(small)
+    rows = df[df["policy"] == "early_aux_shared"]
+    bad = rows[~rows["bit_exact"]]
+    assert len(bad) >= 1 and (bad["max_abs_diff"] > 0).all()
+    assert all(out.startswith("aux_hidden_state[1]") for outs in bad["differing_outputs"] for out in outs), (
+        "only the early aux hidden state, held across the break, can be overwritten"
+    )
+
+
+def test_safety_live_prints_the_same_contract():
+    done = subprocess.run(
+        [sys.executable, "-m", "kit", "safety", "--live", "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["source"].startswith("live GPU (")
+    assert len(out["pairs"]) == 27
+    for pair in out["pairs"]:
+        assert {"policy", "model_size", "replay_size", "bit_exact", "max_abs_diff"} <= set(pair)

@@ -1,0 +1,166 @@
+"""The shipped read/write recording, asserted on the CPU; until it is recorded, the check on fake recordings.
+
+`check_readwrite_recording` holds what a recording of `python -m
+kit.experiments.readwrite_run --preset small --out kit/recordings/readwrite`
+must show: the file is the one its PROVENANCE.json entry describes; every
+policy's pairings are what its own recorded accesses give when the table is
+computed again here; under the PR and unpatched the obligation holds on every
+dispatchable pairing and the graphs equal eager; with early aux forced to
+share it fails on at least one dispatchable pairing, exactly where the
+lifetime analysis (with the breaks' reads) flags a conflict; and every
+disagreement between the analyses carries its explanation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from kit.analysis.readwrite import OBLIGATION, ReadWriteRecording, readwrite_table
+from kit.errors import KitError
+from kit.experiments.readwrite_run import POLICIES, load_recording, summary_lines
+from tests.test_readwrite import _forward_with_a_replay
+
+
+def check_readwrite_recording(path: Path, preset: str = "small") -> None:
+    data = load_recording(preset, path)  # the schema, or a KitError
+    prov = data["provenance"]
+    assert prov["gpu"] and prov["torch"] and prov["date"] and prov["command"]
+    entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
+    assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
+    assert data["obligation"] == OBLIGATION
+    assert list(data["policies"]) == list(POLICIES)
+    assert [data["policies"][p]["has_early_aux"] for p in POLICIES] == [False, False, True]
+    for policy in POLICIES:
+        pairs = [p for p in data["pairs"] if p["policy"] == policy]
+        recording = ReadWriteRecording.from_records(data["policies"][policy]["accesses"])
+        table = readwrite_table(recording)
+        again = {(r["model_size"], r["replay_size"]): (r["holds"], r["overlap_bytes"]) for _, r in table.iterrows()}
+        stored = {(p["model_size"], p["replay_size"]): (p["readwrite_holds"], p["overlap_bytes"]) for p in pairs}
+        assert stored == again, f"{policy}: the pairs are not what its recorded accesses give"
+        for p in pairs:
+            assert p["agree"] == (p["lifetime_conflict"] == (not p["readwrite_holds"]))
+            assert (p["explanation"] is None) == p["agree"], f"{policy}: a disagreement without an explanation"
+            assert (p["explanation_trace_only"] is None) == p["agree_trace_only"]
+    for policy in ("pr", "unpatched"):
+        pairs = [p for p in data["pairs"] if p["policy"] == policy and p["dispatchable"]]
+        assert all(p["readwrite_holds"] for p in pairs), f"{policy}: the obligation fails"
+        assert all(r["bit_exact"] for r in data["policies"][policy]["equivalence"]), f"{policy} differs from eager"
+    shared = [p for p in data["pairs"] if p["policy"] == "early_aux_shared"]
+    violated = {(p["model_size"], p["replay_size"]) for p in shared if not p["readwrite_holds"]}
+    assert any(p["dispatchable"] and not p["readwrite_holds"] for p in shared), "early aux shared: nothing violated"
+    assert violated == {(p["model_size"], p["replay_size"]) for p in shared if p["lifetime_conflict"]}
+    assert summary_lines(data)[2].startswith("early_aux_shared: obligation VIOLATED")
+
+
+def _policy(overwrite_aux: bool, has_early_aux: bool) -> dict:
+    recording = _forward_with_a_replay(overwrite_aux).recording()
+    table = readwrite_table(recording)
+    pairs = []
+    for _, row in table.iterrows():
+        conflict = not row["holds"]
+        pairs.append(
+            {
+                "model_size": int(row["model_size"]),
+                "replay_size": int(row["replay_size"]),
+                "dispatchable": True,
+                "readwrite_holds": bool(row["holds"]),
+                "overlap_bytes": int(row["overlap_bytes"]),
+                "lifetime_conflict": conflict,
+                "agree": True,
+                "explanation": None,
+                "trace_only_conflict": True,
+                "agree_trace_only": conflict,
+                "explanation_trace_only": None if conflict else "nothing after the break reads them",
+            }
+        )
+    return {
+        "has_early_aux": has_early_aux,
+        "accesses": recording.to_records(),
+        "equivalence": [{"size": 16, "bit_exact": not overwrite_aux}],
+        "pairs": pairs,
+    }
+
+
+def fake_recording(folder: Path, edit=None) -> Path:
+    """A recording in the shipped one's shape, from eager CPU runs: early aux overwritten only when shared."""
+    runs = {"pr": _policy(False, False), "unpatched": _policy(False, False), "early_aux_shared": _policy(True, True)}
+    data = {
+        "preset": "small",
+        "obligation": OBLIGATION,
+        "pairs": [{"policy": policy, **p} for policy, run in runs.items() for p in run.pop("pairs")],
+        "policies": runs,
+        "provenance": {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026", "command": "fake"},
+    }
+    if edit is not None:
+        edit(data)
+    path = folder / "small.json"
+    text = json.dumps(data, indent=1) + "\n"
+    path.write_text(text)
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    (folder / "PROVENANCE.json").write_text(json.dumps({"small.json": {"sha256": sha}}))
+    return path
+
+
+def test_a_good_recording_passes(tmp_path):
+    check_readwrite_recording(fake_recording(tmp_path))
+
+
+def _flip_first(policy: str, key: str):
+    def edit(data):
+        next(p for p in data["pairs"] if p["policy"] == policy)[key] ^= True
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _flip_first("pr", "readwrite_holds"),  # the stored verdict is not what the accesses give
+        _flip_first("early_aux_shared", "lifetime_conflict"),  # the analyses disagree, and nothing explains it
+        _flip_first("early_aux_shared", "agree"),
+        lambda data: data["policies"]["pr"]["equivalence"][0].update(bit_exact=False),
+        lambda data: data.update(obligation="something else"),
+        lambda data: data["policies"]["early_aux_shared"].update(accesses=data["policies"]["pr"]["accesses"]),
+    ],
+)
+def test_a_broken_recording_fails(tmp_path, edit):
+    with pytest.raises(AssertionError):
+        check_readwrite_recording(fake_recording(tmp_path, edit))
+
+
+def test_a_file_that_is_no_recording_is_a_one_line_error(tmp_path):
+    path = fake_recording(tmp_path, lambda data: data.update(pairs=[{"policy": "pr"}]))
+    with pytest.raises(KitError, match="not a read/write recording") as e:
+        load_recording("small", path)
+    assert "\n" not in str(e.value)
+    changed = fake_recording(tmp_path)
+    changed.write_text(changed.read_text().replace('"fake"', '"other"'))
+    with pytest.raises(AssertionError, match="another file"):
+        check_readwrite_recording(changed)
+
+
+def test_the_shipped_small_recording():
+    from kit.recordings import RECORDINGS
+    from tests.test_safety_recording import EARLY_AUX_DIFFERS
+
+    path = RECORDINGS / "readwrite" / "small.json"
+    check_readwrite_recording(path)
+    pairs = load_recording("small", path)["pairs"]
+
+    def flagged(policy: str, key: str, bad: bool) -> set:
+        return {(r["model_size"], r["replay_size"]) for r in pairs if r["policy"] == policy and bool(r[key]) == bad}
+
+    # The obligation fails exactly where graphs differ from eager in the adversarial pairings, and the
+    # lifetime analysis with the breaks' reads agrees; from the trace alone it also flags the PR's
+    # pairings over the hyper-connection inputs, which the break reads and nothing reads after it.
+    assert flagged("early_aux_shared", "readwrite_holds", False) == EARLY_AUX_DIFFERS
+    assert flagged("early_aux_shared", "lifetime_conflict", True) == EARLY_AUX_DIFFERS
+    for policy in ("pr", "unpatched"):
+        assert flagged(policy, "readwrite_holds", False) == set() == flagged(policy, "lifetime_conflict", True)
+    assert flagged("pr", "trace_only_conflict", True) > set() and all(
+        r["explanation_trace_only"] for r in pairs if r["policy"] == "pr" and r["trace_only_conflict"]
+    )

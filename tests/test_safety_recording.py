@@ -1,0 +1,123 @@
+"""The shipped safety recording: what the adversarial pairings measured on the H200, asserted on the CPU.
+
+`check_safety_recording` holds what a recording of `python -m
+kit.experiments.pairings --preset small --out kit/recordings/safety` must
+show: every pair of every policy ran, under the PR and unpatched every
+pairing is bit-exact, with early aux forced to share at least one differs,
+and the file is the one its PROVENANCE.json entry describes. The tests below
+run it on fake recordings (a good one passes, each broken one fails); the
+shipped recording is checked once it is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from kit.experiments.pairings import POLICIES, enumerate_pairs, load_recording, pair_verdicts, pairs_frame, safety_lines
+from kit.experiments.scenarios import scenario_config
+from tests.test_pairings import fake_recording
+
+
+def check_safety_recording(path: Path, preset: str = "small") -> None:
+    data = load_recording(preset, path)  # the schema, or a KitError
+    prov = data["provenance"]
+    assert "H200" in prov["gpu"] and prov["torch"] and prov["date"] and prov["command"]
+    entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
+    assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
+    df = pairs_frame(data)
+    assert list(df["policy"].unique()) == list(POLICIES)
+    for policy, rows in df.groupby("policy", sort=False):
+        meta = data["policies"][policy]
+        config = dataclasses.replace(scenario_config(POLICIES[policy], preset), hyper_connections=True)
+        assert meta["config"] == json.loads(json.dumps(dataclasses.asdict(config))), f"{policy}: the preset changed"
+        ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
+        assert ran == enumerate_pairs(config), f"{policy}: not every pair ran, or the dispatch rule changed"
+        assert (rows["outputs"] == len(meta["outputs"])).all()
+    took_effect = [(data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in POLICIES]
+    assert took_effect == [(True, False), (False, False), (True, True)], "a policy did not take effect"
+    for policy in ("pr", "unpatched"):
+        rows = df[df["policy"] == policy]
+        assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), f"{policy} differs from eager"
+    shared = df[df["policy"] == "early_aux_shared"]
+    assert (~shared["bit_exact"]).any(), "early aux forced to share: no pairing differs from eager"
+    assert (shared.loc[~shared["bit_exact"], "max_abs_diff"] > 0).all()
+    verdicts = pair_verdicts(df)
+    assert safety_lines(data)[-3:] == verdicts
+    assert verdicts[0].startswith("pr: all ") and verdicts[2].startswith("early_aux_shared: ")
+
+
+def _recorded(folder: Path, **kwargs) -> Path:
+    path = fake_recording(folder, **kwargs)
+    manifest = {path.name: {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}}
+    (folder / "PROVENANCE.json").write_text(json.dumps(manifest))
+    return path
+
+
+def _edited(path: Path, edit) -> Path:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    (path.parent / "PROVENANCE.json").write_text(
+        json.dumps({path.name: {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}})
+    )
+    return path
+
+
+def test_a_recording_as_the_acceptance_wants_it_passes(tmp_path):
+    check_safety_recording(_recorded(tmp_path, differing={(512, 128)}, alone_differing={128}))
+
+
+def _pr_differs(data):
+    data["pairs"][4].update(bit_exact=False, max_abs_diff=0.5)
+
+
+def _a_pair_missing(data):
+    del data["pairs"][-1]
+
+
+def _not_shared(data):
+    data["policies"]["pr"]["shares_model_stream"] = False
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [(_pr_differs, "pr differs from eager"), (_a_pair_missing, "not every pair ran"), (_not_shared, "did not take")],
+)
+def test_a_recording_that_breaks_the_acceptance_fails(tmp_path, edit, why):
+    path = _edited(_recorded(tmp_path, differing={(512, 128)}), edit)
+    with pytest.raises(AssertionError, match=why):
+        check_safety_recording(path)
+
+
+def test_a_recording_where_forced_sharing_never_differs_fails(tmp_path):
+    with pytest.raises(AssertionError, match="no pairing differs"):
+        check_safety_recording(_recorded(tmp_path))
+
+
+def test_a_file_its_provenance_does_not_describe_fails(tmp_path):
+    path = _recorded(tmp_path, differing={(512, 128)})
+    path.write_text(path.read_text() + " ")
+    with pytest.raises(AssertionError, match="describes another file"):
+        check_safety_recording(path)
+
+
+# The five pairings that differ with early aux forced to share; the read/write and lifetime analyses
+# (tests/test_readwrite_recording.py) flag exactly these.
+EARLY_AUX_DIFFERS = {(128, 128), (256, 64), (256, 128), (256, 256), (512, 128)}
+
+
+def test_the_shipped_small_recording():
+    from kit.recordings import RECORDINGS
+
+    path = RECORDINGS / "safety" / "small.json"
+    check_safety_recording(path)
+    df = pairs_frame(load_recording("small", path))
+    for policy in ("pr", "unpatched"):
+        assert df[df["policy"] == policy]["bit_exact"].all() and len(df[df["policy"] == policy]) == 9
+    early = df[df["policy"] == "early_aux_shared"]
+    assert {(int(r.model_size), int(r.replay_size)) for r in early.itertuples() if not r.bit_exact} == EARLY_AUX_DIFFERS
