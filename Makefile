@@ -63,6 +63,13 @@ recordings:
 	$(PYTHON) scripts/record_corpus.py --out kit/recordings/corpus
 	$(PYTHON) scripts/record_replica.py --out kit/recordings/replica
 
+# Re-record the replica's safety and alternatives experiments (kit/recordings/{safety,readwrite,alternatives}; needs CUDA).
+# The alternatives run alone: its profile_only estimate reads the device's free memory.
+safety-recordings:
+	$(PYTHON) -m kit.experiments.pairings --preset small --out kit/recordings/safety
+	$(PYTHON) -m kit.experiments.readwrite_run --preset small --out kit/recordings/readwrite
+	$(PYTHON) -m kit.experiments.alternatives --preset small --out kit/recordings/alternatives
+
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
 plain-recordings:
 	$(PYTHON) scripts/record_plain.py --out kit/recordings/plain

@@ -3,8 +3,10 @@
 Commands (their output is a contract, `docs/commands.md`): `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
 `vllm-patch` (what PR 63155 changes in the installed vLLM) and `ranks` (a
-multi-GPU run's ranks side by side) and `check` (a CI guard: exit 1 when a
-graph pool stranded memory) besides. Every command
+multi-GPU run's ranks side by side), `check` (a CI guard: exit 1 when a
+graph pool stranded memory), `safety` (every replay graph inside every model
+graph's break, against eager) and `alternatives` (the PR's alternatives and
+what the saving buys) besides. Every command
 exits 0 on success and 2 with one line on stderr for a user's mistake
 (a missing, corrupt or hostile file), never with a traceback.
 """

@@ -1,13 +1,20 @@
 """What a snapshot says: tables, the trace walk and its reports, what-if, attribution, safety, ranks.
 
-- `tables`: the segment-by-stream table per (pool, stream) group, diffs, labels;
+- `names`: labels for streams and pools that hold across processes, and
+  streams as users type them;
+- `tables`: the segment-by-stream table per (pool, stream) group, diffs;
 - `trace`: the walk that infers how every allocation of a trace was served
   (`trace.replay.replay_trace`) and its reports (`trace.reports`: reuse,
   stranding);
-- `attribution`: which capture added which segments (the recorder's windows);
+- `attribution`: which capture added which segments (the recorder's windows,
+  or windows inferred from the trace);
 - `whatif`: the recorded trace replayed on the simulator with streams mapped;
 - `liveness`: what each model graph holds across its eager break, and who
-  writes over it; `equivalence`: graph outputs against eager ones on a GPU;
+  writes over it; `readwrite`: the same question from the bytes read and
+  written (the proof obligation); `equivalence`: graph outputs against eager
+  ones on a GPU;
+- `check`: the CI guard (no graph pool stranded memory);
+- `kv_cache`: what freed graph-pool bytes buy in KV cache blocks and tokens;
 - `ranks`: the ranks of a multi-GPU run side by side;
 - `frames`: stack frames as one short line.
 """

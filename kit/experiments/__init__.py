@@ -4,5 +4,12 @@
   one pool, on two streams or one;
 - `scenarios`: the replica captured unpatched, under the PR and with early
   aux, each in a fresh process, with graphs checked against eager;
-- `tensor_parallel`: the same with the replica split over several GPUs.
+- `tensor_parallel`: the same with the replica split over several GPUs;
+- `pairings`: every replay graph run inside every model graph's eager break
+  before the real one, graphs against eager, per policy (`kit safety`);
+- `readwrite_run`: the bytes each post-break op reads and each replay graph
+  writes, recorded during capture, and the proof obligation per pairing;
+- `alternatives`: the PR's alternatives measured (every capture on one
+  stream, the speculator included; capped replay sizes) and the KV cache the
+  saving buys (`kit alternatives`).
 """

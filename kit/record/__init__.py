@@ -4,5 +4,7 @@
   `capture_end`, labels each capture by the graph manager on the stack and
   writes capture windows into the snapshot's `kit` key;
 - `history`: memory history switched on for a recording and left as found;
-- `vllm_ranks`: one recorded snapshot per worker of a running vLLM.
+- `vllm_ranks`: one recorded snapshot per worker of a running vLLM;
+- `readwrite`: `ReadWriteRecorder`, a `TorchDispatchMode` that records the
+  device bytes every op reads and writes, by phase of the capture.
 """

@@ -19,6 +19,10 @@ against:
   two streams or one, torch.compile's reduce-overhead mode, record_stream),
   with no `kit` key and traces that start mid-process, as a user brings them.
 
+- `safety/`, `readwrite/`, `alternatives/`: the replica's safety and
+  alternatives experiments (`kit.experiments.pairings`, `readwrite_run`,
+  `alternatives`), one JSON per preset.
+
 `make recordings` records them all again on a CUDA machine (`make
 plain-recordings` the plain ones).
 """

@@ -17,7 +17,10 @@ caching allocator:
 - `model`: the decoder (with aux hidden states), its config and presets;
 - `model_state.DeepseekV41ModelState`: owns the replay graphs and picks each
   step's replay rows;
-- `model_runner.GPUModelRunner`: `capture_model()` and `run()`.
+- `model_runner.GPUModelRunner`: `capture_model()` (with `profile_only`, as
+  vLLM's `profile_cudagraph_memory` uses it) and `run()`;
+- `speculator`: a DSpark-style drafter reading the aux hidden states, its
+  FULL graphs captured last on a stream of their own (`ReplicaConfig.speculator`).
 
 Import from the modules: `from kit.replica.model import PRESETS`,
 `from kit.replica.model_runner import GPUModelRunner`.

@@ -38,7 +38,7 @@
 # calls around `LLM(model, ...)` (its `capture_model()` runs in there). With workers in other
 # processes (tensor or data parallel), collect every rank's allocator from the driver with
 # `kit.record.vllm_ranks.snapshot_all_ranks(llm)`, one snapshot per rank (see
-# `06_vllm_in_process`).
+# `07_vllm_in_process`).
 #
 # This notebook's default snapshot is such a file: `kit/recordings/plain/two_captures_separate.pickle`,
 # recorded on an H200 from `scripts/plain_programs/two_captures.py`, a torch program the kit did
