@@ -14,19 +14,26 @@
 # ---
 
 # %% [markdown]
-# # Is sharing safe? What is live across the eager break
+# # Is sharing safe? The proof obligation, on every pairing
 #
 # **The question.** PR 63155 lets the decoder replay graphs take the graph-pool blocks the
-# model graphs freed. At run time those blocks belong to both graphs at once. The PR says
-# that is safe: a replay graph runs inside an eager break of a model graph, after the break
-# gathered its inputs into static buffers, and after the break the model graph reads only
-# the break's output buffers, which live outside the pool. So no pool block the model graph
-# still needs is live while the replay graph runs. The exception is aux hidden states
-# produced before the replay layers: the forward holds them across the break.
+# model graphs freed, so at run time those blocks belong to both. A replay graph runs only
+# inside a model graph's eager break. Sharing is safe when what it writes there never
+# overwrites a value the model graph still reads after the break. The first cell prints that
+# as the obligation the kit checks (`kit.analysis.readwrite.OBLIGATION`).
 #
-# This notebook checks the argument three ways on the replica (vLLM's capture path in
-# miniature, `kit.replica`): which pool blocks the trace shows live across each break, where
-# the break's own allocations land, and whether graph outputs equal eager ones bit for bit.
+# **What the argument relies on.** Only the values carried *across* the break count, not
+# what a segment did with the blocks it freed. A segment ends with `CUDAGraph.capture_end`,
+# and CUDA fails a capture unless every stream forked into it has joined back to the capture
+# stream. The break's eager work and the replay graph are queued on that stream after the
+# segment. So a block the segment freed is idle when the replay graph writes it, even if its
+# free was pending (`record_stream`) or made on another stream. `kit/analysis/readwrite.py`
+# cites the PyTorch and CUDA sources.
+#
+# **Three checks** on the replica (vLLM's capture path in miniature, `kit.replica`):
+# 1. *outputs*: every replay graph replayed inside every model graph's break, against eager;
+# 2. *bytes*: the obligation itself, from the bytes each op reads and writes during capture;
+# 3. *lifetimes*: the analysis a plain allocator trace allows, beside check 2.
 
 # %%
 import inspect
@@ -36,34 +43,123 @@ from IPython.display import display
 
 import kit
 import kit.patch.replica
+from kit.analysis.readwrite import OBLIGATION
+from kit.experiments.pairings import pair_verdicts
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
 from kit.replica.model import replay_rows
-from kit.show.safety import SafetyView, equivalence_view, liveness_view, overview_table
+from kit.show.safety import (
+    SafetyView,
+    agreement_table,
+    disagreement_lines,
+    load_safety,
+    overview_table,
+    pairings_table,
+)
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
-SOURCE = default_source()  # set to "recorded" to use the H200 recordings on a GPU machine
+SOURCE = default_source()  # live on a GPU (some minutes); set to "recorded" for the H200 recordings
 PRESET = "small"
 print(f"data source: {SOURCE}")
+print(f"the obligation: {OBLIGATION}")
 
 # %% [markdown]
 # ## The PR's rule
 #
-# The patch hands the model graphs' stream to the replay graphs unless an aux hidden state
-# comes before the replay layers. `policy="share"` drops the exception: the experiment the
-# exception exists for.
+# The patch hands the model graphs' stream to the replay graphs unless an aux hidden state is
+# made before the replay layers: the forward returns it, so it is carried across the break.
+# `policy="share"` drops that exception, which is the experiment the exception exists for.
+# The comparison is strict (`<`): the docstring says why aux id `decoder_replay_start` is made
+# inside the break.
 
 # %%
 print(inspect.getsource(kit.patch.replica.replay_stream))
 print(inspect.getsource(kit.patch.replica.has_early_aux))
 
 # %% [markdown]
-# ## Four captures of the replica
+# ## 1. Every replay graph in every break, against eager
 #
-# The replica (hidden 1024, 6 layers, replay layers from layer 3, sizes 128-512) is captured
-# four ways. Each capture needs an empty allocator, so on a GPU each runs in a fresh process
-# (`kit.experiments.scenarios.replica_runs`); without one, the H200 recordings of the same
-# runs load. One row per run (`kit.show.safety.overview_table`):
+# `kit.experiments.pairings` captures the replica once per policy, each in a fresh process:
+# `pr` (PR 63155), `unpatched` (vLLM 0.33) and `early_aux_shared` (an aux hidden state at
+# layer 1, the replay graphs forced onto the shared stream anyway). The break gets V4.1's
+# several inputs: the hidden states and the hyper-connection state `residual`, `post_mix` and
+# `res_mix`. Then, for every model graph N and replay graph R, N runs on fresh token ids, R is
+# replayed on random inputs inside N's break before N's own replay graph, and N's outputs are
+# compared bit for bit with eager. A pairing vLLM's dispatch can produce is *dispatchable*
+# (R is at most N/2 here); the others (`*`) are stress only.
+
+# %%
+records = load_safety(PRESET, SOURCE)
+print(f"data source: {SOURCE}: {records.pairs.attrs['source']}")
+for line in pair_verdicts(records.pairs):
+    print(line)
+pairings_table(records.pairs)
+
+# %% [markdown]
+# Under the PR and unpatched every pairing is bit-exact. Unpatched that proves little: there no
+# replay graph allocates over a block a model graph holds, and equal outputs cannot say which
+# bytes were at risk. That is check 2's question. With early aux forced to share, some
+# pairings differ, and in the H200 recording model graph 256 differs even with only its own
+# replay graph (the last column).
+#
+# ## 2. The obligation, from what is read and written
+#
+# `kit.experiments.readwrite_run` captures the same three policies under a
+# `kit.ReadWriteRecorder`, a `TorchDispatchMode` that logs the device bytes every aten op reads
+# and writes, by phase: N's segments, N's break, N's outputs (read by the caller), replay graph
+# R. A graph replays the kernels and addresses it captured, so capture shows what replay does.
+# Per pairing, `kit.readwrite_table` intersects what R writes with what N *carries*: bytes
+# read after the break whose last write came before it.
+
+# %%
+print(f"data source: {SOURCE}: {records.readwrite['source']}")
+for policy, run in records.readwrite["policies"].items():
+    print(f"obligation under {policy}: {run['obligation'].removeprefix(OBLIGATION).strip()}")
+for line in records.readwrite["policies"]["early_aux_shared"]["verdicts"]:
+    if "VIOLATED" in line:
+        print(f"  {line}")
+
+# %% [markdown]
+# Where it fails, the bytes carried across the break are the aux hidden state at layer 1:
+# written before the break, read after the forward by its caller, and written by the replay
+# graph's kernels in the break. The break's own inputs are not carried: the break reads them
+# before any replay graph runs, and nothing reads them after it.
+#
+# ## 3. The lifetime analysis beside it
+#
+# A plain allocator trace shows when each block is allocated and freed, never who reads it.
+# `kit.liveness_table` lists every graph-pool block a model graph holds across its break,
+# and the replay graphs allocated over it, in three classes:
+# - **released by the break**: freed as the break returns (an input the forward drops);
+# - **break input**: one the break read (`kit["break_reads"]`, attached from the read/write
+#   recording), which the forward keeps bound;
+# - **held after the break**: any other. Without the breaks' reads nothing is a break input:
+#   every held block not released counts as held after the break, which is the safe side.
+#
+# A conflict is a block held after the break under a replay graph that may run in it. Per
+# policy, the pairings each check flags (`kit.show.safety.agreement_table`):
+
+# %%
+display(kit.style_table(agreement_table(records)))
+for line in disagreement_lines(records):
+    print(line)
+
+# %% [markdown]
+# With the breaks' reads the lifetime analysis flags exactly the pairings that fail the
+# obligation, and those are exactly the pairings whose outputs differ. From the trace alone it
+# also flags PR pairings. Each such flag is over `residual`, `post_mix` and `res_mix`. The
+# forward keeps them bound to its end, as an aux hidden state is kept, but nothing reads them
+# after the break. A trace cannot tell the two apart, and the analysis errs on the safe side.
+# On a plain snapshot of real vLLM, where V4.1 keeps the same three tensors, expect the same
+# false positives.
+#
+# ## The exception under the PR's rule
+#
+# The pairing experiments force early aux to share; the PR itself keeps it off the shared
+# stream. The replica's four scenario captures (`kit.experiments.scenarios.replica_runs`,
+# each in a fresh process, without the hyper-connection state) show all four cases, each row
+# with the trace's checks. *breaks allocate outside the pool* asks whether every eager break
+# allocated its outputs outside the graph pool, where no replay graph can write.
 
 # %%
 snapshots = replica_runs(PRESET, source=SOURCE)
@@ -71,145 +167,39 @@ print(f"data source: {SOURCE}: {snapshots['patched'].source_label}")
 kit.style_table(overview_table(snapshots))
 
 # %% [markdown]
-# The last three columns are the three checks. The rest of the notebook takes them one at
-# a time, on the PR's own case first (`patched`: no early aux, replay graphs on the model
-# graphs' stream).
+# Under the PR's rule (`early_aux_pr`) the aux hidden state is held after the break, but no
+# replay graph is captured over it, and the graphs equal eager.
 #
-# ## 1. Which pool blocks are live across the break
-#
-# The capture recorder logs one trace window per graph: a breakable capture's consecutive
-# graphs are its segments, and the gaps between them are its eager breaks. Trace entries
-# carry no pool, so `kit.liveness_table` maps each allocation to its segment (as
-# `kit.replay_trace` does) and lists, per model capture and break, every block of the graph
-# pool allocated before the break and not freed before it began. Each gets a class:
-# - **released by the break**: freed after the break began and before the next graph
-#   segment's first allocation: the forward dropped it as the break returned;
-# - **break input**: where a break released nothing, the newest block held across it, the
-#   tensor the break was called with (see the note below);
-# - **held after the break**: freed later or never: the model graph may still read it.
-#
-# Then it looks for replay-graph allocations over each block's bytes.
-
-# %%
-patched = snapshots["patched"]
-patched_liveness = kit.liveness_table(patched, replay_size_for=replay_rows)
-liveness_view(patched_liveness, patched.source_label)
-
-# %%
-for line in patched_liveness.verdicts():
-    print(line)
-
-# %% [markdown]
-# One block per break, the size of the hidden states (tokens x 1024 x 2 bytes): the input
-# of the replay layers. `replay_size_for=replay_rows` tells the analysis which replay graph
-# runs in which break (the replica's replay batch is half the rows: model graph 256 runs
-# replay graph 128); without it, any replay graph is assumed to run in any break, as in
-# vLLM, where the step's replay rows pick it.
-#
-# Replay graph 128 *is* captured over model graph 256's break input, and runs in that
-# break. It is harmless because nothing reads that block after the break, which the
-# equivalence check below confirms.
-#
-# **A note on the trace.** The break input reads as *released by the break*: it is freed in
-# the first allocator event after the break returns. That holds only because the recorder
-# does not keep it alive: on Python 3.12 and older, reading a frame's locals (the recorder's
-# stack walk does, to find the graph manager) keeps every local of the forward alive until
-# the forward returns, so `kit.CaptureRecorder` clears what it read
-# (`kit/record/recorder.py`). A recording made without that frees the break input only at
-# the end of the capture; the analysis then takes the newest block held across a break that
-# released nothing as the break's input (class *break input*).
-#
-# ## 2. The break's outputs live outside the pool
-#
-# The break runs eagerly, between two graph segments, outside any capture, so what it
-# allocates should land in the default pool: its gather, the replay layers' activations (at capture time they run
-# eagerly), and the output buffers the next segment reads. `kit.break_allocations` checks
-# every allocation in every break window.
-
-# %%
-breaks = kit.break_allocations(patched)
-breaks.attrs["source"] = patched.source_label
-kit.style_table(breaks).format({"bytes": kit.format_bytes, "pool_bytes": kit.format_bytes})
-
-# %% [markdown]
-# ## 3. Graphs against eager
-#
-# `kit.check_equivalence` ran right after each capture: fresh token ids through the graphs
-# and through the same weights eagerly, every capture size, every output, compared bit for
-# bit. On the GPU it ran in the live capture's process; the recordings carry its rows.
-
-# %%
-print(f"patched: {kit.Equivalence.recorded_in(patched).summary()}")
-equivalence_view(patched)
-
-# %% [markdown]
-# ## The exception: aux hidden states before the replay layers
-#
-# Now add an aux hidden state at layer 1 (the input of layer 1, for an EAGLE-style
-# speculator): the forward keeps it from layer 1 to its return, across the break.
-# `early_aux_shared` forces the replay graphs onto the model graphs' stream anyway.
-
-# %%
-forced = snapshots["early_aux_shared"]
-forced_liveness = kit.liveness_table(forced, replay_size_for=replay_rows)
-for line in forced_liveness.verdicts():
-    print(line)
-liveness_view(forced_liveness, forced.source_label)
-
-# %% [markdown]
-# Each break now holds two blocks: the break input, released by the break as before, and
-# the aux hidden state, *held after the break* (freed when the capture drops the forward's
-# outputs). The replay graphs were captured over some of them. Over the break input that is
-# harmless, as before; over the aux hidden state it is a conflict when the replay graph that
-# does so runs in that break. Which sizes does the trace predict will differ from eager, and
-# which do?
-
-# %%
-predicted = sorted({int(s) for s in forced_liveness.rows[forced_liveness.rows["conflict"]]["capture_size"]})
-rows = kit.Equivalence.recorded_in(forced).rows
-measured = sorted({int(s) for s in rows[~rows["bit_exact"]]["size"]})
-print(f"early_aux_shared: {kit.Equivalence.recorded_in(forced).summary()}")
-print(f"sizes the liveness analysis flags: {predicted}; sizes whose graph outputs differ from eager: {measured}")
-print("conservatively (any replay graph in any break):")
-for line in kit.liveness_table(forced).verdicts():
-    print(f"  {line}")
-equivalence_view(forced)
-
-# %% [markdown]
-# The trace alone finds the tensor that goes wrong: the aux hidden state, and only where
-# the replay graph running in the break was captured over it. Model graphs 512 and 128 hold
-# an aux hidden state over which *another* replay graph was captured; in vLLM, where any
-# replay graph may run in any break, they would be at risk too.
-#
-# Under the PR's own rule (`early_aux_pr`) `has_early_aux()` is true, the replay graphs keep
-# a stream of their own, and nothing is captured over the held block:
-
-# %%
-aux_pr = snapshots["early_aux_pr"]
-for line in kit.liveness_table(aux_pr, replay_size_for=replay_rows).verdicts():
-    print(line)
-print(f"early_aux_pr: {kit.Equivalence.recorded_in(aux_pr).summary()}")
-
-# %% [markdown]
-# ## Look for yourself
+# ## Look for yourself: the blocks across the break
 #
 # Pick the stream policy and whether an aux hidden state comes before the replay layers. The
-# PR's rule picks the replay graphs' stream, and with it the capture shown. Each bar is a
-# block held across a break, from its allocation to its free (trace index); grey bands are
-# the eager breaks, orange ones the replay captures; a cross marks a replay allocation over
-# the block by the replay graph that runs in that break, a circle one by another replay
-# graph (`kit.show.safety.SafetyView`, drawing `kit.show.timeline.timeline_figure`).
+# PR's rule picks the replay graphs' stream, and with it the capture shown
+# (`kit.show.safety.SafetyView`, drawing `kit.show.timeline.timeline_figure`). Each row is a
+# block, named by its role: the *break input* the forward drops as the break returns, the
+# *aux hidden state* it returns, and the replay graphs' *outputs* and *activations* over them.
+# A bar runs from allocation to free in capture order: the model graphs first, then the
+# replay graphs, so a replay graph's mark sits right of the block it lands on. A cross marks
+# a replay graph that runs in that block's break, a circle one that runs in another's.
 
 # %%
 display(SafetyView(snapshots, replay_size_for=replay_rows).widget)
 
 # %% [markdown]
-# **What it shows.** Across each eager break the model graph holds the break's input, which
-# nothing reads afterwards, and, with an early aux layer, the aux hidden state, which the
-# forward returns. The break's own allocations all land outside the pool. Sharing the stream
-# lets the replay graphs take both blocks; only the aux hidden state makes that a conflict,
-# and the trace finds it, down to the capture size whose outputs then differ from eager. The
-# PR's `has_early_aux()` rule keeps exactly that case off the shared stream.
+# These captures carry no breaks' reads, so a block the forward kept bound would count as
+# held after the break. Here the only break input is freed right after the break returns,
+# because `kit.CaptureRecorder` drops the forward's locals it read while walking the stack
+# (`kit/record/recorder.py`). On Python 3.12 and older, reading a frame's locals keeps them
+# alive until the forward returns.
 #
-# **Next question.** These are the replica's captures. What does your own snapshot show?
-# `05_your_snapshot` runs the same tables and figures on any `_dump_snapshot` pickle.
+# **What it shows.** The obligation holds on every pairing under the PR. It fails only where
+# early aux is forced to share, on exactly the pairings whose outputs differ from eager, and
+# those are the ones the lifetime analysis flags when it knows what the breaks read. From the
+# trace alone, the lifetime analysis also flags the break's kept-bound inputs, which nothing
+# reads after the break. The PR's `has_early_aux()` rule keeps the one unsafe case off the
+# shared stream.
+#
+# **Next question.** The PR names two alternatives. One is a single `graph_capture()` for
+# every capture, which would put the speculator on the shared stream too. The other is fewer
+# replay capture sizes. `05_alternatives` measures what each saves, whether the first is
+# safe, and what the saved bytes buy in KV cache. `06_your_snapshot` runs the lifetime
+# analysis on your own `_dump_snapshot` pickle.

@@ -39,6 +39,34 @@ KEY_LINES = {
         "large patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
         "under the patch the replay captures add no graph-pool segment: True (0 bytes)",
     ),
+    # The safety recordings (kit/recordings/safety/, readwrite/): every pairing, and the obligation per policy.
+    "04_safety": (
+        "pr: all 9 pairings bit-exact (6 dispatchable)",
+        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
+        "early_aux_shared: 5 of 9 pairings differ from eager (3 of them dispatchable): "
+        "(128, 128), (256, 64), (256, 128), (256, 256), (512, 128)",
+        "obligation under pr: Holds for all 6 pairings that can run.",
+        "obligation under unpatched: Holds for all 6 pairings that can run.",
+        "obligation under early_aux_shared: Violated in 3 of 6 pairings that can run: (256, 64), (256, 128), "
+        "(512, 128) (model graph, replay graph), 1.62 MiB in all.",
+        "pr, lifetime analysis from the trace alone: flags 7 pairing(s) the obligation clears, (128, 128)*, "
+        "(256, 64), (256, 128), (256, 256)*, (512, 64), (512, 128), (512, 256);",
+        "early_aux_shared: the lifetime analysis agrees with the obligation on all 9 pairings",
+    ),
+    # The alternatives recording (kit/recordings/alternatives/small.json): (a) and (b), and what the saving buys.
+    "05_alternatives": (
+        "preset large: not recorded",
+        "pr: graph pool 48.00 MiB, saves 24.00 MiB (25,165,824 bytes) against unpatched's 72.00 MiB",
+        "share_all: graph pool 24.00 MiB, saves 48.00 MiB (50,331,648 bytes) against unpatched's 72.00 MiB",
+        "share_all: the drafter's graph overwrote the target's outputs in 9 of 9 steps; every step bit-exact, "
+        "target outputs and drafts: True",
+        "cap 64: graph pool 50.00 MiB, saves 22.00 MiB (23,068,672 bytes) against unpatched's 72.00 MiB; "
+        "replay batches of 128, 256 rows would run eagerly (in steps of 256, 512 tokens)",
+        "every cap saves less than the PR: True",
+        "pr: the profile estimate falls from 312.00 MiB to 256.00 MiB: 56.00 MiB more KV budget = 112 blocks, "
+        "1,792 tokens",
+        "DeepSeek-V4.1-Flash (assumed): 32,918 blocks of 64, 2,106,752 tokens",
+    ),
 }
 
 

@@ -3,21 +3,66 @@ and the snapshot explorer, each checked against the analysis it draws, on the sh
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pandas as pd
 import pytest
 
 import kit
-from kit.analysis.liveness import HELD, RELEASED
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
+from kit.experiments.alternatives import SHARE_ALL, load_recording
 from kit.experiments.scenarios import replica_runs
 from kit.replica.model import replay_rows
 from kit.show import explorer as explorer_module
+from kit.show.alternatives import (
+    DIMMED,
+    AlternativesView,
+    cap_line,
+    checks_table,
+    deepseek_table,
+    estimate_table,
+    extra_diff,
+    kv_line,
+    pool_figure,
+    variant_table,
+)
+from kit.show.alternatives import saving_line as variant_saving_line
 from kit.show.before_after import SCENARIO_OF, BeforeAfterView, change_figure, replay_segment_bytes, saving_line
 from kit.show.explorer import SHIPPED, SnapshotExplorer, load_path, load_upload, reuse_section, uploaded_file
-from kit.show.safety import SafetyView, liveness_view, overview_table, scenario_for
+from kit.show.safety import (
+    CHECKS,
+    SafetyRecords,
+    SafetyView,
+    agreement_table,
+    bound_break_inputs,
+    disagreement_lines,
+    liveness_view,
+    load_safety,
+    overview_table,
+    pair_list,
+    pairings_table,
+    scenario_for,
+)
 from kit.show.stepthrough import StepThrough, StepView
-from kit.show.timeline import BREAK_COLOUR, MARKS, REPLAY_COLOUR, break_bands, timeline_figure
+from kit.show.timeline import (
+    AUX_HIDDEN_STATE,
+    BREAK_COLOUR,
+    BREAK_INPUT_BOUND,
+    BREAK_INPUT_RELEASED,
+    HELD_AFTER,
+    MARKS,
+    REPLAY_ACTIVATION,
+    REPLAY_COLOUR,
+    REPLAY_OUTPUT,
+    block_labels,
+    block_role,
+    block_roles,
+    break_bands,
+    capture_ticks,
+    timeline_figure,
+)
+from kit.show.timeline import replay_rows as timeline_replay_rows
 
 from .conftest import FIXTURES, RECORDED
 
@@ -41,21 +86,84 @@ def _paired(snapshot: kit.Snapshot) -> kit.Liveness:
 # --- kit.show.timeline ------------------------------------------------------------------------------
 
 
-def test_timeline_bars_run_from_each_held_blocks_allocation_to_its_free(runs):
+def test_timeline_rows_are_roles_and_bars_run_from_each_blocks_allocation_to_its_free(runs):
     snap = runs["early_aux_shared"]
     liveness = _paired(snap)
     fig = timeline_figure(snap, liveness, "title", source="the source")
-    rows = liveness.rows
-    bars = {t.name: t for t in fig.data if t.type == "bar"}
-    assert {RELEASED, HELD} <= set(bars)
-    assert sum(len(t.y) for t in bars.values()) == len(rows) == len(fig.layout.yaxis.categoryarray)
-    for cls, bar in bars.items():
-        mine = rows[rows["class"] == cls]
+    rows, roles = liveness.rows, block_roles(liveness)
+    held = [t for t in fig.data if t.type == "bar" and not t.name.startswith("replay")]
+    assert {t.name for t in held} == {BREAK_INPUT_RELEASED, AUX_HIDDEN_STATE}  # one of each per model graph
+    assert sum(len(t.y) for t in held) == len(rows) == 6
+    for bar in held:
+        mine = rows[[role == bar.name for role in roles]]
         frees = mine["free_index"].fillna(len(snap.trace)).astype(int)
         assert list(bar.base) == list(mine["alloc_index"])
         assert [b + x for b, x in zip(bar.base, bar.x, strict=True)] == list(frees)
-        assert all(y.startswith(f"{size}: ") for y, size in zip(bar.y, mine["capture_size"], strict=True))
+        assert list(bar.y) == [f"model graph {size}: {bar.name}" for size in mine["capture_size"]]
+    # the aux hidden state is the block held after the break; the break input the one the break released
+    assert {(cls, role) for cls, role in zip(rows["class"], roles, strict=True)} == {
+        (HELD, AUX_HIDDEN_STATE),
+        (RELEASED, BREAK_INPUT_RELEASED),
+    }
+    labels = list(fig.layout.yaxis.categoryarray)
+    assert len(labels) == len(set(labels)) and not any("0x" in label for label in labels)
     assert "title" in fig.layout.title.text and "source: the source" in fig.layout.title.text
+    # the hover names the frames that made each block, not one frame for all
+    hovers = [h for t in held for h in t.hovertext]
+    assert all("_run_layers (model.py:" in h for h in hovers) and len({h.split("freed at ")[1] for h in hovers}) > 1
+
+
+def test_replay_rows_are_each_replay_allocation_over_a_held_block_once_with_its_free(runs):
+    snap = runs["early_aux_shared"]
+    liveness = _paired(snap)
+    replays = timeline_replay_rows(snap, liveness)
+    overlapping = {index for overlaps in liveness.rows["replay_overlaps"] for _, index in overlaps}
+    assert sorted(r["alloc_index"] for r in replays) == sorted(overlapping)
+    trace = snap.traces[0]
+    for r in replays:
+        alloc, free = trace[r["alloc_index"]], trace[r["free_index"]]
+        assert free.addr == alloc.addr and free.action.startswith("free") and r["bytes"] == alloc.size
+        between = trace[r["alloc_index"] + 1 : r["free_index"]]
+        assert not any(e.addr == alloc.addr and e.action.startswith("free") for e in between)  # its first free
+        # an output is freed by the capture code that called the replay layers; an activation inside them
+        assert (r["role"] == REPLAY_OUTPUT) == r["free_frame"].startswith("_capture (breakable_cudagraph.py")
+    assert {r["role"] for r in replays} == {REPLAY_OUTPUT, REPLAY_ACTIVATION}
+    fig = timeline_figure(snap, liveness, "t")
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    assert sum(len(bars[role].y) for role in (REPLAY_OUTPUT, REPLAY_ACTIVATION)) == len(replays)
+    assert "replay graph 128: output" in fig.layout.yaxis.categoryarray
+
+
+@pytest.mark.parametrize(
+    "cls, alloc, free, role",
+    [
+        (RELEASED, "forward (model.py:1)", "forward (model.py:2)", BREAK_INPUT_RELEASED),
+        (BREAK_INPUT, "forward (model.py:1)", "forward (model.py:2)", BREAK_INPUT_BOUND),
+        (HELD, "forward (model.py:1)", "_capture (breakable_cudagraph.py:3)", AUX_HIDDEN_STATE),
+        (HELD, "forward (model.py:1)", "", AUX_HIDDEN_STATE),  # never freed: it outlived the forward
+        (HELD, "forward (model.py:1)", "forward (model.py:9)", HELD_AFTER),  # dropped by the forward itself
+    ],
+)
+def test_block_role_from_class_and_where_the_block_was_freed(cls, alloc, free, role):
+    assert block_role(cls, alloc, free) == role
+
+
+def test_timeline_of_several_break_inputs_names_each_kept_bound_input_once():
+    from .test_liveness import KIB, A, B, D, Trace, _kept_bound_capture, _replay_capture
+
+    t = Trace()
+    _kept_bound_capture(t)
+    _replay_capture(t, 32, [(B, 64 * KIB)])
+    snap = kit.load_snapshot(t.snapshot())
+    reads = {("model graphs 64", 0): [(B, B + 64 * KIB), (D, D + 64 * KIB)]}
+    liveness = kit.liveness_table(snap, break_reads=reads)
+    labels = block_labels(liveness)
+    by_addr = dict(zip(liveness.rows["addr"], labels, strict=True))
+    assert by_addr[B] == f"model graph 64: {BREAK_INPUT_BOUND}"
+    assert by_addr[D] == f"model graph 64: {BREAK_INPUT_BOUND} (2)"  # repeats numbered, not merged
+    assert by_addr[A] == f"model graph 64: {HELD_AFTER}"  # freed in the forward's own file here
+    fig = timeline_figure(snap, liveness, "t")
+    assert list(fig.layout.yaxis.categoryarray) == [*labels, "replay graph 32: activation"]
 
 
 def test_timeline_marks_split_replay_allocations_by_whether_their_graph_runs_in_the_break(runs):
@@ -71,11 +179,12 @@ def test_timeline_marks_split_replay_allocations_by_whether_their_graph_runs_in_
     assert len(in_break.x) + len(elsewhere.x) == sum(len(o) for o in rows["replay_overlaps"])
     # The conflict block (model graph 256's aux hidden state) carries a cross.
     conflict = rows[rows["conflict"]].iloc[0]
-    assert f"{conflict['capture_size']}: {conflict['addr']:#x}" in {y.split(" (")[0] for y in in_break.y}
-    # On separate streams no replay graph allocates over a held block: no marks at all.
+    assert f"model graph {conflict['capture_size']}: {AUX_HIDDEN_STATE}" in set(in_break.y)
+    # On separate streams no replay graph allocates over a held block: no marks, no replay rows.
     unpatched = runs["unpatched"]
     quiet = timeline_figure(unpatched, _paired(unpatched), "t")
     assert all(len(t.x) == 0 for t in quiet.data if t.type == "scatter")
+    assert not any(label.startswith("replay") for label in quiet.layout.yaxis.categoryarray)
 
 
 def test_break_bands_shade_each_eager_break_and_each_replay_capture(runs):
@@ -90,7 +199,94 @@ def test_break_bands_shade_each_eager_break_and_each_replay_capture(runs):
     assert all(x0 < x1 for x0, x1 in grey + orange)
 
 
+def test_capture_ticks_name_each_capture_inside_its_windows(runs):
+    snap = runs["patched"]
+    values, texts = capture_ticks(snap)
+    windows = {}
+    for w in snap.captures:
+        windows.setdefault(w["capture"], []).append(w)
+    assert len(values) == len(texts) == len(windows) == 6
+    for value, ws in zip(values, windows.values(), strict=True):
+        assert ws[0]["trace_begin"] < value < ws[-1]["trace_end"]
+    assert texts[0] == "model graph<br>512" and texts[-1] == "replay graph<br>64"
+
+
 # --- kit.show.safety ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def safety() -> SafetyRecords:
+    return load_safety("small", "recorded")
+
+
+def test_load_safety_reads_both_h200_recordings_with_their_sources(safety):
+    assert safety.pairs.attrs["source"].startswith("recorded on NVIDIA H200")
+    assert safety.readwrite["source"].startswith("recorded on NVIDIA H200")
+    assert safety.readwrite["source"].endswith("(kit/recordings/readwrite/small.json)")
+    checks = safety.checks
+    assert len(checks) == 27 and list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared"]
+    with pytest.raises(kit.KitError, match="live safety runs need CUDA"):
+        load_safety("small", "live GPU")  # no CUDA here
+
+
+def test_agreement_table_lists_the_pairings_each_check_flags(safety):
+    table = agreement_table(safety).set_index("policy")
+    bad = "(128, 128)*, (256, 64), (256, 128), (256, 256)*, (512, 128)"
+    assert list(table.columns) == ["pairings", *CHECKS]
+    assert (table.loc["early_aux_shared", list(CHECKS)] == bad).all()
+    assert (table.loc["unpatched", list(CHECKS)] == "none").all()
+    pr = table.loc["pr"]
+    assert (pr[list(CHECKS)[:3]] == "none").all()
+    flagged = pr["lifetime conflict (trace only)"].split(", (")
+    assert len(flagged) == 7 and "(512, 64)" in pr["lifetime conflict (trace only)"]
+    # the table reads the recordings: one changed verdict moves one cell
+    safety.pairs.loc[(safety.pairs["policy"] == "pr") & (safety.pairs["model_size"] == 512), "bit_exact"] = False
+    try:
+        assert agreement_table(safety).set_index("policy").loc["pr", "graphs differ from eager"] == (
+            "(512, 64), (512, 128), (512, 256)"
+        )
+    finally:
+        safety.pairs.loc[safety.pairs["policy"] == "pr", "bit_exact"] = True
+
+
+def test_pair_list_marks_the_pairings_vllm_cannot_produce():
+    rows = pd.DataFrame({"model_size": [128, 256], "replay_size": [128, 64], "dispatchable": [False, True]})
+    assert pair_list(rows) == "(128, 128)*, (256, 64)"
+    assert pair_list(rows.iloc[:0]) == "none"
+
+
+def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_sentence(safety):
+    lines = disagreement_lines(safety)
+    assert len(lines) == 3
+    pr = lines[0]
+    assert pr.startswith("pr, lifetime analysis from the trace alone: flags 7 pairing(s) the obligation clears")
+    assert "residual, post_mix, res_mix" in pr and "break inputs the forward keeps bound" in pr
+    assert lines[1:] == [
+        "unpatched: the lifetime analysis agrees with the obligation on all 9 pairings",
+        "early_aux_shared: the lifetime analysis agrees with the obligation on all 9 pairings",
+    ]
+
+
+def test_a_disagreement_of_another_kind_gets_its_recorded_explanation(safety):
+    pair = next(p for p in safety.readwrite["pairs"] if p["policy"] == "pr" and p["model_size"] == 512)
+    assert bound_break_inputs(pair)
+    changed = copy.deepcopy(safety.readwrite)
+    first = next(p for p in changed["pairs"] if p["policy"] == "pr" and p["trace_only_conflict"])
+    first["trace_only_conflict_bytes"] += 1  # no longer exactly the break inputs' bytes
+    odd = next(p for p in changed["pairs"] if p["policy"] == "unpatched")
+    odd.update(agree=False, explanation="something else")
+    lines = disagreement_lines(SafetyRecords(safety.pairs, changed))
+    assert "flags 6 pairing(s)" in lines[0]
+    pair = f"pr ({first['model_size']}, {first['replay_size']})"
+    assert lines[1].startswith(f"{pair}, from the trace alone: the lifetime analysis flags")
+    assert "unpatched (128, 64), with the breaks' reads: something else" in lines
+
+
+def test_pairings_table_puts_every_policy_in_one_table_and_marks_differences(safety):
+    page = pairings_table(safety.pairs).to_html()
+    assert page.count("early_aux_shared") == 3 and "differs 6.906 *" in page and "stress only" in page
+    styled = page.split("<style", 1)[1].split("</style>", 1)[0]
+    assert styled.count("#fadbd8") == 1 and styled.count("_col") == 6  # five differing pairings, one replay alone
 
 
 @pytest.mark.parametrize(
@@ -129,12 +325,15 @@ def test_a_run_captured_just_now_in_another_process_names_its_gpu_and_run(runs):
     assert kit.Snapshot(raw, origin="capture recorder", live=True).source_label == "live GPU (this process's allocator)"
 
 
-def test_liveness_view_formats_addresses_bytes_and_replay_names(runs):
+def test_liveness_view_shows_roles_bytes_and_replay_graphs_in_few_columns(runs):
     liveness = _paired(runs["early_aux_shared"])
-    page = liveness_view(liveness).to_html()
+    view = liveness_view(liveness)
+    assert len(view.data.columns) <= 7 and "addr" not in view.data.columns
+    assert list(view.data["role"]) == block_roles(liveness)
+    page = view.to_html()
     first = liveness.rows.iloc[0]
-    assert f"{first['addr']:#x}" in page and kit.format_bytes(first["bytes"]) in page
-    assert "replay graphs 256, replay graphs 128, replay graphs 64" in page
+    assert kit.format_bytes(first["bytes"]) in page and f"{first['addr']:#x}" not in page
+    assert "256, 128, 64" in page  # model graph 256's aux hidden state, under three replay graphs
     assert liveness.source in page
 
 
@@ -149,6 +348,7 @@ def test_safety_view_shows_the_capture_the_rule_picks_and_redraws_in_place(runs)
     assert "policy share, early aux True" in widget.layout.title.text
     expected = timeline_figure(runs["early_aux_shared"], _paired(runs["early_aux_shared"]), "t")
     assert [len(t.x) for t in widget.data] == [len(t.x) for t in expected.data]
+    assert "overflow-x: auto" in view.blocks_html.value and "aux hidden state" in view.blocks_html.value
     view.early_aux.value = False
     assert view.scenario == "patched" and "share the model graphs' stream" in view.status.value
     assert "kit-main-control" in view.policy._dom_classes
@@ -198,6 +398,65 @@ def test_change_figure_draws_both_sides_of_every_group():
         assert totals[group, "two streams"] * 2**20 == pytest.approx(row.reserved_before)
         assert totals[group, "one stream"] * 2**20 == pytest.approx(row.reserved_after)
     assert "source: before:" in figure.layout.title.text
+
+
+# --- kit.show.alternatives ----------------------------------------------------------------------------
+
+
+def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys():
+    data = load_recording("small")
+    table = variant_table(data)
+    caps = [c for c in data["cap_replay_sizes"] if c["max_replay_size"] is not None]
+    assert list(table["variant"]) == ["unpatched", "pr", "share_all", *(f"cap {c['max_replay_size']}" for c in caps)]
+    rows = table.set_index("variant")
+    base = data["unpatched"]["graph_pool_bytes"]
+    for name in ("unpatched", "pr", "share_all"):
+        assert rows.loc[name, "graph_pool_bytes"] == sum(data[name]["graph_pool_by_stream"].values())
+        assert rows.loc[name, "saved_bytes"] == data[name]["saved_bytes"] == base - data[name]["graph_pool_bytes"]
+        assert rows.loc[name, "safe"] is data[name]["safe"] and rows.loc[name, "eager_replay_sizes"] == []
+    for name, freed in data["kv_cache"]["replica"]["freed"].items():  # the recording's own KV figures, again
+        assert rows.loc[name, ["kv_freed_bytes", "kv_blocks", "kv_tokens"]].tolist() == list(freed.values())
+    for cap in caps:
+        row = rows.loc[f"cap {cap['max_replay_size']}"]
+        assert (
+            row["eager_replay_sizes"] == cap["eager_replay_sizes"]
+            and row["graph_pool_bytes"] == cap["graph_pool_bytes"]
+        )
+        assert row["safe"] is (data[cap["measured_in"]]["safe"] if cap["measured_in"] == "unpatched" else None)
+    # The figure: per variant, the streams' bars add up to its graph pool; the picked one solid, the rest dimmed.
+    figure = pool_figure(table, "share_all")
+    drawn = {name: 0.0 for name in table["variant"]}
+    for trace in figure.data:
+        assert list(trace.marker.opacity) == [1.0 if y == "share_all" else DIMMED for y in trace.y]
+        for name, mib in zip(trace.y, trace.x, strict=True):
+            drawn[name] += mib
+    assert drawn == pytest.approx({r.variant: r.graph_pool_bytes / 2**20 for r in table.itertuples()})
+    assert "share_all 24.00 MiB" in figure.layout.title.text and f"source: {data['source']}" in figure.layout.title.text
+    assert "saves 24.00 MiB (25,165,824 bytes)" in variant_saving_line(table, "pr")
+    assert cap_line(table, "cap 64", [128, 256, 512], replay_rows).endswith(
+        "replay batches of 128, 256 rows would run eagerly (in steps of 256, 512 tokens)"
+    )
+    assert kv_line(table, "pr").endswith("56.00 MiB more KV budget = 112 blocks, 1,792 tokens")
+    estimates = estimate_table(data).set_index("variant")
+    assert (
+        estimates["outside_graph_pool"] == estimates["capture_free_memory_delta"] - estimates["graph_pool_bytes"]
+    ).all()
+    checks = checks_table(data, "share_all")
+    assert len(checks) == 9 and checks["target_outputs_overwritten"].all() and checks["bit_exact"].all()
+    flash = deepseek_table(data).iloc[0]
+    assert flash["blocks"] == flash["saved_bytes"] // (flash["bytes per token"] * flash["block size"])
+    extra = extra_diff(SHARE_ALL.diff())  # what (a) adds beyond the PR: the speculator's capture, not the replay's
+    assert "DSparkSpeculator.capture (alternative (a))" in extra and "capture_replay_graphs" not in extra
+    # The view: one main control, the same figure widget redrawn for the variant picked.
+    view = AlternativesView(data)
+    widget = view.bars
+    assert "kit-main-control" in view.variant._dom_classes and view.variant.value == "unpatched"
+    view.variant.value = "cap 64"
+    assert view.bars is widget and "cap 64 50.00 MiB" in widget.layout.title.text
+    assert "replay batches that run eagerly: 128, 256" in view.details.value and "not checked" in view.details.value
+    view.variant.value = "share_all"
+    assert "DFlash speculator graphs on the model graphs stream" in view.details.value
+    assert "overwrote the target&#x27;s outputs in the pool in 9 of them" in view.details.value
 
 
 # --- kit.show.stepthrough.StepView -------------------------------------------------------------------

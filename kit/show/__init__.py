@@ -8,7 +8,8 @@
   notebook 03's replica unpatched and patched);
 - `timeline`: the blocks a model graph holds across its eager breaks (notebook 04);
 - `safety`: the scenarios side by side and the policy explorer (notebook 04);
-- `explorer`: any snapshot in, tables, verdicts and figures out (notebook 05).
+- `alternatives`: the PR's two alternatives, their graph pools and the KV cache the saving buys (notebook 05);
+- `explorer`: any snapshot in, tables, verdicts and figures out (notebook 06).
 
 Plotly is imported here only, so the tables and analyses run on a machine
 that has pandas but no plotly (the GPU machine).

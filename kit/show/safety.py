@@ -1,23 +1,33 @@
-"""Notebook 04's views of the safety argument: the scenarios side by side, and the policy explorer.
+"""Notebook 04's views of the safety argument: the proof obligation checked three ways, and the policy explorer.
 
-The replica's four scenario runs (`kit.experiments.scenarios.replica_runs`)
-each carry a trace with the capture recorder's windows and the graphs-vs-eager
-check made right after the capture. Here they become tables a reader can
-follow:
+Three checks ask one question, whether a replay graph that runs in a model
+graph's eager break overwrites anything the model graph still needs:
 
-- `overview_table`: one row per scenario, the three checks in its last
-  columns (held after the break, breaks outside the pool, graphs vs eager);
-- `liveness_view`, `equivalence_view`: one scenario's liveness rows and
-  equivalence rows, styled;
-- `SafetyView`: pick a stream policy and whether an aux hidden state comes
-  before the replay layers; PR 63155's rule (`kit.patch.policy`) picks the
-  replay graphs' stream, and with it the scenario whose capture is shown as a
-  timeline (`kit.show.timeline`) with its verdicts and tables.
+- the adversarial pairings (`kit.experiments.pairings`): every replay graph
+  replayed in every model graph's break, the outputs against eager;
+- the read/write obligation (`kit.analysis.readwrite`, recorded by
+  `kit.experiments.readwrite_run`): the bytes each replay graph writes
+  against the bytes each model graph carries across its break;
+- the lifetime analysis (`kit.analysis.liveness`), with the breaks' reads
+  and from the trace alone, recorded beside the read/write one.
+
+`load_safety` reads the two recordings (or records them live on a GPU);
+`pairings_table`, `agreement_table` and `disagreement_lines` put them side
+by side. For the replica's four scenario captures
+(`kit.experiments.scenarios.replica_runs`): `overview_table` (one row per
+capture), `liveness_view` (a capture's held blocks by role), and
+`SafetyView`: pick a stream policy and whether an aux hidden state comes
+before the replay layers; PR 63155's rule (`kit.patch.policy`) picks the
+replay graphs' stream, and with it the capture shown as a timeline
+(`kit.show.timeline`) with its verdicts and blocks.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import ipywidgets as widgets
 import pandas as pd
@@ -25,16 +35,192 @@ import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 
 from kit.analysis.equivalence import Equivalence
-from kit.analysis.liveness import HELD, Liveness, break_allocations, liveness_table
+from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations, liveness_table
 from kit.analysis.tables import format_bytes, style_table
+from kit.errors import KitError
+from kit.experiments import pairings, readwrite_run
 from kit.experiments.scenarios import summarize
 from kit.load.snapshot import Snapshot
 from kit.patch.policy import replay_stream
+from kit.recordings import LIVE, RECORDINGS, check_source
 from kit.show.pictures import show_in
-from kit.show.timeline import timeline_figure
+from kit.show.timeline import block_roles, timeline_figure
 
-LIVENESS_SHOWN = ["capture", "break", "addr", "bytes", "class", "alloc_index", "free_index", "alloc_frame"]
-LIVENESS_SHOWN += ["free_frame", "overlapping_replay", "replay_in_break", "conflict"]
+# The four checks of one pairing, in the order `agreement_table` shows them: (column, rows it flags).
+CHECKS = {
+    "graphs differ from eager": "differs",
+    "obligation violated (reads and writes)": "violated",
+    "lifetime conflict (with the breaks' reads)": "lifetime",
+    "lifetime conflict (trace only)": "trace_only",
+}
+SCROLL = '<div style="overflow-x: auto; max-width: 100%">{}</div>'
+
+
+# --- the recordings ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SafetyRecords:
+    """The adversarial pairings (`pairs`, `kit.experiments.pairings.pairs_frame`) and the read/write run.
+
+    `readwrite` is a `kit.experiments.readwrite_run` recording with a
+    `source` line added; `pairs.attrs["source"]` names the pairings' source.
+    """
+
+    pairs: pd.DataFrame
+    readwrite: dict
+
+    @property
+    def checks(self) -> pd.DataFrame:
+        """One row per (policy, model graph, replay graph): each check's verdict, and whether vLLM can run it."""
+        left = self.pairs[["policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff"]]
+        right = pd.DataFrame(self.readwrite["pairs"])
+        right = right[["policy", "model_size", "replay_size", "readwrite_holds", "lifetime_conflict"]].assign(
+            trace_only=right["trace_only_conflict"]
+        )
+        table = left.merge(right, on=["policy", "model_size", "replay_size"], how="outer", validate="one_to_one")
+        if table[["bit_exact", "readwrite_holds"]].isna().any().any():
+            raise KitError("the pairings and read/write recordings do not cover the same policies and pairings")
+        order = {policy: i for i, policy in enumerate(pairings.POLICIES)}
+        table = table.sort_values(
+            ["policy", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "policy" else c
+        ).reset_index(drop=True)
+        return table.assign(
+            differs=~table["bit_exact"].astype(bool),
+            violated=~table["readwrite_holds"].astype(bool),
+            lifetime=table["lifetime_conflict"].astype(bool),
+            trace_only=table["trace_only"].astype(bool),
+        )
+
+
+def _recorded_source(data: dict, path: Path) -> str:
+    prov = data["provenance"]
+    try:
+        shown = path.resolve().relative_to(RECORDINGS.parents[1])
+    except ValueError:
+        shown = path
+    return f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')} ({shown})"
+
+
+def load_safety(preset: str, source: str) -> SafetyRecords:
+    """The pairings and read/write runs at `preset`: the H200 recordings, or recorded now on this GPU (`LIVE`).
+
+    Live, each policy of each experiment is captured in a fresh process
+    (`pairings.run_live`, `readwrite_run.record`), some minutes on a GPU.
+    """
+    check_source(source)
+    if source == LIVE:
+        pairs = pairings.pairs_frame(pairings.run_live(preset))
+        path = readwrite_run.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
+        data = readwrite_run.load_recording(preset, path)
+        data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each policy in a fresh "
+        data["source"] += f"process; {path})"
+    else:
+        pairs = pairings.load_pairs(preset)
+        path = readwrite_run.RECORDINGS_DIR / f"{preset}.json"
+        data = readwrite_run.load_recording(preset, path)
+        data["source"] = _recorded_source(data, path)
+    return SafetyRecords(pairs, data)
+
+
+# --- the pairings and the three analyses side by side ---------------------------------------------------
+
+
+def _differs(cell: object) -> str:
+    return "background-color: #fadbd8" if isinstance(cell, str) and cell.startswith("differs") else ""
+
+
+def pairings_table(pairs: pd.DataFrame) -> Styler:
+    """Every policy's pairings in one table (`pairings.pair_tables`): model graphs down, replay graphs across."""
+    table = pd.concat([t.assign(policy=policy) for policy, t in pairings.pair_tables(pairs).items()], ignore_index=True)
+    table = table[["policy", *(c for c in table.columns if c != "policy")]]
+    table.attrs["source"] = f"{pairs.attrs.get('source', '?')}; * stress only: vLLM never runs that pairing"
+    return style_table(table).map(_differs)
+
+
+def pair_list(rows: pd.DataFrame) -> str:
+    """`(N, R)` per row, `*` after a pairing vLLM's dispatch cannot produce (stress only); "none" when empty."""
+    if rows.empty:
+        return "none"
+    return ", ".join(
+        f"({m}, {r}){'' if d else '*'}"
+        for m, r, d in zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True)
+    )
+
+
+def agreement_table(records: SafetyRecords) -> pd.DataFrame:
+    """Per policy, the pairings each check flags: outputs against eager, reads and writes, lifetimes (two ways)."""
+    checks = records.checks
+    rows = []
+    for policy, mine in checks.groupby("policy", sort=False):
+        row = {"policy": policy, "pairings": len(mine)}
+        row.update({column: pair_list(mine[mine[flag]]) for column, flag in CHECKS.items()})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.attrs["source"] = f"pairings: {records.pairs.attrs.get('source', '?')}; "
+    table.attrs["source"] += f"reads, writes and lifetimes: {records.readwrite['source']}"
+    return table
+
+
+TRACE_ONLY = "from the trace alone"
+ANALYSES = (  # the lifetime analysis two ways: (name, its agreement column, its explanation column)
+    ("with the breaks' reads", "agree", "explanation"),
+    (TRACE_ONLY, "agree_trace_only", "explanation_trace_only"),
+)
+
+
+def bound_break_inputs(pair: Mapping) -> bool:
+    """Whether a pairing's trace-only conflict is exactly over break inputs the forward keeps bound.
+
+    True when the read/write obligation holds, the lifetime analysis given
+    the breaks' reads finds no conflict, and the bytes it classes `break
+    input` under the replay graph's allocations are the bytes the trace-only
+    analysis flags: blocks the break read and that nothing reads after it.
+    """
+    inputs = sum(b["bytes"] for b in pair["lifetime_blocks"] or [] if b["class"] == BREAK_INPUT)
+    clear = bool(pair["readwrite_holds"]) and not pair["lifetime_conflict"]
+    return clear and bool(pair["trace_only_conflict"]) and inputs == pair["trace_only_conflict_bytes"] > 0
+
+
+def _bound_inputs_line(policy: str, pairs: pd.DataFrame, config: Mapping) -> str:
+    sizes = sorted({b["bytes"] for bs in pairs["lifetime_blocks"] for b in bs if b["class"] == BREAK_INPUT})
+    which = ": the hyper-connection state residual, post_mix, res_mix" if config.get("hyper_connections") else ""
+    return (
+        f"{policy}, lifetime analysis {TRACE_ONLY}: flags {len(pairs)} pairing(s) the obligation clears, "
+        f"{pair_list(pairs)}; the blocks it flags ({format_bytes(sizes[0])} to {format_bytes(sizes[-1])}{which}) "
+        "are break inputs the forward keeps bound: the break reads them and nothing reads them after it, but a trace "
+        "shows them held to the forward's end like an aux hidden state; given the breaks' reads the analysis calls "
+        "them break inputs and agrees"
+    )
+
+
+def disagreement_lines(records: SafetyRecords) -> list[str]:
+    """One sentence per disagreement between the lifetime analysis and the read/write obligation.
+
+    The trace-only false positives over kept-bound break inputs
+    (`bound_break_inputs`, checked on the recording) are grouped per policy
+    into one sentence; any other disagreement gets the explanation recorded
+    with it (`kit.experiments.readwrite_run.explain`), one line per pairing.
+    """
+    lines = []
+    frame = pd.DataFrame(records.readwrite["pairs"])
+    for policy, mine in frame.groupby("policy", sort=False):
+        for analysis, agree, why in ANALYSES:
+            wrong = mine[~mine[agree].astype(bool)]
+            known = wrong.iloc[:0]
+            if analysis == TRACE_ONLY and not wrong.empty:
+                known = wrong[wrong.apply(bound_break_inputs, axis=1).astype(bool)]
+            if not known.empty:
+                config = records.readwrite.get("policies", {}).get(policy, {}).get("config", {})
+                lines.append(_bound_inputs_line(policy, known, config))
+            for _, pair in wrong.drop(known.index).iterrows():
+                lines.append(f"{policy} ({pair['model_size']}, {pair['replay_size']}), {analysis}: {pair[why]}")
+        if mine["agree"].all() and mine["agree_trace_only"].all():
+            lines.append(f"{policy}: the lifetime analysis agrees with the obligation on all {len(mine)} pairings")
+    return lines
+
+
+# --- the scenario captures -----------------------------------------------------------------------------------
 
 
 def overview_row(name: str, snapshot: Snapshot) -> dict:
@@ -63,27 +249,27 @@ def overview_table(snapshots: Mapping[str, Snapshot]) -> pd.DataFrame:
     return table
 
 
+def _short(names: list[str]) -> str:
+    """`replay graphs 128, replay graphs 64` as `128, 64`."""
+    return ", ".join(str(n).rsplit(" ", 1)[-1] for n in names) or "none"
+
+
 def liveness_view(liveness: Liveness, source: str | None = None) -> Styler:
-    """The liveness rows a reader needs, styled: addresses in hex, bytes readable, "never" for a block never freed."""
-    view = liveness.rows[LIVENESS_SHOWN].copy()
-    view.attrs["source"] = source or liveness.source
-    names = ", ".join
-    return style_table(view).format(
+    """A capture's held blocks by role, in few columns: what the replay graphs allocate over, and the conflict."""
+    rows = liveness.rows
+    view = pd.DataFrame(
         {
-            "addr": "{:#x}".format,
-            "bytes": format_bytes,
-            "free_index": lambda v: "never" if pd.isna(v) else f"{int(v)}",
-            "overlapping_replay": names,
-            "replay_in_break": names,
+            "model graph": rows["capture_size"],
+            "role": block_roles(liveness),
+            "bytes": rows["bytes"],
+            "freed at": rows["free_frame"].map(lambda f: f or "never"),
+            "replay graphs over it": rows["overlapping_replay"].map(_short),
+            "of them in its break": rows["replay_in_break"].map(_short),
+            "conflict": rows["conflict"],
         }
     )
-
-
-def equivalence_view(snapshot: Snapshot) -> Styler:
-    """A scenario run's graphs-vs-eager rows, styled, with its source."""
-    rows = Equivalence.recorded_in(snapshot).rows.copy()
-    rows.attrs["source"] = snapshot.source_label
-    return style_table(rows)
+    view.attrs["source"] = source or liveness.source
+    return style_table(view).format({"bytes": format_bytes})
 
 
 def scenario_for(policy: str, has_early_aux: bool) -> tuple[str, bool]:
@@ -95,7 +281,7 @@ def scenario_for(policy: str, has_early_aux: bool) -> tuple[str, bool]:
 
 
 class SafetyView:
-    """A policy toggle and an early-aux checkbox over the scenario runs: the timeline, verdicts and tables shown.
+    """A policy toggle and an early-aux checkbox over the scenario runs: the timeline, verdicts and blocks shown.
 
     `replay_size_for` pairs each model graph with the replay graph that runs in
     its breaks (the replica: `kit.replica.model.replay_rows`). `widget` is the
@@ -115,7 +301,7 @@ class SafetyView:
             indent=False,
             layout={"width": "auto"},
         )
-        self.status, self.liveness_html, self.equivalence_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        self.status, self.blocks_html = widgets.HTML(), widgets.HTML()
         self.scenario = scenario_for(self.policy.value, self.early_aux.value)[0]
         self.timeline = go.FigureWidget(self.figure())  # the first view, also in a saved page
         self.policy.observe(self.update, names="value")
@@ -125,13 +311,11 @@ class SafetyView:
     @property
     def widget(self) -> widgets.VBox:
         controls = widgets.HBox([self.policy, self.early_aux])
-        return widgets.VBox([controls, self.status, self.timeline, self.liveness_html, self.equivalence_html])
+        return widgets.VBox([controls, self.status, self.timeline, self.blocks_html])
 
     def figure(self) -> go.Figure:
         """The shown scenario's timeline, titled with the choice that picked it."""
-        title = (
-            f"Pool blocks held across the eager breaks: policy {self.policy.value}, early aux {self.early_aux.value}"
-        )
+        title = f"Held across the eager breaks: policy {self.policy.value}, early aux {self.early_aux.value}"
         snapshot = self.snapshots[self.scenario]
         return timeline_figure(snapshot, self.liveness[self.scenario], title, source=snapshot.source_label)
 
@@ -146,5 +330,4 @@ class SafetyView:
             f"graphs {decision}; capture <code>{self.scenario}</code>; graphs vs eager: "
             f"{Equivalence.recorded_in(snapshot).summary()}<br>" + "<br>".join(liveness.verdicts())
         )
-        self.liveness_html.value = liveness_view(liveness, snapshot.source_label).to_html()
-        self.equivalence_html.value = equivalence_view(snapshot).to_html()
+        self.blocks_html.value = SCROLL.format(liveness_view(liveness, snapshot.source_label).to_html())

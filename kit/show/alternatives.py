@@ -1,0 +1,345 @@
+"""Notebook 05's views of PR 63155's alternatives: the graph pool per variant and per cap, and what it buys.
+
+They read the alternatives JSON (`kit.experiments.alternatives.load_recording`, or
+`run_live` on a GPU), whose `source` line every table and figure carries:
+
+- `variant_table`: one row per variant, the three of alternative (a) (`unpatched`, `pr`,
+  `share_all`) and one per cap of alternative (b) (`cap 64`, ...): the graph pool, what it
+  saves against `unpatched`, the replay batches that run eagerly, the profile estimate
+  (`capture_model(profile_only=True)`) and the KV cache its drop frees in the replica;
+- `pool_figure`: the graph pool of every variant, split by the stream that captured into it,
+  one variant picked out;
+- `checks_table`: a variant's graphs-vs-eager steps (target outputs and draft);
+- `deepseek_table`: what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash (an assumed layout,
+  its source stated) and on DeepSeek-V3's MLA;
+- `extra_diff`: the lines alternative (a) changes beyond the PR (the speculator's capture);
+- `AlternativesView`: a variant toggle (the notebook's main control) over the figure and the
+  picked variant's details.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import fields
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+from pandas.io.formats.style import Styler
+
+from kit.analysis.kv_cache import KVLayout, kv_cache_bought
+from kit.analysis.tables import format_bytes, style_table
+from kit.show.pictures import MIB, show_in
+
+MAIN = ("unpatched", "pr", "share_all")
+WHAT = {
+    "unpatched": "vLLM 0.33: every capture on a stream of its own",
+    "pr": "PR 63155: the replay graphs on the model graphs' stream",
+    "share_all": "alternative (a): the replay graphs and the speculator on the model graphs' stream",
+}
+STREAM_COLOURS = {
+    "model graphs stream": "#34495e",
+    "replay graphs stream": "#e67e22",
+    "DFlash speculator graphs stream": "#8e44ad",
+}
+DIMMED = 0.3  # opacity of the variants not picked
+FIGURE_WIDTH, LEGEND_BOTTOM_MARGIN = 980, 120  # px
+TABLE_COLUMNS = ["variant", "what", "graph_pool_bytes", "saved_bytes", "eager replay batches"]
+TABLE_COLUMNS += ["profile_estimate_bytes", "kv_freed_bytes", "kv_blocks", "kv_tokens", "safe"]
+BYTE_COLUMNS = ["graph_pool_bytes", "saved_bytes", "profile_estimate_bytes", "kv_freed_bytes"]
+CHECK_COLUMNS = ["size", "previous_size", "draft_graph_size", "target_outputs_overwritten", "bit_exact"]
+CHECK_COLUMNS += ["max_abs_diff", "differing_outputs"]
+
+
+def cap_name(max_replay_size: int) -> str:
+    return f"cap {max_replay_size}"
+
+
+def replica_layout_of(data: dict) -> KVLayout:
+    """The replica's KV layout as the recording states it (`kv_cache.replica.layout`)."""
+    stated = data["kv_cache"]["replica"]["layout"]
+    return KVLayout(**{f.name: stated[f.name] for f in fields(KVLayout)})
+
+
+def _sizes(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes)) or "none"
+
+
+def _row(data: dict, name: str, what: str, entry: dict, eager: list[int], base_estimate: int) -> dict:
+    base = data["unpatched"]["graph_pool_bytes"]
+    freed = kv_cache_bought(base_estimate - entry["profile_estimate_bytes"], replica_layout_of(data))
+    return {
+        "variant": name,
+        "what": what,
+        "graph_pool_bytes": entry["graph_pool_bytes"],
+        "saved_bytes": base - entry["graph_pool_bytes"],
+        "eager replay batches": _sizes(eager),
+        "profile_estimate_bytes": entry["profile_estimate_bytes"],
+        "kv_freed_bytes": freed["bytes"],
+        "kv_blocks": freed["blocks"],
+        "kv_tokens": freed["tokens"],
+        "by_stream": dict(entry.get("graph_pool_by_stream", {})),
+        "eager_replay_sizes": list(eager),
+    }
+
+
+def variant_table(data: dict) -> pd.DataFrame:
+    """One row per variant: (a)'s three, then each cap of (b); the graph pool, the estimate and the KV cache freed.
+
+    A cap's row is safe-unchecked (None) unless its config is one of the three (a cap that
+    leaves every replay size captured is `unpatched` itself, `measured_in`).
+    """
+    base_estimate = data["unpatched"]["profile_estimate_bytes"]
+    rows = []
+    for name in MAIN:
+        row = _row(data, name, WHAT[name], data[name], [], base_estimate)
+        rows.append({**row, "safe": bool(data[name]["safe"]), "evidence": data[name]["evidence"]})
+    for cap in data["cap_replay_sizes"]:
+        if cap["max_replay_size"] is None:
+            continue  # no cap: unpatched itself, already the first row
+        eager = cap["eager_replay_sizes"]
+        measured_in = cap.get("measured_in", "")
+        what = f"alternative (b): replay graphs captured up to {cap['max_replay_size']} rows"
+        if measured_in in MAIN:
+            what += f" (every size: {measured_in} itself)"
+        row = _row(data, cap_name(cap["max_replay_size"]), what, cap, eager, base_estimate)
+        checked = measured_in in MAIN
+        evidence = (
+            data[measured_in]["evidence"]
+            if checked
+            else "not checked: a cap shares no stream; the replica's replay dispatch has no eager fallback to compare"
+        )
+        rows.append({**row, "safe": bool(data[measured_in]["safe"]) if checked else None, "evidence": evidence})
+    table = pd.DataFrame(rows)
+    table.attrs.update(source=data.get("source", "?"), byte_columns=BYTE_COLUMNS)
+    return table
+
+
+def shown_table(table: pd.DataFrame) -> Styler:
+    """The variant table's columns a reader needs, styled, its source as caption."""
+    shown = table[TABLE_COLUMNS].copy()
+    shown["safe"] = shown["safe"].map(lambda s: "not checked" if s is None else ("yes" if s else "NO"))
+    shown.attrs.update(table.attrs)
+    return style_table(shown).format("{:,}".format, subset=["kv_blocks", "kv_tokens"])
+
+
+def _get(table: pd.DataFrame, variant: str) -> pd.Series:
+    rows = table[table["variant"] == variant]
+    if rows.empty:
+        raise ValueError(f"no variant {variant!r}: one of {', '.join(table['variant'])}")
+    return rows.iloc[0]
+
+
+def saving_line(table: pd.DataFrame, variant: str) -> str:
+    """One sentence: a variant's graph pool and what it saves against unpatched."""
+    row, base = _get(table, variant), _get(table, "unpatched")
+    return (
+        f"{variant}: graph pool {format_bytes(row['graph_pool_bytes'])}, saves {format_bytes(row['saved_bytes'])} "
+        f"({row['saved_bytes']:,} bytes) against unpatched's {format_bytes(base['graph_pool_bytes'])}"
+    )
+
+
+def cap_line(table: pd.DataFrame, variant: str, capture_sizes: list[int], rows_of: Callable[[int], int]) -> str:
+    """One sentence: a cap's graph pool and saving, and the replay batches (and model steps) it leaves to eager."""
+    row = _get(table, variant)
+    eager = row["eager_replay_sizes"]
+    line = f"{saving_line(table, variant)}; "
+    if not eager:
+        return line + "every replay batch still has a graph"
+    steps = _sizes(eager_steps(eager, capture_sizes, rows_of))
+    return line + f"replay batches of {_sizes(eager)} rows would run eagerly (in steps of {steps} tokens)"
+
+
+def kv_line(table: pd.DataFrame, variant: str) -> str:
+    """One sentence: the profile estimate before (unpatched) and after, and the KV cache its drop frees."""
+    row, base = _get(table, variant), _get(table, "unpatched")
+    return (
+        f"{variant}: the profile estimate falls from {format_bytes(base['profile_estimate_bytes'])} to "
+        f"{format_bytes(row['profile_estimate_bytes'])}: {format_bytes(row['kv_freed_bytes'])} more KV budget = "
+        f"{row['kv_blocks']:,} blocks, {row['kv_tokens']:,} tokens"
+    )
+
+
+def estimate_table(data: dict) -> pd.DataFrame:
+    """Per variant of (a): the graph pool, the capture's drop in free memory, the part outside the pool, the estimate.
+
+    The drop in free device memory counts every segment the capture reserved and kept,
+    the graph pool's and the default pool's blocks cached on the capture streams alike;
+    `outside_graph_pool` is the drop less the graph pool.
+    """
+    rows = []
+    for name in MAIN:
+        entry = data[name]
+        delta = entry["capture_free_memory_delta"]
+        rows.append(
+            {
+                "variant": name,
+                "graph_pool_bytes": entry["graph_pool_bytes"],
+                "capture_free_memory_delta": delta,
+                "outside_graph_pool": delta - entry["graph_pool_bytes"],
+                "profile_estimate_bytes": entry["profile_estimate_bytes"],
+            }
+        )
+    table = pd.DataFrame(rows)
+    table.attrs.update(source=data.get("source", "?"), byte_columns=list(table.columns[1:]))
+    return table
+
+
+def streams_of(table: pd.DataFrame) -> list[str]:
+    """Every capture stream that holds graph-pool bytes in some variant: the known three first, in capture order."""
+    seen = dict.fromkeys(s for by_stream in table["by_stream"] for s in by_stream)
+    return [s for s in STREAM_COLOURS if s in seen] + [s for s in seen if s not in STREAM_COLOURS]
+
+
+def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
+    """The graph pool of every variant, stacked by capture stream; `selected` drawn solid, the others dimmed."""
+    row = _get(table, selected)
+    names = list(table["variant"])
+    opacity = [1.0 if name == selected else DIMMED for name in names]
+    fig = go.Figure()
+    for stream in streams_of(table):
+        values = [by_stream.get(stream, 0) for by_stream in table["by_stream"]]
+        fig.add_bar(
+            y=names,
+            x=[v / MIB for v in values],
+            name=stream,
+            orientation="h",
+            marker=dict(color=STREAM_COLOURS.get(stream, "#95a5a6"), opacity=opacity),
+            hovertext=[format_bytes(v) for v in values],
+            hovertemplate="%{y}: %{hovertext} on the " + stream + "<extra></extra>",
+        )
+    fig.add_vline(x=table["graph_pool_bytes"].iloc[0] / MIB, line_dash="dash", line_color="#7f8c8d")
+    fig.add_annotation(
+        y=selected,
+        x=row["graph_pool_bytes"] / MIB,
+        xanchor="left",
+        showarrow=False,
+        text=f"  saves {format_bytes(row['saved_bytes'])}; frees {row['kv_blocks']:,} KV blocks",
+    )
+    title = (
+        f"Graph pool per variant, by capture stream: {selected} {format_bytes(row['graph_pool_bytes'])} "
+        f"(dashed: unpatched)<br><sup>source: {table.attrs.get('source', '?')}</sup>"
+    )
+    fig.update_layout(
+        barmode="stack",
+        title=title,
+        xaxis_title="MiB",
+        yaxis=dict(autorange="reversed", automargin=True),
+        # The legend under the axis: above the bars, three long stream names wrapped into the title.
+        legend=dict(
+            orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top", title_text="captured on", traceorder="normal"
+        ),
+        margin=dict(t=90, b=LEGEND_BOTTOM_MARGIN, r=240),
+        width=FIGURE_WIDTH,
+        height=90 + LEGEND_BOTTOM_MARGIN + 40 * len(names),
+    )
+    return fig
+
+
+def checks_table(data: dict, variant: str) -> pd.DataFrame:
+    """A variant's graphs-vs-eager steps: each size after a graph step of each size, target outputs and draft."""
+    rows = pd.DataFrame(data[variant].get("checks") or [], columns=CHECK_COLUMNS)
+    rows = rows[CHECK_COLUMNS].copy()
+    rows["differing_outputs"] = rows["differing_outputs"].map(lambda o: ", ".join(o) or "none")
+    rows.attrs["source"] = f"{data.get('source', '?')}: {variant}"
+    return rows
+
+
+def deepseek_table(data: dict) -> pd.DataFrame:
+    """What the PR's 5.18 GiB buys per GPU on each DeepSeek layout, with the layout and where it comes from."""
+    rows = []
+    for key in ("deepseek_v41_flash", "deepseek_v3_mla"):
+        entry = data["kv_cache"].get(key)
+        if not entry:
+            continue
+        layout = entry["layout"]
+        rows.append(
+            {
+                "layout": layout["name"],
+                "bytes per token": layout["bytes_per_token"],
+                "block size": layout["block_size"],
+                "saved_bytes": entry["saved_bytes"],
+                "blocks": entry["blocks"],
+                "tokens": entry["tokens"],
+                "assumed / from": layout["source"],
+            }
+        )
+    table = pd.DataFrame(rows)
+    table.attrs.update(
+        source="PR 63155's stated 5.18 GiB (not measured by the kit), priced by kit.analysis.kv_cache",
+        byte_columns=["saved_bytes"],
+    )
+    return table
+
+
+def extra_diff(diff: str) -> str:
+    """The function diffs of alternative (a) that the PR does not make: the speculator's and the runner's."""
+    blocks, current = [], []
+    for line in diff.splitlines():
+        if line.startswith("--- ") and current:
+            blocks.append(current)
+            current = []
+        current.append(line)
+    if current:
+        blocks.append(current)
+    kept = [b for b in blocks if any(k in b[0] for k in ("speculator", "capture_model"))]
+    return "\n".join(line.replace("(PR 63155)", "(alternative (a))") for block in kept for line in block)
+
+
+def eager_steps(sizes: list[int], capture_sizes: list[int], rows_of: Callable[[int], int]) -> list[int]:
+    """The model step sizes whose replay batch (`rows_of(step)`) is one of `sizes`: the steps that replay eagerly."""
+    return sorted(n for n in capture_sizes if rows_of(n) in set(sizes))
+
+
+def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
+    """The picked variant in a few lines: where it captured, what runs eagerly, what it buys, whether it is safe."""
+    row = _get(table, selected)
+    base_estimate = data["unpatched"]["profile_estimate_bytes"]
+    held = row["by_stream"]
+    by_stream = ", ".join(f"{s} {format_bytes(held[s])}" for s in streams_of(table) if s in held)
+    lines = [
+        f"<b>{html.escape(selected)}</b>: {html.escape(row['what'])}",
+        f"graph pool {format_bytes(row['graph_pool_bytes'])} ({html.escape(by_stream)}); saves "
+        f"{format_bytes(row['saved_bytes'])} against unpatched",
+    ]
+    streams = data[selected].get("capture_streams") if selected in MAIN else None
+    if streams:
+        lines.append("captured on: " + html.escape(", ".join(f"{m} on the {s}" for m, s in streams.items())))
+    eager = row["eager_replay_sizes"]
+    lines.append(f"replay batches that run eagerly: {_sizes(eager)}" if eager else "every replay batch has a graph")
+    lines.append(
+        f"profile estimate {format_bytes(row['profile_estimate_bytes'])} (unpatched {format_bytes(base_estimate)}): "
+        f"{format_bytes(row['kv_freed_bytes'])} more KV budget, {row['kv_blocks']:,} blocks, "
+        f"{row['kv_tokens']:,} tokens in the replica"
+    )
+    lines.append(f"graphs vs eager: {html.escape(row['evidence'])}")
+    page = "".join(f"<p>{line}</p>" for line in lines)
+    if selected in MAIN:
+        page += style_table(checks_table(data, selected)).to_html()
+    return page
+
+
+class AlternativesView:
+    """Pick a variant: the graph pool of all of them by stream, the picked one solid, and its details below.
+
+    `data` is the alternatives JSON. `widget` is the view to display; `variant` is its main control.
+    """
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        self.table = variant_table(data)
+        self.variant = widgets.ToggleButtons(options=list(self.table["variant"]), description="variant")
+        self.variant.add_class("kit-main-control")
+        self.details = widgets.HTML()
+        self.bars = go.FigureWidget(pool_figure(self.table, self.variant.value))  # the first view, also saved
+        self.variant.observe(self.show, names="value")
+        self.show()
+
+    @property
+    def widget(self) -> widgets.VBox:
+        return widgets.VBox([self.variant, self.bars, self.details])
+
+    def show(self, change=None) -> None:
+        show_in(self.bars, pool_figure(self.table, self.variant.value))
+        self.details.value = details_html(self.data, self.table, self.variant.value)
