@@ -51,6 +51,7 @@ from kit.replica import model_runner, speculator
 from kit.replica.model import ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 from kit.replica.speculator import DFlashCudaGraphManager, speculator_capture_sizes
+from tests.test_pairings import _one_line_error
 
 MIB = 1 << 20
 TINY = ReplicaConfig(
@@ -488,13 +489,6 @@ def test_alternatives_prints_the_source_the_variants_the_caps_and_the_kv_cache(r
     )
     assert "DeepSeek-V4.1-Flash (assumed): the PR's 5.18 GiB = 32,918 blocks of 64, 2,106,752 tokens" in out
     assert "or the sliding windows of 2,057 more requests" in out
-
-
-def _one_line_error(capsys, argv) -> str:
-    assert kit_main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("kit: error: ")
-    return captured.err.removeprefix("kit: error: ").strip()
 
 
 def test_a_missing_or_broken_recording_is_one_line(recordings, capsys):

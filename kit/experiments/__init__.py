@@ -11,5 +11,7 @@
   writes, recorded during capture, and the proof obligation per pairing;
 - `alternatives`: the PR's alternatives measured (every capture on one
   stream, the speculator included; capped replay sizes) and the KV cache the
-  saving buys (`kit alternatives`).
+  saving buys (`kit alternatives`);
+- `recorded`: what those three share: their JSON recordings read and written
+  with their provenance, and each policy or variant run in a fresh process.
 """

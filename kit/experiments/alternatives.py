@@ -44,10 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
-import hashlib
-import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -55,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
-from kit.fileio import atomic_write
+from kit.experiments import recorded
+from kit.experiments.recorded import provenance
+from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
 from kit.patch import vllm as vllm_patch
 from kit.patch.pr import Codebase, Target
@@ -287,18 +285,6 @@ def run_checks(runner, seed: int = SEED) -> list[dict]:
     return rows
 
 
-def provenance(command: str) -> dict:
-    import torch
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
-    }
-
-
 def build_runner(config, max_replay_size: int | None = None):
     """The replica on CUDA, its replay capture sizes capped at `max_replay_size` (None: as the config has them)."""
     from kit.replica.model_runner import GPUModelRunner
@@ -365,16 +351,8 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
 
 def run_variant_in_subprocess(variant: str, preset: str, out: Path) -> dict:
     """`run_variant` in a fresh process; what it wrote to `out`."""
-    done = subprocess.run(
-        [sys.executable, "-m", "kit.experiments.alternatives"]
-        + ["--variant", variant, "--preset", preset, "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise KitError(f"alternative {variant} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
-    return json.loads(out.read_text())
+    failed = f"alternative {variant} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.alternatives", "variant", variant, preset, out, failed)
 
 
 # --- the recording ------------------------------------------------------------------------------
@@ -465,37 +443,15 @@ def record(preset: str, out_dir: Path) -> Path:
     """Every variant, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     config = alternatives_config(preset)
     require_cuda()
-    out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kit-alternatives-") as tmp:
-        runs = {v: run_variant_in_subprocess(v, preset, Path(tmp) / f"{v}.json") for v in variants_to_run(config)}
+    out_dir = recorded.output_dir(out_dir)
+    runs = recorded.run_each(variants_to_run(config), run_variant_in_subprocess, preset, "kit-alternatives-")
     prov = {
         **runs["unpatched"]["provenance"],
         "command": f"python -m kit.experiments.alternatives --preset {preset} --out {_shown(out_dir)}",
     }
     data = assemble(preset, config, runs, prov)
-    text = json.dumps(data, indent=1) + "\n"
-    path = out_dir / f"{preset}.json"
-    with atomic_write(path) as f:
-        f.write(text)
-    manifest_path = out_dir / "PROVENANCE.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[path.name] = {
-        **prov,
-        "figures": {v: {k: data[v][k] for k in VARIANT_KEYS} for v in MAIN_VARIANTS},
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-    }
-    with atomic_write(manifest_path) as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
-    return path
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the repository when it is inside it (provenance and source lines)."""
-    try:
-        return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
-    except ValueError:
-        return str(path)
+    figures = {v: {k: data[v][k] for k in VARIANT_KEYS} for v in MAIN_VARIANTS}
+    return recorded.write_recording(data, out_dir, preset, figures=figures)
 
 
 # --- reading and showing ---------------------------------------------------------------------
@@ -543,23 +499,7 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
 
     check_preset(preset)
     path = Path(path) if path is not None else recording_path(preset)
-    if not path.is_file():
-        raise KitError(
-            f"no alternatives recording for preset {preset!r} ({_shown(path)}); run `python -m kit alternatives "
-            f"--live --preset {preset}` on a GPU"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KitError(f"{_shown(path)}: not an alternatives recording (not JSON: {e})") from None
-    problem = _schema_problem(data)
-    if problem:
-        raise KitError(f"{_shown(path)}: not an alternatives recording ({problem})")
-    prov = data["provenance"]
-    data["source"] = (
-        f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')} ({_shown(path)})"
-    )
-    return data
+    return recorded.load_shipped(path, preset, "alternatives", _schema_problem)
 
 
 def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
@@ -670,8 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.variant:
             result = run_variant(args.variant, args.preset)
-            with atomic_write(args.out) as f:
-                f.write(json.dumps(result, indent=1) + "\n")
+            recorded.write_run(result, args.out)
             print(f"{args.variant}: graph pool {mib(result['graph_pool_bytes'])}")
         else:
             path = record(args.preset, Path(args.out))

@@ -48,11 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
-import hashlib
-import json
 import math
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -63,7 +59,9 @@ from typing import Any
 import pandas as pd
 
 from kit.errors import KitError
-from kit.fileio import atomic_write
+from kit.experiments import recorded
+from kit.experiments.recorded import provenance as _provenance
+from kit.experiments.recorded import shown as _shown
 from kit.recordings import RECORDINGS
 
 # policy -> the scenario of kit.experiments.scenarios that captures it
@@ -241,18 +239,6 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
     return rows
 
 
-def _provenance(command: str) -> dict:
-    import torch
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
-    }
-
-
 def _shares_model_stream(runner) -> bool:
     """Whether the replay graphs were captured on the model graphs' stream (the patch records `capture_stream`)."""
     model = getattr(runner.cudagraph_manager, "capture_stream", None)
@@ -295,15 +281,8 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
 
 def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
     """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    done = subprocess.run(
-        [sys.executable, "-m", "kit.experiments.pairings", "--policy", policy, "--preset", preset, "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise KitError(f"pairings for {policy} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
-    return json.loads(out.read_text())
+    failed = f"pairings for {policy} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.pairings", "policy", policy, preset, out, failed)
 
 
 def record(preset: str, out_dir: Path) -> Path:
@@ -312,10 +291,8 @@ def record(preset: str, out_dir: Path) -> Path:
 
     check_preset(preset)
     require_cuda()
-    out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kit-pairings-") as tmp:
-        runs = {policy: run_policy_in_subprocess(policy, preset, Path(tmp) / f"{policy}.json") for policy in POLICIES}
+    out_dir = recorded.output_dir(out_dir)
+    runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-pairings-")
     first = runs[next(iter(POLICIES))]
     data = {
         "preset": preset,
@@ -327,28 +304,7 @@ def record(preset: str, out_dir: Path) -> Path:
             "command": f"python -m kit.experiments.pairings --preset {preset} --out {_shown(out_dir)}",
         },
     }
-    text = json.dumps(data, indent=1) + "\n"
-    path = out_dir / f"{preset}.json"
-    with atomic_write(path) as f:
-        f.write(text)
-    manifest_path = out_dir / "PROVENANCE.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[path.name] = {
-        **data["provenance"],
-        "verdicts": pair_verdicts(pairs_frame(data)),
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-    }
-    with atomic_write(manifest_path) as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
-    return path
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the repository when it is inside it (provenance and source lines)."""
-    try:
-        return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
-    except ValueError:
-        return str(path)
+    return recorded.write_recording(data, out_dir, preset, verdicts=pair_verdicts(pairs_frame(data)))
 
 
 # --- reading and showing ---------------------------------------------------------
@@ -379,23 +335,7 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
 
     check_preset(preset)
     path = Path(path) if path is not None else recording_path(preset)
-    if not path.is_file():
-        raise KitError(
-            f"no safety recording for preset {preset!r} ({_shown(path)}); run `python -m kit safety --live "
-            f"--preset {preset}` on a GPU"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KitError(f"{_shown(path)}: not a safety recording (not JSON: {e})") from None
-    problem = _schema_problem(data)
-    if problem:
-        raise KitError(f"{_shown(path)}: not a safety recording ({problem})")
-    prov = data["provenance"]
-    data["source"] = (
-        f"recorded on {prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')} ({_shown(path)})"
-    )
-    return data
+    return recorded.load_shipped(path, preset, "safety", _schema_problem)
 
 
 def _schema_problem(data: Any) -> str | None:
@@ -524,8 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.policy:
             result = run_policy(args.policy, args.preset)
-            with atomic_write(args.out) as f:
-                f.write(json.dumps(result, indent=1) + "\n")
+            recorded.write_run(result, args.out)
             print(pair_verdicts(pairs_frame(result))[0])
         else:
             path = record(args.preset, Path(args.out))

@@ -32,13 +32,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
-import json
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -62,7 +59,8 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.errors import KitError
-from kit.fileio import atomic_write
+from kit.experiments import recorded
+from kit.experiments.recorded import provenance as _provenance
 from kit.recordings import RECORDINGS
 
 POLICIES = ("pr", "unpatched", "early_aux_shared")
@@ -255,12 +253,6 @@ def break_inputs(raw: dict) -> list[dict]:
 # --- running a policy (CUDA) --------------------------------------------------------
 
 
-def _provenance(command: str) -> dict:
-    from kit.experiments.pairings import _provenance as provenance
-
-    return provenance(command)
-
-
 def run_policy(policy: str, preset: str = "small") -> dict:
     """Capture the replica under `policy` in this process, recording reads, writes and the trace; the comparison."""
     import torch
@@ -320,38 +312,19 @@ def run_policy(policy: str, preset: str = "small") -> dict:
 
 def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
     """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kit.experiments.readwrite_run",
-            "--policy",
-            policy,
-            "--preset",
-            preset,
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise KitError(f"read/write run for {policy} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
-    return json.loads(out.read_text())
+    failed = f"read/write run for {policy} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.readwrite_run", "policy", policy, preset, out, failed)
 
 
 def record(preset: str, out_dir: Path) -> Path:
     """Every policy, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.pairings import DISPATCH_RULE, _shown
+    from kit.experiments.pairings import DISPATCH_RULE
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
     require_cuda()  # before any folder or process is made
-    out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kit-readwrite-") as tmp:
-        runs = {policy: run_policy_in_subprocess(policy, preset, Path(tmp) / f"{policy}.json") for policy in POLICIES}
+    out_dir = recorded.output_dir(out_dir)
+    runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-readwrite-")
     first = runs[POLICIES[0]]
     data = {
         "preset": preset,
@@ -361,24 +334,11 @@ def record(preset: str, out_dir: Path) -> Path:
         "policies": {policy: {k: v for k, v in run.items() if k != "pairs"} for policy, run in runs.items()},
         "provenance": {
             **first["provenance"],
-            "command": f"python -m kit.experiments.readwrite_run --preset {preset} --out {_shown(out_dir)}",
+            "command": f"python -m kit.experiments.readwrite_run --preset {preset} --out {recorded.shown(out_dir)}",
         },
     }
-    text = json.dumps(data, indent=1) + "\n"
-    path = out_dir / f"{preset}.json"
-    with atomic_write(path) as f:
-        f.write(text)
-    manifest_path = out_dir / "PROVENANCE.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[path.name] = {
-        **data["provenance"],
-        "obligation": {policy: run["obligation"] for policy, run in runs.items()},
-        "agreement": summary_lines(data),
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-    }
-    with atomic_write(manifest_path) as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
-    return path
+    obligation = {policy: run["obligation"] for policy, run in runs.items()}
+    return recorded.write_recording(data, out_dir, preset, obligation=obligation, agreement=summary_lines(data))
 
 
 # --- reading ---------------------------------------------------------------------------
@@ -400,19 +360,18 @@ def check_policy(policy: str) -> str:
 def load_recording(preset: str, path: str | Path | None = None) -> dict:
     """A read/write recording (the shipped one for `preset` by default), checked."""
     path = Path(path) if path is not None else RECORDINGS_DIR / f"{preset}.json"
-    if not path.is_file():
-        raise KitError(f"no read/write recording for preset {preset!r} at {path}; record it on a GPU")
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KitError(f"{path}: not a read/write recording (not JSON: {e})") from None
+    missing = f"no read/write recording for preset {preset!r} at {path}; record it on a GPU"
+    return recorded.read_recording(path, "a read/write recording", missing, _schema_problem, where=str)
+
+
+def _schema_problem(data: Any) -> str | None:
     pairs = data.get("pairs") if isinstance(data, dict) else None
     if not isinstance(pairs, list) or not pairs or not all(isinstance(p, dict) for p in pairs):
-        raise KitError(f"{path}: not a read/write recording (no 'pairs' list)")
+        return "no 'pairs' list"
     missing = sorted({k for p in pairs for k in PAIR_KEYS if k not in p})
     if missing or not isinstance(data.get("provenance"), dict):
-        raise KitError(f"{path}: not a read/write recording (lacks {', '.join(missing) or 'provenance'})")
-    return data
+        return f"lacks {', '.join(missing) or 'provenance'}"
+    return None
 
 
 def summary_lines(data: dict) -> list[str]:
@@ -441,8 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.policy:
             result = run_policy(args.policy, args.preset)
-            with atomic_write(args.out) as f:
-                f.write(json.dumps(result, indent=1) + "\n")
+            recorded.write_run(result, args.out)
             print(result["obligation"])
         else:
             path = record(args.preset, Path(args.out))

@@ -1,0 +1,148 @@
+"""The JSON recordings of the replica's experiments, their provenance, and each variant in a fresh process.
+
+`kit.experiments.pairings`, `readwrite_run` and `alternatives` share this:
+reading a recording back (`read_recording`: one-line errors for a missing
+file, one not JSON, one its schema check refuses; `source_line` for where it
+was recorded), writing one (`write_recording`: `<preset>.json` and its
+`PROVENANCE.json` entry, both atomically), the provenance of a run
+(`provenance`), paths as the repository shows them (`shown`), and running one
+policy or variant as `python -m MODULE --FLAG NAME --preset P --out F` in a
+fresh process (`run_in_subprocess`, `run_each`): patches and the graph pool
+are per process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from kit.errors import KitError
+from kit.fileio import atomic_write
+from kit.recordings import RECORDINGS
+
+
+def shown(path: str | Path) -> str:
+    """`path` relative to the repository when it is inside it (provenance and source lines)."""
+    try:
+        return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
+    except ValueError:
+        return str(path)
+
+
+def provenance(command: str) -> dict:
+    """Where and when a run was made: the GPU, torch and CUDA versions, the date, `command`."""
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read_recording(
+    path: Path,
+    what: str,
+    missing: str,
+    schema_problem: Callable[[Any], str | None],
+    where: Callable[[Path], str] = shown,
+) -> dict:
+    """The JSON at `path`, checked: KitError `missing` without a file, `<where(path)>: not <what> (...)` else."""
+    if not path.is_file():
+        raise KitError(missing)
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KitError(f"{where(path)}: not {what} (not JSON: {e})") from None
+    problem = schema_problem(data)
+    if problem:
+        raise KitError(f"{where(path)}: not {what} ({problem})")
+    return data
+
+
+def load_shipped(path: Path, preset: str, command: str, schema_problem: Callable[[Any], str | None]) -> dict:
+    """A recording `python -m kit COMMAND` shows, checked, with its `source` line (`--live` makes a missing one)."""
+    missing = (
+        f"no {command} recording for preset {preset!r} ({shown(path)}); run `python -m kit {command} --live "
+        f"--preset {preset}` on a GPU"
+    )
+    what = f"{'an' if command[0] in 'aeiou' else 'a'} {command} recording"
+    data = read_recording(path, what, missing, schema_problem)
+    data["source"] = source_line(data, path)
+    return data
+
+
+def source_line(data: dict, path: Path) -> str:
+    """`recorded on GPU, torch V, DATE (path)`, from the recording's provenance."""
+    prov = data["provenance"]
+    when = f"{prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')}"
+    return f"recorded on {when} ({shown(path)})"
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def write_recording(data: dict, out_dir: Path, preset: str, **entry: Any) -> Path:
+    """`data` into `out_dir/<preset>.json`; its `PROVENANCE.json` entry: provenance, `entry`, sha256."""
+    text = json.dumps(data, indent=1) + "\n"
+    path = out_dir / f"{preset}.json"
+    with atomic_write(path) as f:
+        f.write(text)
+    manifest_path = out_dir / "PROVENANCE.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[path.name] = {**data["provenance"], **entry, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    with atomic_write(manifest_path) as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def write_run(result: dict, out: str | Path) -> None:
+    """One policy's or variant's run, as `--out` of a single run gets it."""
+    with atomic_write(out) as f:
+        f.write(json.dumps(result, indent=1) + "\n")
+
+
+# --- each variant in a fresh process -----------------------------------------------------------
+
+
+def run_in_subprocess(module: str, flag: str, name: str, preset: str, out: Path, failed: str) -> dict:
+    """`python -m module --flag name --preset preset --out out` in a fresh process; what it wrote to `out`.
+
+    On failure, KitError `<failed> failed: <the child's last stderr line>`.
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", module, f"--{flag}", name, "--preset", preset, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise KitError(f"{failed} failed: {lines[-1].removeprefix('kit: error: ')}")
+    return json.loads(out.read_text())
+
+
+def run_each(
+    names: Iterable[str], run_one: Callable[[str, str, Path], dict], preset: str, prefix: str
+) -> dict[str, dict]:
+    """`run_one(name, preset, out)` for every name, each into a file of a temporary folder; runs by name."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return {name: run_one(name, preset, Path(tmp) / f"{name}.json") for name in names}
+
+
+def output_dir(out_dir: str | Path) -> Path:
+    """`out_dir` resolved and made."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
