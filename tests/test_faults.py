@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import pickle
+import signal
 import threading
 import time
 from pathlib import Path
@@ -327,8 +328,16 @@ def test_an_error_inside_the_recorders_hook_never_breaks_the_capture(clean, monk
     assert rec.errors == ["_on_begin: RuntimeError: snapshot failed", "_on_end: RuntimeError: snapshot failed"]
 
 
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt here, even where the parent process ignores SIGINT (nohup, `cmd &`)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_a_keyboard_interrupt_during_a_long_recording_leaves_nothing_behind(clean, seed):
+def test_a_keyboard_interrupt_during_a_long_recording_leaves_nothing_behind(clean, seed, ctrl_c):
     timer = threading.Timer(0.002 + 0.004 * seed, _thread.interrupt_main)
     deadline = time.monotonic() + 10
     with pytest.raises(KeyboardInterrupt):
@@ -429,7 +438,7 @@ def test_two_threads_capture_on_their_own_streams_at_once(clean):
     assert rec.errors == []
 
 
-def test_an_interrupt_inside_interrupts_deferred_is_raised_after_it():
+def test_an_interrupt_inside_interrupts_deferred_is_raised_after_it(ctrl_c):
     done = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts_deferred():
