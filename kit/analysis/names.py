@@ -25,7 +25,10 @@ id as `table` prints it, its hex form, or a label) into a stream id.
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import wraps
+from typing import TypeVar
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -39,6 +42,22 @@ DEFAULT_STREAM_LABEL = "default stream"
 DEFAULT_POOL_LABEL = "default pool"
 _ALLOC = TRACE_ACTIONS.index("alloc")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
+
+
+T = TypeVar("T")
+
+
+def _per_snapshot(scan: Callable[[Snapshot], T]) -> Callable[[Snapshot], T]:
+    """Scan a snapshot's trace once while the snapshot lives: every table, verdict and command asks again."""
+    done: WeakKeyDictionary[Snapshot, T] = WeakKeyDictionary()
+
+    @wraps(scan)
+    def cached(snapshot: Snapshot) -> T:
+        if snapshot not in done:
+            done[snapshot] = scan(snapshot)
+        return done[snapshot]
+
+    return cached
 
 
 def letters(i: int) -> str:
@@ -70,6 +89,7 @@ def trace_stream_order(snapshot: Snapshot) -> list[int]:
     return list(order)
 
 
+@_per_snapshot
 def _first_alloc_frames(snapshot: Snapshot) -> dict[int, str]:
     """Per stream, the user frame of its first allocation in the trace that has one."""
     out: dict[int, str] = {}
@@ -132,6 +152,11 @@ def _stream_labels(snapshot: Snapshot, names: Mapping | None) -> tuple[dict[int,
 
 def pool_order(snapshot: Snapshot) -> list[tuple[int, int]]:
     """The graph pools in the order their first segment was made: older than the trace first, by id."""
+    return list(_pool_order(snapshot))
+
+
+@_per_snapshot
+def _pool_order(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     c = snapshot.columns
     pools = c.pools()
     graph = [(a, p) for a, p in zip(c.address.tolist(), pools, strict=True) if p != DEFAULT_POOL]
@@ -145,7 +170,7 @@ def pool_order(snapshot: Snapshot) -> list[tuple[int, int]]:
                 if pool is not None and pool not in first_made:
                     first_made[pool] = (device, i)
     before = sorted({p for _, p in graph} - set(first_made))
-    return before + sorted(first_made, key=first_made.__getitem__)
+    return (*before, *sorted(first_made, key=first_made.__getitem__))
 
 
 def pool_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[tuple[int, int], str]:
