@@ -69,6 +69,7 @@ safety-recordings:
 	$(PYTHON) -m kit.experiments.pairings --preset small --out kit/recordings/safety
 	$(PYTHON) -m kit.experiments.readwrite_run --preset small --out kit/recordings/readwrite
 	$(PYTHON) -m kit.experiments.alternatives --preset small --out kit/recordings/alternatives
+	$(PYTHON) -m kit.experiments.drafter_run --preset small --out kit/recordings/drafter
 
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
 plain-recordings:

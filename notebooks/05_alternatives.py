@@ -44,6 +44,7 @@ from kit.show.alternatives import (
     AlternativesView,
     cap_line,
     deepseek_table,
+    drafter_table,
     estimate_table,
     extra_diff,
     kv_line,
@@ -133,10 +134,37 @@ print(
 )
 
 # %% [markdown]
-# Safe, and why: the target's outputs are live from the forward until `propose` has copied
-# them out; the drafter's graph runs only after that copy, so what it overwrites is already
-# dead. The lifetime argument holds for this order of a step: anything that read the target's
-# pool outputs after the drafter's graph would read the drafter's writes.
+# Bit-exact steps are a demonstration, not a proof: they show the runs that were tried. The
+# speculator's own lifetime argument, made the way notebook 04 makes the replay graphs', is a
+# proof obligation: for every model graph N and every drafter graph D that can follow it in a
+# step, the bytes D writes are not read after D with a value N wrote. It is checked by two
+# analyses (`kit.experiments.drafter_run`, each variant in a fresh process):
+#
+# - **reads and writes**: every aten op's device bytes recorded during capture (which graph
+#   wrote what) and on a real step of every size (what the sampler and `propose` read before
+#   the drafter's graph, what the step reads after it);
+# - **lifetimes**: the blocks each model capture leaves when its forward ends (its outputs) and
+#   the drafter captures that allocate over them, with the step's reads and from the trace
+#   alone.
+
+# %%
+drafter = data["share_all"].get("drafter_analyses")
+print(f"data source: {drafter['source'] if drafter else 'no drafter analyses recorded'}")
+if drafter:
+    print(drafter["obligation"])
+    print(f"share_all: {drafter['evidence']}")
+    print(f"share_all safe by graphs vs eager and both analyses: {data['share_all']['safe']}")
+    display(shown_table(drafter_table(data)))
+
+# %% [markdown]
+# Safe, and why: under share_all the drafter's graphs do overwrite the target's outputs (under
+# the PR, on a stream of their own, they never do), but every read of those outputs, the
+# sampler's and `propose`'s staging copies, comes before the drafter's graph replays, and
+# nothing in the step reads them after it. From the trace alone the lifetime analysis cannot
+# see that order: it flags every overwritten output (the capture drops its outputs for weak
+# references, so the trace shows them freed, not read); the step's reads clear them. The
+# argument rests on that order of a step: a consumer that read the target's pool outputs after
+# the drafter's graph would read the drafter's writes.
 #
 # ## Alternative (b): cap the replay capture sizes
 #

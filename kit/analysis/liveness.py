@@ -27,7 +27,7 @@ import pandas as pd
 
 from kit.analysis.attribution import captures_by_name, is_replay_capture
 from kit.analysis.frames import first_user_frame, frame_line, is_user_frame
-from kit.analysis.readwrite import Ranges, read_break_reads
+from kit.analysis.readwrite import Ranges, read_break_reads, read_step_reads
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
 from kit.errors import KitError
@@ -349,3 +349,168 @@ def break_allocations(snapshot: Snapshot | str | dict, *, device: int = 0) -> pd
     table = pd.DataFrame(rows, columns=BREAK_COLUMNS)
     table.attrs["source"] = snap.source_label
     return table
+
+
+# --- alternative (a): what the target forward leaves for the step when the drafter runs ----------
+
+READ_BEFORE = "read before the drafter"
+READ_AFTER = "read after the drafter"
+UNREAD = "not read by the step"
+GRAPH_OUTPUT = "graph output, readers unknown"
+DRAFTER_LIVENESS_COLUMNS = [
+    "capture",
+    "capture_size",
+    "addr",
+    "bytes",
+    "alloc_index",
+    "free_index",
+    "class",
+    "alloc_frame",
+    "drafter",
+    "drafter_size",
+    "drafter_overlaps",
+    "conflict",
+]
+
+
+def is_drafter_capture(manager: str) -> bool:
+    """A speculator's capture, by its manager's name (the replica's `DFlashCudaGraphManager`: "DFlash speculator")."""
+    return "speculator" in manager.lower() or "drafter" in manager.lower()
+
+
+@dataclass
+class DrafterLiveness:
+    """What `drafter_liveness_table` found: one row per (model capture, output block, drafter capture)."""
+
+    rows: pd.DataFrame
+    source: str
+    model_captures: list[str]
+    drafter_captures: list[str]
+    step_reads_known: bool
+
+    def verdicts(self) -> list[str]:
+        return drafter_liveness_verdicts(self)
+
+
+def _forward_outputs(mine: list[_Life]) -> list[_Life]:
+    """The blocks of a capture still allocated after its forward's last allocation: its outputs, and any temporary
+    freed only as the forward returned (the trace cannot tell them apart; the step's reads can)."""
+    last_alloc = max((life.index for life in mine), default=-1)
+    return [life for life in mine if life.free is None or life.free > last_alloc]
+
+
+def _output_class(life: _Life, reads: tuple[Ranges, Ranges] | None) -> str:
+    if reads is None:
+        return GRAPH_OUTPUT
+    before, after = reads
+    if after.intersects(life.addr, life.addr + life.size):
+        return READ_AFTER
+    return READ_BEFORE if before.intersects(life.addr, life.addr + life.size) else UNREAD
+
+
+def drafter_liveness_table(
+    snapshot: Snapshot | str | dict,
+    *,
+    step_reads: Mapping[str, tuple[Ranges, Ranges]] | None = None,
+    device: int = 0,
+) -> DrafterLiveness:
+    """The graph-pool blocks each model capture leaves when its forward ends, and the drafter captures over them.
+
+    The drafter (a speculator's graphs) runs after the target forward, in the
+    same step. A model capture's outputs are among the blocks of its pool
+    allocated in its windows and still allocated after the forward's last
+    allocation: the forward returns them, and the capture then frees them as
+    it keeps weak references (vLLM's wrappers do, inside the capture, so the
+    trace shows them freed at its very end). A temporary freed only as the
+    forward returned looks the same; the step's reads tell them apart. The
+    capture's other blocks were freed inside the forward, and `capture_end`
+    joins the capture's streams, so they are idle when the forward ends. Each
+    output's `class`:
+
+    - with `step_reads` (`capture -> (bytes the step read before the drafter,
+      after it)`; by default the snapshot's `kit["step_reads"]`,
+      `kit.analysis.readwrite.step_read_entries`): `read before the drafter`,
+      `read after the drafter`, or `not read by the step`;
+    - without them: `graph output, readers unknown`: a trace shows the block's
+      allocation and its free, not that the sampler and `propose` read it
+      before the drafter replays (the weak reference frees it at capture).
+
+    `conflict`: an output a drafter capture allocates over (in its window, the
+    same pool) that is read after the drafter, or whose readers are unknown.
+    Every drafter capture is paired with every model capture (any drafter graph
+    may follow any forward).
+    """
+    snap = load_snapshot(snapshot)
+    captures = _captures(snap)
+    lives = _lifetimes(snap, device)
+    if step_reads is None and snap.kit.get("step_reads") is not None:
+        step_reads = read_step_reads(snap.kit["step_reads"])
+    drafters = {
+        name: [life for life in lives if life.pool == tuple(gs[0]["pool"]) and _in_windows(life.index, gs)]
+        for name, gs in captures.items()
+        if is_drafter_capture(gs[0].get("manager", ""))
+    }
+    models = [
+        name
+        for name, gs in captures.items()
+        if len(gs) > 1 and not is_replay_capture(gs[0].get("manager", "")) and name not in drafters
+    ]
+    rows = []
+    for name in models:
+        graphs, pool = captures[name], tuple(captures[name][0]["pool"])
+        outputs = _forward_outputs([life for life in lives if life.pool == pool and _in_windows(life.index, graphs)])
+        reads = None if step_reads is None else step_reads.get(name, (Ranges(), Ranges()))
+        for life in outputs:
+            cls = _output_class(life, reads)
+            for drafter, others in drafters.items():
+                overlaps = any(life.overlaps(other) for other in others)
+                rows.append(
+                    {
+                        "capture": name,
+                        "capture_size": graphs[0].get("size"),
+                        "addr": life.addr,
+                        "bytes": life.size,
+                        "alloc_index": life.index,
+                        "free_index": life.free,
+                        "class": cls,
+                        "alloc_frame": _program_frame(life.frames),
+                        "drafter": drafter,
+                        "drafter_size": captures[drafter][0].get("size"),
+                        "drafter_overlaps": overlaps,
+                        "conflict": overlaps and cls in (READ_AFTER, GRAPH_OUTPUT),
+                    }
+                )
+    table = pd.DataFrame(rows, columns=DRAFTER_LIVENESS_COLUMNS)
+    table.attrs["source"] = snap.source_label
+    return DrafterLiveness(table, snap.source_label, models, list(drafters), step_reads is not None)
+
+
+def drafter_liveness_verdicts(found: DrafterLiveness) -> list[str]:
+    """One line per model capture: safe, or the outputs a drafter capture writes over while they may still be read."""
+    lines = []
+    for name in found.model_captures:
+        rows = found.rows[found.rows["capture"] == name]
+        outputs = rows.drop_duplicates("addr")
+        over = rows[rows["drafter_overlaps"]]
+        bad = rows[rows["conflict"]]
+        if len(bad):
+            writers = sorted(set(bad["drafter"]))
+            blocks = bad.drop_duplicates("addr")
+            why = "read after the drafter" if found.step_reads_known else "whose readers the trace cannot show"
+            lines.append(
+                f"{name}: CONFLICT: {format_bytes(blocks['bytes'].sum())} of its outputs in {len(blocks)} block(s), "
+                f"{why}, are written over by {', '.join(writers)}"
+            )
+        elif len(over):
+            blocks = over.drop_duplicates("addr")
+            lines.append(
+                f"{name}: safe: the drafter's graphs allocate over {format_bytes(blocks['bytes'].sum())} of the "
+                f"{format_bytes(outputs['bytes'].sum())} it leaves when its forward ends, none of it read after "
+                "the drafter"
+            )
+        else:
+            lines.append(
+                f"{name}: safe: no drafter graph allocates over the {format_bytes(outputs['bytes'].sum())} it leaves "
+                "when its forward ends"
+            )
+    return lines

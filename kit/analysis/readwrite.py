@@ -24,6 +24,16 @@ replays the kernels and addresses it captured. Here:
   it (the lifetime analysis sees when blocks are allocated and freed, not
   what reads them).
 
+Alternative (a) of the PR, the speculator's capture on the model graphs'
+stream too, needs the same kind of argument for the drafter, which runs after
+the target forward in the same step (`DRAFTER_OBLIGATION`): `drafter_table`
+intersects the bytes each drafter graph D writes with the bytes the step reads
+after D whose values model graph N wrote, from phases `drafter_graph(D)` (its
+capture) and `step_before_drafter(N)`, `step_after_drafter(N)` (a real step:
+what the sampler and `propose` read before D replays, what the step reads
+after it); `step_read_entries` hands those reads to the lifetime analysis
+(`kit.analysis.liveness.drafter_liveness_table`).
+
 Why only the bytes carried across the break, and not what the segments did
 with blocks they freed: a segment ends with `CUDAGraph.capture_end`, which
 calls `cudaStreamEndCapture` on the capture stream and checks its result
@@ -61,8 +71,13 @@ OBLIGATION = (
     "do not overlap the bytes N reads after the break (in its later segments or as its outputs) whose "
     "values were written before the break."
 )
-MODEL, REPLAY = "model", "replay"
+DRAFTER_OBLIGATION = (
+    "For every model graph N and every drafter graph D that can run after it in a step, the bytes D writes do "
+    "not overlap the bytes read after D begins (by D itself or by the rest of the step) whose values N wrote."
+)
+MODEL, REPLAY, DRAFTER, STEP = "model", "replay", "drafter", "step"
 SEGMENT, BREAK, OUTPUT = "segment", "break", "output"
+BEFORE, AFTER = "before", "after"  # a step's eager work before and after its drafter graph
 READ, WRITE = "read", "write"
 TABLE_COLUMNS = [
     "model_size",
@@ -90,6 +105,10 @@ class Phase:
 
     @property
     def label(self) -> str:
+        if self.graph == STEP:
+            return f"step of {self.size} tokens, {self.part} the drafter's graph"
+        if self.graph == DRAFTER:
+            return f"drafter graph {self.size}"
         part = OUTPUT + "s read after the forward" if self.part == OUTPUT else f"{self.part} {self.index}"
         return f"{self.graph} graph {self.size} {part}"
 
@@ -113,6 +132,18 @@ def model_outputs(size: int) -> Phase:
 
 def replay_graph(size: int) -> Phase:
     return Phase(REPLAY, size)
+
+
+def drafter_graph(size: int) -> Phase:
+    return Phase(DRAFTER, size)
+
+
+def step_before_drafter(size: int) -> Phase:
+    return Phase(STEP, size, BEFORE)
+
+
+def step_after_drafter(size: int) -> Phase:
+    return Phase(STEP, size, AFTER)
 
 
 @dataclass(frozen=True)
@@ -403,3 +434,168 @@ def attach_break_reads(raw: dict, recording: ReadWriteRecording | Iterable) -> d
 def read_break_reads(entries: Iterable[Mapping]) -> dict[tuple[str, int], Ranges]:
     """`kit["break_reads"]` of a snapshot as `(capture, break index) -> Ranges`."""
     return {(e["capture"], int(e["break"])): Ranges(tuple(span) for span in e["ranges"]) for e in entries}
+
+
+# --- alternative (a): the drafter's graphs on the model graphs' stream -------------------------
+
+DRAFTER_COLUMNS = [
+    "model_size",
+    "drafter_size",
+    "can_run",
+    "output_bytes",
+    "read_before_bytes",
+    "read_after_bytes",
+    "drafter_write_bytes",
+    "outputs_overwritten_bytes",
+    "overlap_bytes",
+    "first_overlap",
+    "reading_ops",
+    "writing_ops",
+    "holds",
+]
+
+
+def _ranges(accesses: Iterable[Access], kind: str) -> Ranges:
+    return Ranges((a.start, a.end) for a in accesses if a.kind == kind)
+
+
+def model_writes(recording: ReadWriteRecording | Iterable, size: int) -> Ranges:
+    """Every byte model graph `size` writes: its segments and its breaks."""
+    return _ranges(_recording(recording).of(MODEL, size), WRITE)
+
+
+def model_outputs_read(recording: ReadWriteRecording | Iterable, size: int) -> Ranges:
+    """The bytes of model graph `size`'s outputs, as its caller reads them after the forward."""
+    return _ranges((a for a in _recording(recording).of(MODEL, size) if a.phase.part == OUTPUT), READ)
+
+
+def step_reads(recording: ReadWriteRecording | Iterable, size: int, part: str) -> list[Piece]:
+    """What a step of `size` tokens reads before (`BEFORE`) or after (`AFTER`) its drafter graph.
+
+    A read of bytes that the same part of the step wrote first is left out: that
+    value was made in the step, after the target forward.
+    """
+    rewritten, pieces = Ranges(), []
+    for access in _recording(recording).of(STEP, size):
+        if access.phase.part != part:
+            continue
+        span = Ranges([(access.start, access.end)])
+        if access.kind == WRITE:
+            rewritten = rewritten | span
+        else:
+            pieces += [Piece(s, e, access.op, access.phase.label) for s, e in span - rewritten]
+    return pieces
+
+
+def drafter_table(
+    recording: ReadWriteRecording | Iterable, *, can_run: Callable[[int, int], bool] | None = None
+) -> pd.DataFrame:
+    """Per (model graph N, drafter graph D) pairing: what D writes against what the step still reads of N's values.
+
+    The drafter runs after the target forward, in the same step: the sampler and
+    `propose` read N's outputs (`read_before_bytes`, recorded on a real step),
+    then D replays, then the step goes on (`read_after_bytes`: bytes N wrote,
+    read after D). `outputs_overwritten_bytes` are N's outputs that D writes:
+    harmless when every read of them comes before D, which is what the
+    obligation (`DRAFTER_OBLIGATION`) asks: `overlap_bytes`, the bytes D writes
+    that are read after it with N's values, must be none. `can_run(model_size,
+    drafter_size)` is the speculator's dispatch (None: every pairing can).
+    """
+    recording = _recording(recording)
+    drafters = {d: _ranges(recording.of(DRAFTER, d), WRITE) for d in recording.sizes(DRAFTER)}
+    drafter_pieces = {
+        d: [Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(DRAFTER, d) if a.kind == WRITE]
+        for d in drafters
+    }
+    rows = []
+    for model_size in recording.sizes(MODEL):
+        written = model_writes(recording, model_size)
+        outputs = model_outputs_read(recording, model_size)
+        before = Ranges((p.start, p.end) for p in step_reads(recording, model_size, BEFORE)) & written
+        after_pieces = [p for p in step_reads(recording, model_size, AFTER) if written.intersects(p.start, p.end)]
+        after = Ranges((p.start, p.end) for p in after_pieces) & written
+        for drafter_size, writes in drafters.items():
+            overlap = after & writes
+            rows.append(
+                {
+                    "model_size": model_size,
+                    "drafter_size": drafter_size,
+                    "can_run": True if can_run is None else bool(can_run(model_size, drafter_size)),
+                    "output_bytes": outputs.total,
+                    "read_before_bytes": before.total,
+                    "read_after_bytes": after.total,
+                    "drafter_write_bytes": writes.total,
+                    "outputs_overwritten_bytes": (outputs & writes).total,
+                    "overlap_bytes": overlap.total,
+                    "first_overlap": overlap.spans[0][0] if overlap else None,
+                    "reading_ops": sorted({p.op for p in _touching(after_pieces, overlap)}),
+                    "writing_ops": sorted({p.op for p in _touching(drafter_pieces[drafter_size], overlap)}),
+                    "holds": not overlap,
+                }
+            )
+    table = pd.DataFrame(rows, columns=DRAFTER_COLUMNS)
+    table["first_overlap"] = table["first_overlap"].astype("Int64")
+    table.attrs["obligation"] = DRAFTER_OBLIGATION
+    return table
+
+
+def drafter_verdicts(table: pd.DataFrame) -> list[str]:
+    """One line per (model graph, drafter graph) pairing that can run: holds, or violated with bytes and ops."""
+    lines = []
+    for _, row in table[table["can_run"]].iterrows():
+        pair = f"model graph {row['model_size']}, drafter graph {row['drafter_size']}"
+        over = format_bytes(row["outputs_overwritten_bytes"])
+        if row["holds"]:
+            lines.append(
+                f"{pair}: holds: the step reads {format_bytes(row['read_after_bytes'])} of the model graph's values "
+                f"after the drafter, none of them written by it ({over} of the target's outputs are overwritten "
+                "after the sampler and propose read them)"
+            )
+        else:
+            lines.append(
+                f"{pair}: VIOLATED: {format_bytes(row['overlap_bytes'])} of the model graph's values (first at "
+                f"{int(row['first_overlap']):#x}, read after the drafter by {', '.join(row['reading_ops'])}) are "
+                f"written by {', '.join(row['writing_ops'])} in drafter graph {row['drafter_size']}"
+            )
+    return lines
+
+
+def drafter_summary(table: pd.DataFrame) -> str:
+    """The drafter's obligation and its result in one line."""
+    running = table[table["can_run"]]
+    bad = running[~running["holds"]]
+    overwritten = int((running["outputs_overwritten_bytes"] > 0).sum())
+    if running.empty:
+        return f"{DRAFTER_OBLIGATION} Nothing to check: no pairing can run."
+    if bad.empty:
+        return (
+            f"{DRAFTER_OBLIGATION} Holds for all {len(running)} pairings that can run (in {overwritten} of them the "
+            "drafter overwrites the target's outputs, all read before it)."
+        )
+    pairs = ", ".join(f"({m}, {d})" for m, d in zip(bad["model_size"], bad["drafter_size"], strict=True))
+    return (
+        f"{DRAFTER_OBLIGATION} Violated in {len(bad)} of {len(running)} pairings that can run: {pairs} "
+        f"(model graph, drafter graph), {format_bytes(bad['overlap_bytes'].sum())} in all."
+    )
+
+
+def step_read_entries(recording: ReadWriteRecording | Iterable, names: Mapping[int, str]) -> list[dict]:
+    """`kit["step_reads"]` for a snapshot: per model graph (`names[size]` its capture), what its step read when.
+
+    Each entry: `{"capture", "before": [[start, end], ...], "after": [...]}`,
+    the bytes the step read before and after its drafter graph
+    (`kit.analysis.liveness.drafter_liveness_table` reads them).
+    """
+    recording = _recording(recording)
+    entries = []
+    for size in recording.sizes(STEP):
+        if size not in names:
+            raise KitError(f"the snapshot has no model graph of size {size} to attach its step's reads to")
+        parts = {part: Ranges((p.start, p.end) for p in step_reads(recording, size, part)) for part in (BEFORE, AFTER)}
+        entries.append({"capture": names[size], **{k: [list(s) for s in v] for k, v in parts.items()}})
+    return entries
+
+
+def read_step_reads(entries: Iterable[Mapping]) -> dict[str, tuple[Ranges, Ranges]]:
+    """`kit["step_reads"]` of a snapshot as `capture -> (read before the drafter, read after it)`."""
+    return {e["capture"]: (Ranges(tuple(s) for s in e[BEFORE]), Ranges(tuple(s) for s in e[AFTER])) for e in entries}

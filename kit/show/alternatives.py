@@ -246,6 +246,30 @@ def checks_table(data: dict, variant: str) -> pd.DataFrame:
     return rows
 
 
+def drafter_table(data: dict) -> pd.DataFrame:
+    """The drafter's two analyses side by side, per variant and (model graph, drafter graph) that can run.
+
+    From `share_all.drafter_analyses` (`kit.experiments.alternatives.with_drafter_analyses`);
+    empty when the recording has no drafter analyses.
+    """
+    found = data["share_all"].get("drafter_analyses") or {}
+    rows = [
+        {
+            "variant": p["variant"],
+            "model graph": p["model_size"],
+            "drafter graph": p["drafter_size"],
+            "target outputs it overwrites": format_bytes(p["outputs_overwritten_bytes"]),
+            "model graph's values read after it": format_bytes(p["read_after_bytes"]),
+            "read/write obligation": "holds" if p["readwrite_holds"] else "VIOLATED",
+            "lifetimes, with the step's reads": "CONFLICT" if p["lifetime_conflict"] else "safe",
+            "lifetimes, trace alone": "CONFLICT" if p["trace_only_conflict"] else "safe",
+        }
+        for p in found.get("pairs", [])
+        if p["dispatchable"]
+    ]
+    return pd.DataFrame(rows)
+
+
 def deepseek_table(data: dict) -> pd.DataFrame:
     """What the PR's 5.18 GiB buys per GPU on each DeepSeek layout, with the layout and where it comes from."""
     rows = []
