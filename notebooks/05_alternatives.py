@@ -36,7 +36,8 @@ import inspect
 from IPython.display import display
 
 import kit
-from kit.experiments.alternatives import SHARE_ALL, load_recording, recording_path, run_live
+from kit.experiments.alternatives import SHARE_ALL, recording_path
+from kit.experiments.drafter_run import load_alternatives, run_alternatives_live
 from kit.recordings import LIVE, default_source
 from kit.replica.model import replay_rows
 from kit.replica.speculator import DSparkSpeculator
@@ -55,7 +56,7 @@ from kit.show.alternatives import (
 
 SOURCE = default_source()  # live on a GPU (five fresh processes, a few minutes), else the H200 recording
 PRESET = "small"  # the only preset recorded; `python -m kit alternatives --live --preset large` on a GPU
-data = run_live(PRESET) if SOURCE == LIVE else load_recording(PRESET)
+data = run_alternatives_live(PRESET) if SOURCE == LIVE else load_alternatives(PRESET)
 table = variant_table(data)
 print(f"data source: {SOURCE}: {data['source']}")
 for preset in ("small", "large"):
@@ -154,7 +155,7 @@ if drafter:
     print(drafter["obligation"])
     print(f"share_all: {drafter['evidence']}")
     print(f"share_all safe by graphs vs eager and both analyses: {data['share_all']['safe']}")
-    display(shown_table(drafter_table(data)))
+    display(kit.style_table(drafter_table(data)))
 
 # %% [markdown]
 # Safe, and why: under share_all the drafter's graphs do overwrite the target's outputs (under

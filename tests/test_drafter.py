@@ -255,15 +255,16 @@ def test_the_model_graphs_obligation_holds_on_the_same_run(recording):
 
 
 def test_share_alls_verdict_is_backed_by_both_drafter_analyses(recording):
-    data = alternatives.load_recording("small")
+    data = drafter_run.load_alternatives("small")
     entry = data["share_all"]
     assert entry["drafter_analyses"]["safe"] and entry["graphs_vs_eager"]["safe"] and entry["safe"]
     assert "drafter read/write obligation holds" in entry["evidence"]
     assert "lifetime analysis with the step's reads: no conflict" in entry["evidence"]
+    assert "drafter_analyses" not in alternatives.load_recording("small")["share_all"]  # graphs vs eager alone
     # A violated drafter obligation makes share_all unsafe, whatever graphs vs eager said.
     broken = {**recording, "pairs": [{**p, "readwrite_holds": False} for p in recording["pairs"]]}
-    fresh = alternatives.load_recording("small", drafter_path=drafter_run.RECORDINGS_DIR / "small.json")
-    alternatives.with_drafter_analyses(fresh, broken)
+    fresh = drafter_run.load_alternatives("small")
+    drafter_run.with_drafter_analyses(fresh, broken)
     assert not fresh["share_all"]["safe"] and "VIOLATED" in fresh["share_all"]["evidence"]
 
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
-from kit.experiments import drafter_run, recorded
+from kit.experiments import recorded
 from kit.experiments.recorded import provenance
 from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
@@ -493,53 +493,17 @@ def _schema_problem(data: Any) -> str | None:
     return None
 
 
-def load_recording(preset: str, path: str | Path | None = None, drafter_path: str | Path | None = None) -> dict:
+def load_recording(preset: str, path: str | Path | None = None) -> dict:
     """An alternatives recording (the shipped one for `preset` by default), checked, with its `source` line.
 
-    With the drafter's read/write recording (`drafter_path`; by default the shipped
-    `drafter/<preset>.json` for the shipped recording, `drafter/<preset>.json` beside any other,
-    as `run_live` writes it), share_all's verdict is backed by it too (`with_drafter_analyses`).
+    share_all's verdict here is graphs vs eager alone; `kit.experiments.drafter_run.load_alternatives`
+    backs it by the drafter's two analyses too.
     """
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
     path = Path(path) if path is not None else recording_path(preset)
-    data = recorded.load_shipped(path, preset, "alternatives", _schema_problem)
-    if drafter_path is None:  # the shipped one beside the shipped one; a live one in `drafter/` beside it
-        drafter_path = drafter_run.RECORDINGS_DIR if path == recording_path(preset) else path.parent / "drafter"
-        drafter_path = drafter_path / f"{preset}.json"
-    drafter = drafter_path
-    if Path(drafter).is_file():
-        with_drafter_analyses(data, drafter_run.load_recording(preset, drafter))
-    return data
-
-
-def with_drafter_analyses(data: dict, drafter: dict) -> dict:
-    """Back share_all's verdict by the drafter's two analyses (`kit.experiments.drafter_run`) besides graphs vs eager.
-
-    `share_all.safe` becomes graphs vs eager AND the drafter's read/write
-    obligation AND the lifetime analysis with the step's reads; the graphs-vs-eager
-    verdict alone stays in `graphs_vs_eager`, the drafter's in `drafter_analyses`.
-    """
-    found = drafter_run.safety_evidence(drafter, "share_all")
-    if found is None:
-        return data
-    safe, text = found
-    entry = data["share_all"]
-    entry.setdefault("graphs_vs_eager", {"safe": entry["safe"], "evidence": entry["evidence"]})
-    graphs = entry["graphs_vs_eager"]
-    keep = ("variant", "model_size", "drafter_size", "dispatchable", "outputs_overwritten_bytes", "read_after_bytes")
-    keep += ("readwrite_holds", "lifetime_conflict", "trace_only_conflict", "agree", "explanation_trace_only")
-    entry["drafter_analyses"] = {
-        "safe": safe,
-        "evidence": text,
-        "obligation": drafter.get("obligation", ""),
-        "source": drafter.get("source", "?"),
-        "pairs": [{k: p.get(k) for k in keep} for p in drafter["pairs"]],
-    }
-    entry["safe"] = graphs["safe"] and safe
-    entry["evidence"] = f"{graphs['evidence']}; {text}"
-    return data
+    return recorded.load_shipped(path, preset, "alternatives", _schema_problem)
 
 
 def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
@@ -548,8 +512,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     require_cuda()  # before any folder or process is made
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-alternatives-"))
     path = record(preset, out)
-    drafter = drafter_run.record(preset, out / "drafter")
-    data = load_recording(preset, path, drafter)
+    data = load_recording(preset, path)
     gpu = data["provenance"]["gpu"]
     data["source"] = f"live GPU ({gpu}: captured just now, each variant in a fresh process; {path})"
     return data

@@ -23,8 +23,8 @@ fresh process, by the two analyses the replay graphs get:
 
 side by side per (model graph, drafter graph) pairing, with the model graphs'
 own obligation on the same run (`readwrite_run.compare_analyses`). The
-snapshot of each run ships inside the recording, so the lifetime analysis can
-be run again on it.
+snapshot of each run ships inside the recording (`compact_snapshot`: the
+program's own frames only), so the lifetime analysis can be run again on it.
 
     python -m kit.experiments.drafter_run --preset small --out DIR        # both variants into DIR/small.json
     python -m kit.experiments.drafter_run --variant share_all --preset small --out share_all.json
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,10 +273,24 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
         },
         "capture_streams": _capture_streams(raw),
         "accesses": recording.to_records(),
-        "snapshot": raw,
+        "snapshot": compact_snapshot(raw),
         "seed": seed,
         "provenance": provenance(f"python -m kit.experiments.drafter_run --variant {variant} --preset {preset}"),
     }
+
+
+def compact_snapshot(raw: dict, frames: int = 1) -> dict:
+    """The snapshot as the recording ships it: each trace entry keeps only the program's own first `frames` frames.
+
+    The analyses read the program's own frames only (`alloc_frame`); torch's and
+    the recorder's frames are most of the file's bytes.
+    """
+    from kit.analysis.frames import is_user_frame
+
+    def entry(e: dict) -> dict:
+        return {**e, "frames": [f for f in e.get("frames") or () if is_user_frame(f)][:frames]}
+
+    return {**raw, "device_traces": [[entry(e) for e in trace] for trace in raw.get("device_traces", [])]}
 
 
 def _capture_streams(raw: dict) -> dict[str, str]:
@@ -372,6 +387,65 @@ def safety_evidence(data: dict, variant: str) -> tuple[bool, str] | None:
         f"lifetime analysis with the step's reads: {'no conflict' if lifetime_safe else 'CONFLICT'}"
     )
     return holds and lifetime_safe, text
+
+
+def with_drafter_analyses(data: dict, drafter: dict) -> dict:
+    """Back share_all's verdict by the drafter's two analyses besides graphs vs eager.
+
+    `share_all.safe` becomes graphs vs eager AND the drafter's read/write
+    obligation AND the lifetime analysis with the step's reads; the graphs-vs-eager
+    verdict alone stays in `graphs_vs_eager`, the drafter's in `drafter_analyses`.
+    """
+    found = safety_evidence(drafter, "share_all")
+    if found is None:
+        return data
+    safe, text = found
+    entry = data["share_all"]
+    entry.setdefault("graphs_vs_eager", {"safe": entry["safe"], "evidence": entry["evidence"]})
+    graphs = entry["graphs_vs_eager"]
+    keep = ("variant", "model_size", "drafter_size", "dispatchable", "outputs_overwritten_bytes", "read_after_bytes")
+    keep += ("readwrite_holds", "lifetime_conflict", "trace_only_conflict", "agree", "explanation_trace_only")
+    entry["drafter_analyses"] = {
+        "safe": safe,
+        "evidence": text,
+        "obligation": drafter.get("obligation", ""),
+        "source": drafter.get("source", "?"),
+        "pairs": [{k: p.get(k) for k in keep} for p in drafter["pairs"]],
+    }
+    entry["safe"] = graphs["safe"] and safe
+    entry["evidence"] = f"{graphs['evidence']}; {text}"
+    return data
+
+
+
+
+def load_alternatives(preset: str = "small", path: str | Path | None = None, drafter_path: str | Path | None = None):
+    """The alternatives recording with share_all's verdict backed by the drafter's analyses (`with_drafter_analyses`).
+
+    `path`: the alternatives recording (the shipped one by default); `drafter_path`: the
+    drafter's (by default the shipped one beside the shipped alternatives, else `drafter/<preset>.json`
+    beside `path`, as `run_alternatives_live` writes it). Without a drafter recording, the
+    alternatives as recorded.
+    """
+    from kit.experiments import alternatives
+
+    data = alternatives.load_recording(preset, path)
+    if drafter_path is None:
+        shipped = path is None or Path(path) == alternatives.recording_path(preset)
+        drafter_path = (RECORDINGS_DIR if shipped else Path(path).parent / "drafter") / f"{preset}.json"
+    if Path(drafter_path).is_file():
+        with_drafter_analyses(data, load_recording(preset, drafter_path))
+    return data
+
+
+def run_alternatives_live(preset: str = "small") -> dict:
+    """Record the alternatives and the drafter's analyses on this GPU now; share_all backed by both."""
+    from kit.experiments import alternatives
+
+    out = Path(tempfile.mkdtemp(prefix="kit-alternatives-"))
+    data = alternatives.run_live(preset, out)
+    with_drafter_analyses(data, load_recording(preset, record(preset, out / "drafter")))
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Notebook 05's views of PR 63155's alternatives: the graph pool per variant and per cap, and what it buys.
 
-They read the alternatives JSON (`kit.experiments.alternatives.load_recording`, or
-`run_live` on a GPU), whose `source` line every table and figure carries:
+They read the alternatives JSON (`kit.experiments.drafter_run.load_alternatives`, or
+`run_alternatives_live` on a GPU: share_all backed by the drafter's analyses too), whose
+`source` line every table and figure carries:
 
 - `variant_table`: one row per variant, the three of alternative (a) (`unpatched`, `pr`,
   `share_all`) and one per cap of alternative (b) (`cap 64`, ...): the graph pool, what it
@@ -249,7 +250,7 @@ def checks_table(data: dict, variant: str) -> pd.DataFrame:
 def drafter_table(data: dict) -> pd.DataFrame:
     """The drafter's two analyses side by side, per variant and (model graph, drafter graph) that can run.
 
-    From `share_all.drafter_analyses` (`kit.experiments.alternatives.with_drafter_analyses`);
+    From `share_all.drafter_analyses` (`kit.experiments.drafter_run.with_drafter_analyses`);
     empty when the recording has no drafter analyses.
     """
     found = data["share_all"].get("drafter_analyses") or {}
