@@ -32,10 +32,12 @@ import logging
 import os
 
 import ipywidgets as widgets
+import pandas as pd
 import torch
 from IPython.display import Code, display
 
 import kit
+from kit.experiments.vllm_capture import demo_lines, load_recordings, summarize
 from kit.recordings import recording
 
 logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM
@@ -75,6 +77,7 @@ else:
 if patch is not None:
     functions = [rw.where for rw in patch.rewrites]
     pick = widgets.Dropdown(options=functions, description="function", layout={"width": "95%"})
+    pick.add_class("kit-main-control")
     shown = widgets.Output()
 
     def show_diff(change=None):
@@ -118,8 +121,8 @@ if patch is not None:
 # - **share** / **separate**: the replay graphs always on the model graphs' stream, or never.
 #
 # Each policy needs a fresh kernel: the graph pool of a first `LLM` stays in the process.
-# Without all three, the cell says what is missing and shows the replica's H200 recording
-# of the same two captures instead.
+# Without all three, the cell says what is missing and shows the H200 recording of vLLM 0.33's
+# own capture code around a stand-in model (section 4b), the same captures this cell would make.
 
 # %%
 policy = widgets.ToggleButtons(options=["installed", "pr", "share", "separate"], value="pr", description="policy")
@@ -144,10 +147,82 @@ if not missing:
     snapshot = recorder.snapshot
 else:
     print(f"The capture part needs {', '.join(missing)}, which this machine lacks.")
-    name = "small_unpatched" if policy.value in ("installed", "separate") else "small_patched"
-    snapshot = kit.load_snapshot(recording(f"replica/{name}.pickle"))
-    print(f"Showing the replica's recording of the same captures, {name}.pickle, instead.")
+    name = "unpatched" if policy.value in ("installed", "separate") else "patched"
+    snapshot = kit.load_snapshot(recording(f"vllm/{name}.pickle"))
+    print(
+        f"Showing vLLM 0.33's own capture code recorded on the H200, vllm/{name}.pickle, instead: "
+        "vLLM's capture path, real CUDA graphs, a stand-in model (section 4b says what was stood in)."
+    )
 print(f"data source: {snapshot.data_source} ({snapshot.source_label})")
+
+# %% [markdown]
+# ## 4b. vLLM's own capture code on the H200, unpatched and under the PR
+#
+# The kit's H200 has no vLLM and cannot install one, so the kit carried vLLM 0.33.0's Python
+# sources there (every file checked against the wheel's RECORD hashes) with the few wheels
+# their imports need, and ran vLLM's capture path with real CUDA graphs around a stand-in
+# model, once as installed and once with `kit.patch.vllm`, each in a fresh process.
+#
+# **What was real:** vLLM 0.33.0's own code for every step that picks a stream or a pool:
+# `GPUModelRunner.capture_model`, `ModelCudaGraphManager.capture` and `CudaGraphManager.capture`,
+# `graph_capture()` and `GroupCoordinator.graph_capture()`, the breakable PIECEWISE wrapper and
+# its eager break, `DecoderReplayLayers`, `DeepseekV41ModelState.capture_inner_cudagraphs`,
+# `DecoderReplayCudaGraphManager`, and vLLM's global graph pool; the CUDA graphs, the H200 and
+# PyTorch's caching allocator (torch 2.11); the patch, `kit.patch.vllm`, editing those functions.
+#
+# **What was stood in:** the model (a DeepSeek-V4.1-shaped stand-in: 6 MLP layers, replay start 3,
+# V4.1's seven break inputs and its outputs, no attention, hidden size 1024); the model config
+# (hidden size, `hc_mult`, dtype); the attention metadata, the replay batch's row selection
+# (vLLM's Triton kernels: here the last half of the rows), the KV writes and block tables (no KV
+# cache); process groups (one GPU); `vllm._C`'s `weak_ref_tensor` op (the same op, from Python);
+# and stub modules for packages the imports touch but this path never calls (servers, grammars,
+# tokenizers' helpers, CUTLASS kernels), listed in each recording's provenance.
+
+# %%
+vllm_runs = load_recordings()
+vllm_figures = {name: summarize(snap) for name, snap in vllm_runs.items()}
+provenance = vllm_runs["unpatched"].kit["provenance"]
+print(
+    f"recorded on {provenance['gpu']}, torch {provenance['torch']}, Python {provenance['python']}, "
+    f"vLLM {provenance['vllm']['version']} from its sources ({provenance['vllm']['bundle']['checked']} files "
+    f"checked against the wheel), {provenance['date']}"
+)
+print("stubs loaded:", ", ".join(s["module"] for s in provenance["stubs"]) or "none")
+print("\n".join(demo_lines(vllm_figures)))
+
+# %%
+display(
+    pd.DataFrame(
+        [
+            {
+                "variant": name,
+                "replay graphs captured on": ", ".join(f["replay_stream_names"]),
+                "stream made by graph_capture()": f["replay_streams_from_graph_capture"],
+                "graph-pool bytes the replay captures added": f["replay_added_bytes"],
+                "global graph pool (bytes)": f["graph_pool_bytes"],
+                "graphs vs eager": "bit-exact" if f["bit_exact"] else f"differs ({f['max_abs_diff']:.3g})",
+            }
+            for name, f in vllm_figures.items()
+        ]
+    ).set_index("variant")
+)
+
+# %% [markdown]
+# Unpatched, vLLM's `graph_capture()` makes the replay graphs a stream of their own, and their
+# captures add graph-pool segments there while the model graphs' free blocks sit on the other
+# stream. Under the PR they capture on the model graphs' stream and add nothing. With an aux
+# hidden state made before the replay layers the PR keeps them on their own stream; forced to
+# share, that early aux state is exposed to the replay graphs' writes (on the replica it differs
+# from eager; with this stand-in the table above says whether it did). The same checks as for
+# the replica:
+
+# %%
+unpatched, patched = vllm_runs["unpatched"], vllm_runs["patched"]
+prediction = kit.what_if(unpatched, {"decoder replay graphs stream": "model graphs stream"})
+print("\n".join(prediction.summary()))
+print("measured under the PR:", vllm_figures["patched"]["graph_pool_bytes"], "bytes of global graph pool")
+for name, snap in (("unpatched", unpatched), ("patched", patched)):
+    print(f"kit check {name}: {kit.check_snapshot(snap).summary()}")
 
 # %% [markdown]
 # ## 5. Which stream each capture got, and the memory it added
@@ -176,7 +251,12 @@ if llm is not None:
 # %% [markdown]
 # **What it shows.** The PR's change is a handful of lines in seven functions, and it
 # applies to the installed vLLM without a rebuild: the stream the model graphs captured on
-# is handed down to the replay graphs, and to nothing else.
+# is handed down to the replay graphs, and to nothing else. On the H200, vLLM 0.33's own
+# capture code with real CUDA graphs shows what the replica showed: unpatched, the replay
+# graphs add 26 MiB of graph-pool segments on a stream `graph_capture()` made for them;
+# under the PR they add none (the global graph pool goes from 52 to 26 MiB), graphs equal
+# eager, and the early-aux case keeps its own stream. The model there was a stand-in; a real
+# DeepSeek-V4.1 checkpoint is the one thing not run.
 #
 # **Next question.** Is it safe for the replay graphs to run on that stream? That is the
 # PR's safety argument: no model graph block in the pool may be live across the eager break

@@ -6,7 +6,8 @@ While a `CaptureRecorder` is active, `torch.cuda.CUDAGraph.capture_begin` and
 Each graph is labelled by the graph manager whose `capture()` is on the
 stack (its `name`, or a name derived from its class, e.g.
 `DecoderReplayCudaGraphManager` -> "replay graphs") and the capture size
-found there (`num_tokens`, or `desc.num_tokens`); code outside any manager
+found there (`num_tokens`, or `desc.num_tokens`, or the `batch_descriptor` vLLM's
+breakable wrapper dispatched on); code outside any manager
 can label its captures with `recorder.label(...)`. Consecutive graphs of one
 manager and size (the segments of a breakable capture) form one capture.
 
@@ -138,8 +139,11 @@ def _size_in(frame_locals: dict) -> int | None:
     for name in ("num_tokens", "token_budget"):  # token_budget: vLLM's encoder graphs
         if isinstance(frame_locals.get(name), int):
             return frame_locals[name]
-    size = getattr(frame_locals.get("desc"), "num_tokens", None)
-    return size if isinstance(size, int) else None
+    for name in ("desc", "batch_descriptor"):  # batch_descriptor: vLLM's BreakableCUDAGraphWrapper.__call__
+        size = getattr(frame_locals.get(name), "num_tokens", None)
+        if isinstance(size, int):
+            return size
+    return None
 
 
 def _peek_locals(frame: FrameType) -> tuple[object, int | None]:
@@ -166,7 +170,7 @@ def _is_cudagraph_trees(frame: FrameType) -> bool:
 def label_from_stack(frame: FrameType | None = None, max_depth: int = 60) -> tuple[str, int | None] | None:
     """The innermost graph manager on the stack (from `frame`, else the caller's), and the capture size found there.
 
-    The size is the innermost `num_tokens` (or `desc.num_tokens`, or an encoder's
+    The size is the innermost `num_tokens` (or `desc.num_tokens`, `batch_descriptor.num_tokens`, or an encoder's
     `token_budget`) at or below the manager's frame. torch.compile's cudagraph
     trees met first give `("torch.compile graphs", None)`: their shapes are not a size.
     """

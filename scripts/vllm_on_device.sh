@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# vLLM 0.33's own capture path on the GPU machine, from build/vllm_bundle (scripts/vllm_bundle.py).
+#
+#   bash scripts/vllm_on_device.sh "$OUT/vllm"
+#
+# 1. checks the bundle against its MANIFEST.json;
+# 2. installs into $WORK/site the bundle's wheels whose module this Python lacks
+#    (pip, --no-index: nothing is fetched), and unpacks vLLM's sources into $WORK/src;
+# 3. copies onto the import path only the stubs (scripts/vllm_stubs) whose real package is missing;
+#    vLLM's compiled extensions (MANIFEST.json's "extensions": none is carried) are stood in by
+#    empty modules when kit.experiments.vllm_capture starts, before vLLM imports;
+# 4. runs the import probe (probe.json, and in run.txt: each capture module, ok or what stopped it;
+#    after a failure it goes on in a fresh process from the next module);
+# 5. runs every variant (python -m kit.experiments.vllm_capture --out DIR): <variant>.pickle,
+#    PROVENANCE.json, run.txt. A variant whose GPUModelRunner.capture_model path fails is run
+#    again through the two managers' captures; what stopped each (the step it had reached, the
+#    error, the output's last lines) is kept in PROVENANCE.json, written after every variant.
+# Exits 0 only if every variant was recorded; whatever was had is under DIR either way.
+set -u
+DIR=${1:?usage: bash scripts/vllm_on_device.sh OUT_DIR}
+PY=${PYTHON:-python3}
+WORK=${KIT_VLLM_WORK:-/tmp/kit_vllm}
+BUNDLE=${KIT_VLLM_BUNDLE:-$PWD/build/vllm_bundle}
+rm -rf "$WORK/site" "$WORK/src" "$WORK/stubs"  # nothing left from an earlier run on this machine
+mkdir -p "$DIR" "$WORK/site" "$WORK/src" "$WORK/stubs"
+
+run() {
+echo "== bundle: $BUNDLE"
+"$PY" scripts/vllm_bundle.py --check --out "$BUNDLE" || { echo "bundle check failed"; return 2; }
+
+echo "== wheels this Python lacks -> $WORK/site"
+WHEELS=$("$PY" - "$BUNDLE" <<'EOF'
+import glob, importlib.util, json, os, sys
+bundle = sys.argv[1]
+found = json.load(open(os.path.join(bundle, "MANIFEST.json")))
+def norm(s): return s.lower().replace("-", "_")
+for name, wheel in found["wheels"].items():
+    if importlib.util.find_spec(wheel["module"]) is None:
+        for path in glob.glob(os.path.join(bundle, "*.whl")):
+            if norm(os.path.basename(path).split("-")[0]) == norm(name):
+                print(path)
+EOF
+)
+if [ -n "$WHEELS" ]; then
+    echo "$WHEELS" | xargs -n1 basename
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" $WHEELS \
+        || { echo "pip install of the bundle's wheels failed"; return 2; }
+fi
+tar -xzf "$BUNDLE"/vllm-*-py.tar.gz -C "$WORK/src" || { echo "unpacking vLLM's sources failed"; return 2; }
+
+echo "== stubs for packages this Python lacks -> $WORK/stubs"
+cp scripts/vllm_stubs/_vllm_stub.py "$WORK/stubs/"
+for stub in scripts/vllm_stubs/*/; do
+    name=$(basename "$stub")
+    if ! PYTHONPATH="$WORK/site" "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$name') is None)" 2>/dev/null; then
+        cp -r "$stub" "$WORK/stubs/$name"
+        echo "  $name"
+    fi
+done
+
+export PYTHONPATH="$WORK/site:$WORK/src:$WORK/stubs:$PWD"
+export KIT_VLLM_BUNDLE="$BUNDLE" VLLM_USE_BREAKABLE_CUDAGRAPH=1 VLLM_USE_V2_MODEL_RUNNER=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} TOKENIZERS_PARALLELISM=false
+
+echo "== import probe"
+"$PY" -m kit.experiments.vllm_capture --probe --out "$DIR"
+probe=$?
+[ "$probe" -eq 0 ] || echo "the probe says which module stopped; the capture is tried anyway"
+
+echo "== capture, every variant"
+"$PY" -m kit.experiments.vllm_capture --out "$DIR"
+status=$?
+echo "== done (exit $status); files:"
+ls -la "$DIR"
+return $status
+}
+
+run 2>&1 | tee "$DIR/run.txt"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,9 @@
+"""Stub of xgrammar.
+
+Structured-output grammars (vllm.parser, vllm.v1.structured_output), imported by the scheduler's
+request types; the capture path decodes nothing.
+"""
+
+from _vllm_stub import install
+
+install(__name__, __doc__)
