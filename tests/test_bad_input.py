@@ -1,14 +1,25 @@
-"""Bad input on the command line: exit 2, one line on stderr, no traceback, nothing written."""
+"""Bad input: exit 2, one line on stderr, no traceback, nothing written; and no global of any pickle looked up.
+
+The safe unpickler (`kit.load.unpickle`) refuses every global a pickle names.
+Besides the hostile pickles that would run a command, the last test names
+globals of torch, collections, copyreg, functools, pathlib, numpy and builtins
+(what `torch.save`, numpy and plain pickles carry), and proves that none was
+even looked up: their modules are stood in for by spies that count every
+attribute read, and the `pickle.find_class` and `import` audit events, which
+unpickling a global the ordinary way raises, must not occur.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import sys
 
 import pytest
 
 from kit import KitError, load_snapshot
+from kit.load.unpickle import safe_unpickle
 
 from .test_tables import run_kit
 
@@ -106,3 +117,118 @@ def test_report_failure_leaves_previous_file_intact(tmp_path):
 def test_unknown_command_is_a_usage_error():
     done = run_kit("frobnicate")
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+# --- globals of every module a snapshot-shaped pickle might name -------------------------------------
+
+# (module, name): what torch.save, numpy, pandas and plain pickles name, and what an attack would reach for.
+NAMED_GLOBALS = [
+    ("torch", "Tensor"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch.storage", "_load_from_bytes"),
+    ("collections", "OrderedDict"),
+    ("collections", "defaultdict"),
+    ("copyreg", "_reconstructor"),
+    ("functools", "partial"),
+    ("functools", "reduce"),
+    ("pathlib", "PosixPath"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy", "frombuffer"),
+    ("builtins", "getattr"),
+    ("builtins", "eval"),
+    ("builtins", "list"),
+    ("builtins", "__import__"),
+]
+
+
+class _LookupSpy(type(os)):
+    """Stands in for a module in sys.modules and counts every attribute looked up on it.
+
+    Unpickling a global the ordinary way imports its module (which finds it in
+    sys.modules) and then looks the name up on it: either shows up here.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        object.__setattr__(self, "looked_up", [])
+
+    def __getattribute__(self, attr: str):
+        if not attr.startswith("__") and attr != "looked_up":
+            object.__getattribute__(self, "looked_up").append(attr)
+        return object.__getattribute__(self, attr) if attr.startswith("__") or attr == "looked_up" else object()
+
+
+def _pickles_naming(module: str, name: str) -> dict[str, bytes]:
+    """Snapshot-shaped pickles, `{"segments": [], "kit": <the global>}`, that name `module.name` every way pickle can.
+
+    By GLOBAL (protocols 0 to 3) and by STACK_GLOBAL (protocol 4 and later), and
+    called with no arguments (REDUCE), as a hostile pickle would.
+    """
+
+    def text(value: str) -> bytes:
+        return pickle.SHORT_BINUNICODE + bytes([len(value.encode())]) + value.encode()
+
+    def snapshot(value: bytes) -> bytes:
+        head = pickle.PROTO + b"\x04" + pickle.EMPTY_DICT + pickle.MARK + text("segments") + pickle.EMPTY_LIST
+        return head + text("kit") + value + pickle.SETITEMS + pickle.STOP
+
+    stacked = text(module) + text(name) + pickle.STACK_GLOBAL
+    return {
+        "GLOBAL": b"(dS'segments'\n(lsS'kit'\nc" + f"{module}\n{name}\n".encode() + b"s.",
+        "STACK_GLOBAL": snapshot(stacked),
+        "STACK_GLOBAL called": snapshot(stacked + pickle.EMPTY_TUPLE + pickle.REDUCE),
+    }
+
+
+_AUDIT: list[tuple[str, tuple]] | None = None  # the audit events while a test listens, else None
+
+
+def _listen(event: str, args: tuple) -> None:
+    if _AUDIT is not None and event in ("pickle.find_class", "import"):
+        _AUDIT.append((event, args))
+
+
+sys.addaudithook(_listen)  # audit hooks cannot be removed; this one only records while a test listens
+
+
+@pytest.mark.parametrize("module,name", NAMED_GLOBALS, ids=[f"{m}.{n}" for m, n in NAMED_GLOBALS])
+def test_a_named_global_of_any_module_is_refused_without_being_looked_up(tmp_path, monkeypatch, module, name):
+    global _AUDIT
+    spies = {m: _LookupSpy(m) for m in {module, module.partition(".")[0]}}
+    for pickled in _pickles_naming(module, name).values():
+        path = tmp_path / "named.pickle"
+        path.write_bytes(pickled)
+        for load in (lambda d=pickled: safe_unpickle(d, "named.pickle"), lambda p=path: load_snapshot(p)):
+            _AUDIT = []
+            try:
+                with monkeypatch.context() as m:
+                    for spied, spy in spies.items():
+                        m.setitem(sys.modules, spied, spy)
+                    with pytest.raises(KitError) as refused:
+                        load()
+            finally:
+                events, _AUDIT = _AUDIT, None
+            assert str(refused.value).endswith(
+                f"named.pickle: refused to load global '{module}.{name}': a snapshot holds plain data only"
+            )
+            # pickle's own find_class raises "pickle.find_class"; importing the named module would raise "import"
+            top = module.partition(".")[0]
+            assert [e for e, args in events if e == "pickle.find_class" or args[0].partition(".")[0] == top] == []
+            assert {spied: spy.looked_up for spied, spy in spies.items()} == {spied: [] for spied in spies}
+
+
+def test_a_persistent_id_is_refused(tmp_path):
+    """`torch.save` stores tensors' storages by persistent id; a snapshot has none, and none is resolved."""
+    for pid in (pickle.BINPERSID, b"Pstorage\n"):
+        head = pickle.PROTO + b"\x02" + pickle.EMPTY_DICT + pickle.MARK + pickle.SHORT_BINUNICODE + b"\x08segments"
+        value = pickle.SHORT_BINUNICODE + b"\x07storage" + pickle.BINPERSID if pid == pickle.BINPERSID else pid
+        data = head + value + pickle.SETITEMS + pickle.STOP
+        path = tmp_path / "persistent.pickle"
+        path.write_bytes(data)
+        for load in (lambda d=data: safe_unpickle(d, "persistent.pickle"), lambda p=path: load_snapshot(p)):
+            with pytest.raises(KitError) as refused:
+                load()
+            assert str(refused.value).endswith(
+                "persistent.pickle: refused a persistent id: a snapshot holds plain data only"
+            )

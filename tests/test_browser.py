@@ -4,9 +4,11 @@ One JupyterLab server (headless, a token, a free port, notebooks/ as its root) s
 for each notebooks/NN_*.ipynb, tests/browser/run_notebook.mjs opens it in Debian's Chromium through
 playwright-core (no browser download), runs Run > Run All Cells, waits for an idle kernel, and
 reports what the page shows. The test requires no error output, at least one widget view, a
-rendered plotly plot where the notebook uses plotly, and, where the notebook marks a control with
-the CSS class `kit-main-control`, that moving it changes a plotly figure. Screenshots of the whole
-notebook before and after moving the control go to build/screenshots/.
+rendered plotly plot where the notebook uses plotly, the key lines and figures the headless run
+requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), and, in every notebook with a control
+a person can operate, one control marked with the CSS class `kit-main-control`: moving it must change
+what its cell shows as `CONTROL` says (before and after, a figure where there is one). Screenshots of
+the whole notebook before and after moving the control go to build/screenshots/.
 
 Lab runs with its own settings: autosave off (so running a notebook never writes its outputs into
 notebooks/), checkpoints in a temporary folder, every cell attached to the page (windowing off, so
@@ -31,6 +33,7 @@ import nbformat
 import pytest
 
 from .servers import free_port, stop_process_group, wait_until_up
+from .test_notebooks import KEY_LINES, SHOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -39,6 +42,65 @@ PLAYWRIGHT = ROOT / "tests" / "browser" / "node_modules" / "playwright-core" / "
 CHROMIUM = Path(os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOTS = ROOT / "build" / "screenshots"
 NOTEBOOK_SECONDS = 240  # one notebook: open, run all, render, move the control
+
+# Per notebook, its main control: (kind, what its cell shows before moving it, and after, and whether a figure
+# changes). The move is one step: the next toggle button, one arrow key on a slider, the next dropdown option.
+CONTROL = {
+    "01_start_here": (
+        "ToggleButtons",
+        ("global graph pool: 108.00 MiB reserved before, 66.00 MiB after (saved 42.00 MiB)",),
+        ("default pool: 354.00 MiB reserved before, 322.00 MiB after (saved 32.00 MiB)",),
+        True,
+    ),
+    "02_root_cause": (
+        "IntSlider",
+        ("Step 29 of 42 (replay graph capture)", "Nothing it may take fits: a new 20.00 MiB segment"),
+        ("Step 30 of 42 (replay graph capture)", "taken: 1 block (12.00 MiB)"),
+        True,
+    ),
+    "03_the_fix": (
+        "ToggleButtons",
+        ("graph pool: 48.00 MiB before, 24.00 MiB after: 24.00 MiB saved (25,165,824 bytes)",),
+        ("graph pool: 2.25 GiB before, 1.53 GiB after: 730.00 MiB saved (765,460,480 bytes)",),
+        True,
+    ),
+    "04_safety": (
+        "ToggleButtons",
+        (
+            "policy pr, early aux on: the replay graphs keep a stream of their own; capture early_aux_pr;",
+            "graphs equal eager bit for bit (9 outputs over 3 sizes)",
+        ),
+        (
+            "policy share, early aux on: the replay graphs share the model graphs' stream; capture early_aux_shared;",
+            "graphs differ from eager in 1 of 9 outputs: largest difference 5.336 (aux_hidden_state[1] at size 256)",
+            "model graphs 256: CONFLICT: 512.00 KiB in 1 block(s) held after the break",
+        ),
+        True,
+    ),
+    "05_alternatives": (
+        "ToggleButtons",
+        ("unpatched: vLLM 0.33: every capture on a stream of its own",),
+        ("pr: PR 63155: the replay graphs on the model graphs' stream", "saves 24.00 MiB against unpatched"),
+        True,
+    ),
+    "06_your_snapshot": (
+        "ToggleButtons",
+        ("two_captures_separate.pickle)", "check (python -m kit check exits 1)", "22.00 MiB stranded (23068672 bytes)"),
+        (
+            "two_captures_shared.pickle)",
+            "check (python -m kit check exits 0): ok: no graph pool stranded more than 0 B",
+        ),
+        True,
+    ),
+    "07_vllm_in_process": (
+        "Dropdown",
+        ("+++ vllm.distributed.parallel_state.graph_capture (PR 63155)",),
+        ("+++ vllm.v1.worker.gpu.cudagraph_utils.CudaGraphManager.capture (PR 63155)",),
+        False,
+    ),
+}
+# What the main control's cell must not show before it moves, and after.
+NOT_SHOWN = {"04_safety": (("CONFLICT", "early_aux_shared;"), ("early_aux_pr;",))}
 
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
@@ -127,8 +189,14 @@ def shut_down_kernels(base: str, token: str, notebook: str) -> None:
             _api(base, token, f"/api/sessions/{session['id']}", method="DELETE")
 
 
+def words(text: str) -> str:
+    """`text` with every run of whitespace one space: a page's text and printed lines compare alike."""
+    return " ".join(text.split())
+
+
 def test_notebooks_exist():
     assert NOTEBOOKS, "no notebooks/NN_*.ipynb found"
+    assert {n.stem for n in NOTEBOOKS} == set(CONTROL) == set(KEY_LINES)
 
 
 def test_playwright_core_is_pinned_exactly():
@@ -158,7 +226,8 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
     lines = done.stdout.strip().splitlines()
     assert lines, f"the driver reported nothing (exit {done.returncode}):\n{done.stderr[-3000:]}"
     report = json.loads(lines[-1])
-    context = f"{notebook.name}: {json.dumps(report, indent=1)[:4000]}\n{done.stderr[-2000:]}"
+    brief = {k: v for k, v in report.items() if k not in ("text", "control_text", "control_text_after")}
+    context = f"{notebook.name}: {json.dumps(brief, indent=1)[:4000]}\n{done.stderr[-2000:]}"
 
     assert "driver_error" not in report, context
     execution = report["execution"]
@@ -169,11 +238,24 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
     if expects_plot:
         assert report["plotly_svgs"] > 0, f"the notebook uses plotly but no plot rendered: {context}"
     assert (SCREENSHOTS / f"{notebook.stem}.png").stat().st_size > 10_000, context
-    if report["controls"]:
-        assert len(report["controls"]) == 1, f"more than one kit-main-control: {context}"
-        assert report["controls"][0]["kind"] in ("ToggleButtons", "IntSlider"), context
-        assert report["figure_changed"], f"moving the kit-main-control changed no plotly figure: {context}"
-        assert not report["errors_after"], context
-        for name in ("control", "after", "control_after"):
-            assert (SCREENSHOTS / f"{notebook.stem}_{name}.png").stat().st_size > 10_000, context
+    page = words(report["text"])
+    for line in (*KEY_LINES[notebook.stem], *SHOWN[notebook.stem]):
+        assert words(line) in page, f"{notebook.name} does not show {line!r} in the browser"
+    # Every notebook a person can operate has its main control, and moving it changes what its cell shows.
+    assert report["control_widgets"], f"{notebook.name} has no control: {context}"
+    assert len(report["controls"]) == 1, f"not one kit-main-control among {report['control_widgets']}: {context}"
+    kind, before, after, figure = CONTROL[notebook.stem]
+    assert report["controls"][0]["kind"] == kind, context
+    shown, moved = words(report["control_text"]), words(report["control_text_after"])
+    assert moved != shown, f"moving the kit-main-control ({report['moved']}) changed nothing its cell shows"
+    for text in before:
+        assert text in shown, f"{notebook.name}: before moving its control, {text!r} is not shown"
+    for text in after:
+        assert text in moved, f"{notebook.name}: after {report['moved']}, {text!r} is not shown"
+    not_before, not_after = NOT_SHOWN.get(notebook.stem, ((), ()))
+    assert not [t for t in not_before if t in shown] and not [t for t in not_after if t in moved], context
+    assert report["figure_changed"] is figure, f"a plotly figure changed: {report['figure_changed']}: {context}"
+    assert not report["errors_after"], context
+    for name in ("control", "after", "control_after"):
+        assert (SCREENSHOTS / f"{notebook.stem}_{name}.png").stat().st_size > 10_000, context
     assert notebook.read_bytes() == saved, f"JupyterLab wrote to {notebook.name}"

@@ -13,6 +13,7 @@ import pytest
 
 from kit import KitError, load_snapshot, reuse_table, segment_table
 from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.rows import replay_rows
 
 from . import foreign_snapshots as foreign
 from .conftest import RECORDED
@@ -132,6 +133,14 @@ def test_a_trace_that_contradicts_the_snapshot_is_reported_not_fatal():
     trace.insert(4, {"action": "free_completed", "addr": foreign.B + 5, "size": 99})  # never allocated
     trace.insert(2, {"action": "segment_free", "addr": foreign.A, "size": 2 * MIB})  # a live segment freed
     trace.append({"action": "alloc", "addr": foreign.B, "size": MIB})  # over a live block
-    replay = replay_trace(load_snapshot(raw))
-    assert replay.mismatches  # said, not hidden
+    snap = load_snapshot(raw)
+    replay = replay_trace(snap)
+    # Said, not hidden: the freed segment A is still in the snapshot, and the alloc over B's live block changes its
+    # blocks (B starts its segment); the free of a block never allocated changes nothing.
+    assert replay.mismatches == [
+        f"segment {foreign.A:#x} is in the snapshot but not in the replayed trace",
+        f"segment {foreign.B:#x}: blocks differ between the replayed trace and the snapshot",
+    ]
+    assert replay_rows(snap, 0).mismatches == replay.mismatches  # the walk entry by entry says the same
     assert len(replay.allocs) == 5  # the story's four, and the one over a live block
+    assert replay.allocs.iloc[-1][["addr", "size", "served"]].tolist() == [foreign.B, MIB, "reused"]

@@ -26,6 +26,7 @@ from kit.replica import cudagraph_utils, decoder_replay_cudagraph, model_state, 
 from kit.replica.model import ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 from tests.conftest import FIXTURES
+from tests.diff_lines import diff_changes, hunk_changes
 
 REPLICA = FIXTURES / "replica"
 TINY = ReplicaConfig(
@@ -218,9 +219,8 @@ def test_the_replica_takes_the_prs_own_hunks_where_its_lines_are_vllms():
         for target, rw in zip(replica_patch.TARGETS, patch.rewrites, strict=True):
             takes_stream = "stream" in inspect.signature(rw.function).parameters
             assert takes_stream == (target.qualname != "GPUModelRunner.capture_model")
-            diff = rw.diff().splitlines()
-            removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
-            assert 0 < len(removed) <= len(target.hunks)  # every other line is the replica's own
+            # every other line is the replica's own: the diff changes exactly what the hunks change
+            assert diff_changes(rw.diff()) == hunk_changes(target.hunks), target.where
     assert "stream=replay_stream(self, stream)" in replica_patch.diff()
 
 
@@ -304,6 +304,25 @@ def test_graphs_equal_eager_except_early_aux_forced_to_share(recorded):
     forced = recorded["small_early_aux_shared"]
     assert forced["bit_exact"] is False and forced["max_abs_diff"] > 0
     assert forced["replay_capture_stream"] == ["model graphs stream"]
+    # The flags above are what the GPU measured (provenance). Computed here from each recording's trace instead: a
+    # replay graph that runs in a model graph's break allocates over a block the model graph holds after it
+    # exactly where the graphs differed from eager, at the same capture sizes, and its block is the early aux state.
+    from kit import liveness_table
+    from kit.analysis.liveness import HELD
+    from kit.load.snapshot import load_snapshot
+    from kit.replica.model import replay_rows
+
+    for name in recorded:
+        snap = load_snapshot(REPLICA / f"{name}.pickle")
+        table = liveness_table(snap, replay_size_for=replay_rows).rows
+        differs = [r for r in snap.kit["equivalence"] if not r["bit_exact"]]
+        assert set(table[table["conflict"]]["capture_size"]) == {r["size"] for r in differs}, name
+        assert (table[table["conflict"]]["class"] == HELD).all(), name
+    assert {
+        r["output"]
+        for r in load_snapshot(REPLICA / "small_early_aux_shared.pickle").kit["equivalence"]
+        if not r["bit_exact"]
+    } == {"aux_hidden_state[1]"}
 
 
 def test_early_aux_under_the_pr_keeps_the_replay_graphs_on_their_own_stream(recorded):

@@ -24,6 +24,7 @@ from kit.errors import KitError
 from kit.patch.policy import has_early_aux
 from kit.record.recorder import label_from_stack, manager_name
 from tests import vllm_standins as standin
+from tests.diff_lines import diff_changes, hunk_changes
 
 VLLM_ROOT = Path(vllm.__file__).parent
 
@@ -121,11 +122,8 @@ def test_each_patched_function_is_the_installed_one_with_the_prs_edits():
             assert new.__code__.co_filename == f"<PR 63155: {target.where}>"
             takes_stream = "stream" in inspect.signature(rw.function).parameters
             assert takes_stream == (target.qualname != "GPUModelRunner.capture_model")
-            # Every installed line is kept; only the PR's lines are added or changed.
-            diff = rw.diff().splitlines()
-            removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
-            added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
-            assert 0 < len(added) and len(removed) <= len(target.hunks)
+            # Every installed line is kept: the diff removes and adds exactly the lines the PR's hunks change.
+            assert diff_changes(rw.diff()) == hunk_changes(target.hunks), target.where
         assert table["defined in"].str.contains(r"vllm/.+\.py:\d+$").all()
     assert "stream=self.cudagraph_manager.capture_stream" in patch_vllm.diff()
 

@@ -417,8 +417,6 @@ def with_drafter_analyses(data: dict, drafter: dict) -> dict:
     return data
 
 
-
-
 def load_alternatives(preset: str = "small", path: str | Path | None = None, drafter_path: str | Path | None = None):
     """The alternatives recording with share_all's verdict backed by the drafter's analyses (`with_drafter_analyses`).
 

@@ -1,5 +1,7 @@
 // Open one notebook in JupyterLab in Debian's Chromium, run all its cells, move its main control,
-// and print what the page showed as one JSON line; tests/test_browser.py asserts on it.
+// and print what the page showed as one JSON line; tests/test_browser.py asserts on it: the text of every
+// output (`text`), the controls it has, and the text and figures of the main control's cell before and
+// after the control moved (`control_text`, `control_text_after`, `figure_changed`).
 //
 //   node run_notebook.mjs --base http://127.0.0.1:PORT --token TOKEN --notebook 01_start_here.ipynb \
 //        --screenshots ../../build/screenshots [--expect-plot] [--chromium /usr/bin/chromium] [--timeout 240]
@@ -51,6 +53,17 @@ const CHROMIUM_ARGS = [
 // Library warnings that merely mention one mid-line (vLLM's "Failed to import from vllm._C:
 // ModuleNotFoundError(...)" on CPU) are reported as warnings, not errors.
 const ERROR_RE = /Traceback|^\s*([\w.]+\.)?[A-Z]\w*(Error|Exception)\b/m;
+// The widget views a person operates, by ipywidgets 8's classes.
+const CONTROL_CLASSES = [
+  'widget-toggle-buttons',
+  'widget-slider',
+  'widget-dropdown',
+  'widget-checkbox',
+  'widget-text',
+  'widget-button',
+  'widget-upload',
+  'widget-select',
+];
 
 /** Wait until `fn()` returns a truthy value (polled), or throw after `ms` naming `what`. */
 async function until(fn, ms, what, every = 250) {
@@ -123,6 +136,23 @@ async function settledSignature(page) {
   return last;
 }
 
+/** Wait until the main control's cell text stops changing (its widgets update one message at a time). */
+async function settledText(page) {
+  let last = await controlText(page);
+  await until(
+    async () => {
+      await page.waitForTimeout(500);
+      const now = await controlText(page);
+      const same = now === last;
+      last = now;
+      return same;
+    },
+    remaining(10000),
+    'the text to stop changing',
+  ).catch((e) => log(String(e)));
+  return last;
+}
+
 /** Make the viewport as tall as the notebook so that a page screenshot shows all of it. */
 async function fitViewportToNotebook(page) {
   const extra = await page.evaluate((SCROLLER) => {
@@ -141,7 +171,7 @@ async function fitViewportToNotebook(page) {
 /** What the notebook shows: error outputs, widget views, plotly plots, the main control. */
 async function survey(page) {
   return page.evaluate(
-    ({ NOTEBOOK, errorSource }) => {
+    ({ NOTEBOOK, errorSource, CONTROL_CLASSES }) => {
       const nb = document.querySelector(NOTEBOOK);
       const errorRe = new RegExp(errorSource);
       const errors = [];
@@ -160,7 +190,14 @@ async function survey(page) {
           ? 'ToggleButtons'
           : el.classList.contains('widget-slider')
             ? 'IntSlider'
-            : [...el.classList].join(' ');
+            : el.classList.contains('widget-dropdown')
+              ? 'Dropdown'
+              : [...el.classList].join(' ');
+      // Every widget a person can operate: a notebook with any of them must mark one as its main control.
+      const selector = CONTROL_CLASSES.map((c) => `.jp-OutputArea-output .${c}`).join(', ');
+      const operable = [...nb.querySelectorAll(selector)].map((el) =>
+        CONTROL_CLASSES.find((c) => el.classList.contains(c)),
+      );
       return {
         errors,
         warnings,
@@ -171,15 +208,40 @@ async function survey(page) {
           kind: kind(el),
           text: el.textContent.trim().slice(0, 200),
         })),
+        control_widgets: operable,
       };
     },
-    { NOTEBOOK, errorSource: ERROR_RE.source },
+    { NOTEBOOK, errorSource: ERROR_RE.source, CONTROL_CLASSES },
   );
+}
+
+/** The text of every output of the notebook, in page order (what a reader sees, widgets and plots included). */
+async function outputText(page) {
+  return page.evaluate((NOTEBOOK) => {
+    const outputs = document.querySelectorAll(`${NOTEBOOK} .jp-OutputArea-output`);
+    return [...outputs].map((el) => el.textContent).join('\n');
+  }, NOTEBOOK);
+}
+
+/** The text of the outputs of the cell holding the main control. */
+async function controlText(page) {
+  return page.evaluate((NOTEBOOK) => {
+    const cell = document.querySelector(`${NOTEBOOK} .jp-Cell-outputWrapper:has(.kit-main-control)`);
+    return cell ? cell.textContent : '';
+  }, NOTEBOOK);
 }
 
 /** Move the main control one step, as a person would; returns what was done. */
 async function moveControl(page) {
   const control = page.locator(`${NOTEBOOK} .kit-main-control`).first();
+  if (await control.evaluate((el) => el.classList.contains('widget-dropdown'))) {
+    const select = control.locator('select');
+    const options = await select.locator('option').allTextContents();
+    const index = await select.evaluate((el) => el.selectedIndex);
+    const next = (index + 1) % options.length;
+    await select.selectOption({ index: next });
+    return `selected "${options[next].trim()}"`;
+  }
   if (await control.evaluate((el) => el.classList.contains('widget-toggle-buttons'))) {
     const choice = control.locator('button:not(.mod-active)').first();
     const label = (await choice.textContent()).trim();
@@ -270,25 +332,24 @@ async function main() {
     report.viewport_height = await fitViewportToNotebook(page);
     const before = await settledSignature(page);
     Object.assign(report, await survey(page));
+    report.text = await outputText(page);
     await page.screenshot({ path: join(opt.screenshots, `${stem}.png`), fullPage: true });
     if (!report.controls.length) return;
 
     const controlOutputs = page.locator(`${NOTEBOOK} .jp-Cell-outputWrapper:has(.kit-main-control)`).first();
     await controlOutputs.screenshot({ path: join(opt.screenshots, `${stem}_control.png`) });
+    report.control_text = await controlText(page);
     report.moved = await moveControl(page);
     const t0 = Date.now();
-    const after = await until(
-      async () => {
-        const now = await plotSignature(page);
-        return now !== before ? now : null;
-      },
+    await until(
+      async () => (await plotSignature(page)) !== before || (await controlText(page)) !== report.control_text,
       remaining(15000),
-      'a figure to change',
+      'a figure or the text to change',
     ).catch(() => null);
-    report.figure_changed = after !== null;
     report.change_seconds = (Date.now() - t0) / 1000;
+    report.figure_changed = (await settledSignature(page)) !== before;
+    report.control_text_after = await settledText(page);
     log(`moved: ${report.moved}; figure changed: ${report.figure_changed} (${report.change_seconds} s)`);
-    await settledSignature(page);
     report.errors_after = (await survey(page)).errors;
     await page.screenshot({ path: join(opt.screenshots, `${stem}_after.png`), fullPage: true });
     await controlOutputs.screenshot({ path: join(opt.screenshots, `${stem}_control_after.png`) });

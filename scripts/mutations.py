@@ -1,0 +1,390 @@
+"""Plant single bugs in a copy of the kit, one at a time, and check that the tests meant to catch each one fail.
+
+    python scripts/mutations.py            # every mutation; a table, then the count caught
+    python scripts/mutations.py --json     # the same, then {"mutations": [{"name", "caught"}, ...]} as the last line
+    python scripts/mutations.py --only empty_cache_releases_in_reverse_order --keep
+
+A test suite that passes says little until each bug it exists for is shown to
+fail it. Each entry of `MUTATIONS` is one small, plausible bug: a replacement
+of an exact piece of one source file (which must occur there exactly once, so
+a mutation whose source moved fails loudly instead of testing nothing), and
+the tests that should catch it. The script copies the repository's files (git's
+tracked and untracked, not the ignored ones) to a temporary folder, runs every
+mutation's tests there unchanged first (they must pass, or a failure would
+prove nothing), then plants each mutation alone and runs its tests with
+`PYTHONPATH` on the copy, so that subprocesses, notebook kernels and JupyterLab
+import the mutated kit. A mutation is caught when its tests fail.
+
+Not part of `make test` or CI: it takes a few minutes (the notebook mutation runs
+notebook 04 headless and in the browser). docs/testing.md has its last result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kit.fileio import atomic_write  # noqa: E402
+
+NODE_MODULES = Path("tests/browser/node_modules")  # ignored by git; the browser test needs it
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One planted bug: `old` replaced by `new` in `file` (exactly once), caught by failing `tests`."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+SIM_FIDELITY = "tests/test_simulator.py::test_simulator_matches_the_real_allocator"
+SIM_RULES = "tests/test_simulator.py"
+BOUNDARIES = "tests/test_boundaries.py"
+REPLAY_STREAM_HUNK = (
+    'Hunk("self.replay_cudagraphs.capture_replay_graphs(prepare)", '
+    '"self.replay_cudagraphs.capture_replay_graphs(prepare, stream=stream)")'
+)
+VLLM_PATCH = "tests/test_vllm_patch.py::"
+UNPICKLER = (
+    "tests/test_bad_input.py::test_a_named_global_of_any_module_is_refused_without_being_looked_up",
+    "tests/test_bad_input.py::test_a_persistent_id_is_refused",
+    "tests/test_bad_input.py::test_hostile_pickle_never_runs_its_command",
+)
+REFUSAL = "        raise KitError(f\"refused to load global '{module}.{name}': a snapshot holds plain data only\")"
+
+MUTATIONS = (
+    # -- the six bugs issue 22 found surviving the suite
+    Mutation(
+        "simulator_splits_a_large_block_with_exactly_1_MiB_left",
+        "kit/allocator/simulator.py",
+        "        split = should_split(remaining, small)",
+        "        split = should_split(remaining, small) or (not small and remaining == 1 << 20)",
+        (BOUNDARIES, SIM_FIDELITY),
+        "PyTorch splits a large-pool block only when more than 1 MiB is left",
+    ),
+    Mutation(
+        "simulator_splits_a_small_block_only_above_512_B",
+        "kit/allocator/simulator.py",
+        "        split = should_split(remaining, small)",
+        "        split = should_split(remaining, small) and not (small and remaining == 512)",
+        (BOUNDARIES, SIM_FIDELITY),
+        "PyTorch splits a small-pool block when 512 bytes or more are left",
+    ),
+    Mutation(
+        "empty_cache_releases_in_reverse_order",
+        "kit/allocator/simulator.py",
+        "        for address in released:",
+        "        for address in reversed(released):",
+        (SIM_FIDELITY,),
+        "the final state is the same; the trace's order of segment_free is not",
+    ),
+    Mutation(
+        "unpickler_admits_torch_globals",
+        "kit/load/unpickle.py",
+        REFUSAL,
+        '        if module.partition(".")[0] == "torch":\n'
+        "            return super().find_class(module, name)\n" + REFUSAL,
+        UNPICKLER,
+        "a torch.* global in a pickle is looked up (and may be called) instead of refused",
+    ),
+    Mutation(
+        "liveness_counts_a_break_input_as_a_conflict",
+        "kit/analysis/liveness.py",
+        '"conflict": classes[id(life)] == HELD and bool(in_break),',
+        '"conflict": classes[id(life)] in (HELD, BREAK_INPUT) and bool(in_break),',
+        ("tests/test_safety_cases.py",),
+        "a replay graph over a block the break read, and nothing reads after it, is safe",
+    ),
+    Mutation(
+        "notebook_04_shows_the_safe_capture_for_early_aux_forced_to_share",
+        "kit/show/safety.py",
+        'return ("early_aux_shared" if shares else "early_aux_pr"), shares',
+        'return ("early_aux_pr" if shares else "early_aux_shared"), shares',
+        (
+            "tests/test_notebooks.py::test_notebook_runs_headless_and_shows_its_figures[04_safety]",
+            "tests/test_browser.py::test_notebook_renders_and_reacts_in_jupyterlab[04_safety]",
+        ),
+        "the policy explorer's branches swapped: forced sharing shows the PR's safe capture",
+    ),
+    # -- the simulator's other rules
+    Mutation(
+        "simulator_reuses_a_block_of_another_stream",
+        "kit/allocator/simulator.py",
+        "        lst = self.free.get((pool, small, stream))",
+        "        lst = next((f for (p, s, _), f in self.free.items() if (p, s) == (pool, small) and f and"
+        " f[-1][0] >= size), None)",
+        (SIM_RULES,),
+        "the stream check: a free block serves only requests of its own stream",
+    ),
+    Mutation(
+        "simulator_merges_a_freed_block_only_with_the_one_before",
+        "kit/allocator/simulator.py",
+        "        for neighbour in (block.prev, block.next):",
+        "        for neighbour in (block.prev,):",
+        (SIM_RULES,),
+        "a freed block merges with its free neighbours on both sides",
+    ),
+    Mutation(
+        "empty_cache_releases_graph_pool_segments",
+        "kit/allocator/simulator.py",
+        "        if block.prev is None and block.next is None and block.pool == DEFAULT_POOL:",
+        "        if block.prev is None and block.next is None:",
+        (SIM_RULES,),
+        "empty_cache releases whole free segments of the default pool only; live graphs keep theirs",
+    ),
+    Mutation(
+        "rounding_rounds_a_multiple_of_512_up",
+        "kit/allocator/rules.py",
+        "    return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE - 1) // K_MIN_BLOCK_SIZE)",
+        "    return K_MIN_BLOCK_SIZE * ((size + K_MIN_BLOCK_SIZE) // K_MIN_BLOCK_SIZE)",
+        (BOUNDARIES, SIM_RULES),
+        "requests round up to a multiple of 512 bytes; one that is one stays as it is",
+    ),
+    # -- the two trace walks: their split rule and the stranded condition
+    Mutation(
+        "row_walk_splits_a_large_block_with_exactly_1_MiB_left",
+        "kit/analysis/trace/rows.py",
+        "rounded if should_split(gap - rounded, seg.small) else max(gap, rounded)",
+        "rounded if should_split(gap - rounded, seg.small) or gap - rounded == 1 << 20 else max(gap, rounded)",
+        (BOUNDARIES,),
+        "the row walk must place blocks as the allocator split them, or it ends elsewhere than the snapshot",
+    ),
+    Mutation(
+        "columnar_walk_splits_a_small_block_only_above_512_B",
+        "kit/analysis/trace/columnar.py",
+        "sizes_of[addr] = need if gap - need > seg.limit else max(gap, need)",
+        "sizes_of[addr] = need if gap - need > max(seg.limit, 512) else max(gap, need)",
+        (BOUNDARIES,),
+        "the columnar walk must place blocks as the allocator split them",
+    ),
+    Mutation(
+        "row_walk_strands_only_beside_a_larger_block",
+        "kit/analysis/trace/rows.py",
+        "        if size >= rounded and (best is None or size > best[1]):",
+        "        if size > rounded and (best is None or size > best[1]):",
+        (BOUNDARIES,),
+        "a free block of exactly the rounded size on another stream would have served the request: stranded",
+    ),
+    Mutation(
+        "columnar_walk_strands_only_beside_a_larger_block",
+        "kit/analysis/trace/columnar.py",
+        "if found and found[0] >= rounded and",
+        "if found and found[0] > rounded and",
+        (BOUNDARIES,),
+        "as in the row walk: an exact fit on another stream is stranding",
+    ),
+    # -- the patch's stream decision, in vLLM and in the replica
+    Mutation(
+        "vllm_patch_shares_the_stream_despite_early_aux",
+        "kit/patch/vllm.py",
+        "    (_INNER_STREAM, REPLAY_GRAPHS_GET_THE_STREAM),",
+        f"    (_INNER_STREAM, {REPLAY_STREAM_HUNK}),",
+        (
+            f"{VLLM_PATCH}test_with_early_aux_the_replay_graphs_keep_their_own_stream",
+            f"{VLLM_PATCH}test_each_patched_function_is_the_installed_one_with_the_prs_edits",
+        ),
+        "vLLM's DeepseekV41ModelState hands the model graphs' stream on regardless of early aux",
+    ),
+    Mutation(
+        "replica_patch_shares_the_stream_despite_early_aux",
+        "kit/patch/replica.py",
+        "            vllm.REPLAY_GRAPHS_GET_THE_STREAM,",
+        f"            {REPLAY_STREAM_HUNK},",
+        (
+            "tests/test_replica.py::test_patched_capture_inner_cudagraphs_hands_the_stream_on_by_policy",
+            "tests/test_replica.py::test_capture_model_puts_the_replay_graphs_on_the_stream_the_policy_picks",
+        ),
+        "the replica's model state hands the model graphs' stream on regardless of early aux",
+    ),
+    Mutation(
+        "early_aux_includes_the_replay_start_layer",
+        "kit/patch/policy.py",
+        "            return any(layer_id < start for layer_id in aux)",
+        "            return any(layer_id <= start for layer_id in aux)",
+        (f"{VLLM_PATCH}test_an_aux_layer_at_the_replay_start_is_made_inside_the_replay_layers",),
+        "aux id decoder_replay_start is made inside the break: not early",
+    ),
+    Mutation(
+        "an_unreadable_model_shares_the_stream",
+        "kit/patch/policy.py",
+        '    if policy == "share" or (policy == "pr" and has_early_aux is False):',
+        '    if policy == "share" or (policy == "pr" and not has_early_aux):',
+        (f"{VLLM_PATCH}test_a_model_whose_aux_layers_cannot_be_read_keeps_the_replay_stream_apart",),
+        "when early aux cannot be told, the PR's rule keeps a stream of their own",
+    ),
+    # -- the unpickler's refusal
+    Mutation(
+        "unpickler_admits_every_global",
+        "kit/load/unpickle.py",
+        REFUSAL,
+        "        return super().find_class(module, name)",
+        UNPICKLER,
+        "any global a pickle names is looked up: a hostile pickle runs code",
+    ),
+    Mutation(
+        "unpickler_admits_persistent_ids",
+        "kit/load/unpickle.py",
+        '        raise KitError("refused a persistent id: a snapshot holds plain data only")',
+        "        return pid",
+        UNPICKLER,
+        "a persistent id is resolved to a value instead of refused",
+    ),
+    # -- the liveness classes
+    Mutation(
+        "liveness_never_releases_a_block",
+        "kit/analysis/liveness.py",
+        "        if life.free is not None and life.free < next_first:",
+        "        if life.free is not None and life.free < begin:",
+        ("tests/test_safety_cases.py",),
+        "a block freed as the break returns is released: a replay graph over it is safe",
+    ),
+    Mutation(
+        "liveness_releases_the_early_aux",
+        "kit/analysis/liveness.py",
+        "            classes[id(life)] = HELD",
+        "            classes[id(life)] = RELEASED",
+        ("tests/test_safety_cases.py",),
+        "an early aux state is held after the break: a replay graph over it is a conflict",
+    ),
+)
+
+
+def repository_files() -> list[Path]:
+    """The repository's files as git sees them: tracked and untracked, less the ignored ones."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    return [Path(p) for p in listed.decode().split("\0") if p and (ROOT / p).is_file()]
+
+
+def make_copy(into: Path) -> None:
+    for rel in repository_files():
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, into / rel)
+    if (ROOT / NODE_MODULES).is_dir():
+        (into / NODE_MODULES).symlink_to(ROOT / NODE_MODULES, target_is_directory=True)
+
+
+def check_sources(mutations: list[Mutation], copy: Path) -> list[str]:
+    """Why any mutation cannot be planted: its text is not in its file exactly once (the source moved)."""
+    problems = []
+    for m in mutations:
+        count = (copy / m.file).read_text().count(m.old)
+        if count != 1:
+            problems.append(
+                f"{m.name}: {m.file}: the text to replace occurs {count} times, not once: {m.old.strip()!r}"
+            )
+    return problems
+
+
+def run_tests(tests: tuple[str, ...], copy: Path) -> tuple[int, float, str]:
+    """pytest on `tests` in the copy, with the copy first on the path: exit status, seconds, the output's tail."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    env |= {"PYTHONDONTWRITEBYTECODE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return done.returncode, time.perf_counter() - started, (done.stdout + done.stderr)[-3000:]
+
+
+def first_failure(output: str) -> str:
+    """The first test pytest's summary names as failed (or erroring), else its exit line."""
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ")[0].split(" ", 1)[1]
+    return output.strip().splitlines()[-1] if output.strip() else "?"
+
+
+def plant(m: Mutation, copy: Path) -> str:
+    """Plant `m` in the copy; returns the file's original text."""
+    path = copy / m.file
+    original = path.read_text()
+    write(path, original.replace(m.old, m.new, 1))
+    return original
+
+
+def write(path: Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help='end with {"mutations": [{"name", "caught"}, ...]}')
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="this mutation only (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    args = parser.parse_args()
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name}: {m.file}: {m.what}")
+        return 0
+    unknown = set(args.only) - {m.name for m in MUTATIONS}
+    if unknown:
+        print(f"mutations.py: no mutation {', '.join(sorted(unknown))} (see --list)", file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    copy = Path(tempfile.mkdtemp(prefix="kit-mutations-"))
+    try:
+        make_copy(copy)
+        problems = check_sources(chosen, copy)
+        if problems:
+            print("mutations.py: cannot plant:\n  " + "\n  ".join(problems), file=sys.stderr)
+            return 2
+        for tests in dict.fromkeys(m.tests for m in chosen):  # each set of tests once, before any bug is planted
+            status, seconds, tail = run_tests(tests, copy)
+            print(f"unmutated: {' '.join(tests)}: exit {status} ({seconds:.0f} s)", flush=True)
+            if status != 0:
+                print(
+                    f"mutations.py: the tests fail without any mutation; nothing would be proven:\n{tail}",
+                    file=sys.stderr,
+                )
+                return 2
+        results = []
+        for m in chosen:
+            original = plant(m, copy)
+            try:
+                status, seconds, tail = run_tests(m.tests, copy)
+            finally:
+                write(copy / m.file, original)
+            caught = status in (1, 2)  # tests failed, or the mutated kit failed to be collected
+            results.append({"name": m.name, "caught": caught, "exit": status, "seconds": round(seconds, 1)})
+            by = f", by {first_failure(tail)}" if caught else ""
+            print(f"{'caught  ' if caught else 'SURVIVED'}  {m.name}  ({m.file}; {seconds:.0f} s{by})", flush=True)
+            if not caught:
+                print(tail, file=sys.stderr)
+        print(f"{sum(r['caught'] for r in results)} of {len(results)} mutations caught")
+        if args.json:
+            print(json.dumps({"mutations": [{"name": r["name"], "caught": r["caught"]} for r in results]}))
+        return 0 if all(r["caught"] for r in results) else 1
+    finally:
+        if args.keep:
+            print(f"the copy: {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
