@@ -55,7 +55,7 @@ print(f"data source: {SOURCE}")
 # allocator's memory history. The step-through below (`kit.show.stepthrough`) is the kit's
 # simulator (`kit/allocator/simulator.py`) replaying that recorded trace op by op, with the
 # recording's own segment addresses, so every decision can be shown with its reasons. The
-# simulator matches PyTorch's allocator block for block on all 64 workloads of the kit's
+# simulator matches PyTorch's allocator block for block on all 70 workloads of the kit's
 # H200 corpus (`kit/recordings/corpus`); on this trace the check is that its final state
 # equals the recorded snapshot.
 

@@ -11,7 +11,7 @@ against:
   model capture's stream;
 - `replica/{small,large}_{scenario}.pickle`: the replica's experiments
   (`kit.experiments.scenarios`);
-- `corpus/`: 64 workloads (seeded random ones and the PR's story) run on the
+- `corpus/`: 70 workloads (seeded random ones, the PR's story, six boundary workloads) run on the
   real allocator, each beside its workload JSON: the simulator's fidelity
   corpus;
 - `plain/`: plain `torch.cuda.memory._dump_snapshot()` files of programs the
