@@ -47,6 +47,9 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kit.fileio import atomic_write  # noqa: E402
+
 OUT = ROOT / "build" / "vllm_bundle"
 VLLM_VERSION = "0.33.0"
 SOURCES = f"vllm-{VLLM_VERSION}-py.tar.gz"
@@ -146,7 +149,8 @@ def write_sources(files: list[tuple[str, bytes]], path: Path) -> None:
             member = tarfile.TarInfo(name)
             member.size, member.mode, member.mtime = len(data), 0o644, 0
             tar.addfile(member, io.BytesIO(data))
-    path.write_bytes(buffer.getvalue())
+    with atomic_write(path, "wb") as f:
+        f.write(buffer.getvalue())
 
 
 def pinned(names: list[str]) -> list[str]:
@@ -206,7 +210,8 @@ def build(out: Path = OUT) -> dict:
     total = sum(f["bytes"] for f in found["files"].values())
     if total > LIMIT:
         sys.exit(f"vllm_bundle: the bundle is {total >> 20} MiB, over the {LIMIT >> 20} MiB it may take")
-    (out / "MANIFEST.json").write_text(json.dumps(found, indent=1) + "\n")
+    with atomic_write(out / "MANIFEST.json") as f:
+        f.write(json.dumps(found, indent=1) + "\n")
     return found
 
 
