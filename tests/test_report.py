@@ -133,6 +133,15 @@ def test_without_a_map_the_what_if_is_a_self_check_and_a_hint(two_streams_page):
     assert "ends with each pool's recorded reservation exactly" in section
 
 
+def test_above_the_event_limit_the_self_check_is_left_out_and_says_so(monkeypatch):
+    import kit.show.report
+
+    monkeypatch.setattr(kit.show.report, "SELF_CHECK_EVENTS", 10)
+    section = text_of(sections(render_report(TWO_STREAMS))["What-if: streams mapped onto others"])
+    assert "self-check skipped: the trace has" in section and "more than 10" in section
+    assert "ends with each pool's recorded reservation" not in section and "--map FROM=TO" in section
+
+
 def test_with_a_map_the_what_if_shows_each_pool_as_recorded_and_predicted(tmp_path):
     out = tmp_path / "report.html"
     done = run_kit("report", str(TWO_STREAMS), "-o", str(out), "--map", "replay graphs stream=model graphs stream")

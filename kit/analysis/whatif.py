@@ -29,6 +29,7 @@ with a recorded one segment by segment and block by block.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -157,24 +158,39 @@ class _TraceSim(CachingAllocatorSim):
         self._recorded: Iterator[int] = iter(recorded)
         self._fresh = _round_up(above)
         self._extents: dict[int, int] = {}  # segment address -> size
+        self._starts: list[int] = []  # the same addresses, sorted: segments never overlap
+        self._top = 0  # the highest segment end so far
 
     def seed_segment(self, address: int, size: int, *args, **kwargs) -> None:
         super().seed_segment(address, size, *args, **kwargs)
+        self._lay(address, size)
+
+    def _lay(self, address: int, size: int) -> None:
         self._extents[address] = size
+        insort(self._starts, address)
+        self._top = max(self._top, address + size)
+
+    def _is_free(self, address: int, size: int) -> bool:
+        # Disjoint segments sorted by address end in the same order: only the last one
+        # starting below `address + size` can reach into [address, address + size).
+        i = bisect_left(self._starts, address + size) - 1
+        return i < 0 or self._starts[i] + self._extents[self._starts[i]] <= address
 
     def _cuda_malloc(self, size: int) -> int:
         for address in self._recorded:
-            if not any(a < address + size and address < a + n for a, n in self._extents.items()):
+            if self._is_free(address, size):
                 break
         else:  # above everything laid out so far, the recording's places included
-            address = _round_up(max([self._fresh, *(a + n for a, n in self._extents.items())]))
+            address = _round_up(max(self._fresh, self._top))
             self._fresh = address + _round_up(size)
-        self._extents[address] = size
+        self._lay(address, size)
         return address
 
     def empty_cache(self, pools=()) -> None:
         super().empty_cache(pools)
         self._extents = {a: n for a, n in self._extents.items() if a in self.segments}
+        self._starts = sorted(self._extents)
+        self._top = max((a + n for a, n in self._extents.items()), default=0)
 
 
 def _round_up(n: int) -> int:
