@@ -8,7 +8,8 @@ LAB_FLAGS ?=
 # Jupyter refuses to run as root unless told to; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots
+.PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots vllm-bundle vllm-recordings
+.PHONY: boundary-recordings mutations
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -74,3 +75,22 @@ safety-recordings:
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
 plain-recordings:
 	$(PYTHON) scripts/record_plain.py --out kit/recordings/plain
+
+# Record only the corpus's boundary workloads (every split rule on both sides) and add their provenance (needs CUDA).
+boundary-recordings:
+	$(PYTHON) scripts/record_corpus.py --boundary-only --out kit/recordings/corpus
+
+# Plant each of scripts/mutations.py's single bugs in a copy of the kit and check its tests catch it (minutes).
+mutations: venv browser-deps
+	KIT_CHROMIUM=$(CHROMIUM) $(PY) scripts/mutations.py
+
+# vLLM 0.33's own capture path on a GPU machine without vLLM (docs/vllm.md): `make vllm-bundle` here builds
+# build/vllm_bundle (the sources checked against the wheel, and the wheels the imports need); carry it, and
+# `make vllm-recordings` there records every variant into kit/recordings/vllm.
+vllm-bundle: venv
+	$(PY) scripts/vllm_bundle.py
+
+vllm-recordings:
+	bash scripts/vllm_on_device.sh build/vllm_out
+	mkdir -p kit/recordings/vllm
+	cp build/vllm_out/*.pickle build/vllm_out/PROVENANCE.json kit/recordings/vllm/

@@ -14,8 +14,10 @@ exits 0 on success and 2 with one line on stderr for a user's mistake
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 from kit.errors import KitError
 
@@ -226,6 +228,11 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from kit.experiments.scenarios import check_preset, describe, replica_runs, require_cuda, run_all, summarize
 
+    if args.vllm or args.json:
+        from kit.experiments.vllm_capture import demo
+
+        demo(live=args.live, as_json=args.json, vllm=args.vllm)
+        return
     check_preset(args.preset)
     if args.live:
         import tempfile
@@ -256,7 +263,9 @@ def cmd_safety(args: argparse.Namespace) -> None:
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:
-    from kit.experiments.alternatives import alternatives_json, alternatives_lines, load_recording, run_live
+    from kit.experiments.alternatives import alternatives_json, alternatives_lines
+    from kit.experiments.drafter_run import load_alternatives as load_recording
+    from kit.experiments.drafter_run import run_alternatives_live as run_live
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
     if args.json:
@@ -274,8 +283,36 @@ def cmd_vllm_patch(args: argparse.Namespace) -> None:
     print(f"PR 63155 applies to the installed vLLM {patch_vllm._version()}" if args.check else text)
 
 
+def _add_run_flags(parser: argparse.ArgumentParser, default: object = False) -> None:
+    """`--no-cache` and `--quiet`, before the command or after it."""
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        default=default,
+        help="neither read nor write the cache of a snapshot's columns (kit.load.cache)",
+    )
+    parser.add_argument("--quiet", action="store_true", default=default, help="show no progress bars")
+
+
+@contextlib.contextmanager
+def _run_flags(args: argparse.Namespace) -> Iterator[None]:
+    """The process-wide settings of `--no-cache` and `--quiet`, put back after the command (tests call main)."""
+    from kit import progress
+    from kit.load import cache
+
+    was = cache.enabled(), progress.is_quiet()
+    cache.set_enabled(was[0] and not getattr(args, "no_cache", False))
+    progress.set_quiet(was[1] or getattr(args, "quiet", False))
+    try:
+        yield
+    finally:
+        cache.set_enabled(was[0])
+        progress.set_quiet(was[1])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kit", description="CUDA-graph memory investigation kit")
+    _add_run_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("table", help="segment-by-stream table of a snapshot")
@@ -367,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--live", action="store_true", help="run them on this GPU, each in a fresh process")
     p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
     p.add_argument("--out", help="folder for the live snapshots (default: a new temporary folder)")
+    p.add_argument("--vllm", action="store_true", help="vLLM 0.33's own capture path on the H200 (kit/recordings/vllm)")
+    p.add_argument("--json", action="store_true", help="with --vllm: the figures per variant as JSON")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("safety", help="every replay graph replayed in every model graph's break, against eager")
@@ -384,11 +423,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("vllm-patch", help="PR 63155's change to the installed vLLM, as a diff (installs nothing)")
     p.add_argument("--check", action="store_true", help="only say whether it applies (exit 2 with the reason if not)")
     p.set_defaults(func=cmd_vllm_patch)
+    for command in sub.choices.values():
+        _add_run_flags(command, default=argparse.SUPPRESS)  # given after the command, they count too
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with _run_flags(args):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status = args.func(args)  # a command returns its exit status (check: 1 on failure), or None for 0
     except KitError as e:

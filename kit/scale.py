@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from kit import progress
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import DEFAULT, Op
 from kit.fileio import atomic_write
@@ -181,12 +182,12 @@ def dress_like_torch(snapshot: dict, seed: int = 0) -> dict:
     rng = random.Random(seed)
     stacks = _stacks(rng)
     n = len(stacks)
-    for seg in snapshot["segments"]:
+    for seg in progress.track(snapshot["segments"], "dressing the segments like torch's", every=1024):
         seg["frames"] = []
         for blk in seg["blocks"]:
             blk["frames"] = list(stacks[(blk["address"] >> 9) % n]) if blk["state"] != "inactive" else []
     for trace in snapshot["device_traces"]:
-        for i, e in enumerate(trace):
+        for i, e in enumerate(progress.track(trace, "dressing the trace like torch's", every=4096)):
             e["time_us"] = TIME_ZERO_US + 3 * i
             e["compile_context"] = "N/A"
             e["user_metadata"] = ""
@@ -199,7 +200,7 @@ def dress_like_torch(snapshot: dict, seed: int = 0) -> dict:
 def scale_snapshot(seed: int = 0, scale: float = 1.0) -> dict:
     """The simulated snapshot of `scale_workload(seed, scale)`, dressed like torch's."""
     ops = scale_workload(seed, scale)
-    sim = simulate(ops)
+    sim = simulate(progress.track(ops, "simulating the workload", every=4096))
     del ops
     raw = sim.snapshot()
     del sim
@@ -218,13 +219,24 @@ def summary(snapshot: dict) -> dict:
     }
 
 
+class _Counted:
+    """A binary file whose writes are counted (for a progress bar)."""
+
+    def __init__(self, f, on_write) -> None:
+        self._f, self._on_write = f, on_write
+
+    def write(self, data) -> int:
+        self._on_write(len(data))
+        return self._f.write(data)
+
+
 def write_scale_snapshot(path: str | Path, seed: int = 0, scale: float = 1.0) -> dict:
     """Generate and write one snapshot pickle (as `torch.cuda.memory._dump_snapshot` does); return its summary."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = scale_snapshot(seed, scale)
-    with atomic_write(path, "wb") as f:
-        pickle.dump(raw, f)
+    with atomic_write(path, "wb") as f, progress.bar(f"writing {path.name}", unit="B") as shown:
+        pickle.dump(raw, _Counted(f, shown.update))
     return {**summary(raw), "bytes": path.stat().st_size}
 
 

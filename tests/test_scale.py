@@ -11,6 +11,7 @@ the walk's slow paths.
 from __future__ import annotations
 
 import gc
+import json
 import pickle
 import subprocess
 import sys
@@ -401,8 +402,19 @@ def test_segment_map_never_sends_more_than_its_bars():
 def test_benchmark_runs_on_a_recorded_fixture():
     fixture = FIXTURES / "two_streams.pickle"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/scale.py"), str(fixture)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(ROOT / "benchmarks/scale.py"), str(fixture), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    for figure in ("load", "segment table", "reuse analysis", "HTML report", "segsum", "trace_plot", "peak memory"):
+    for figure in ("load", "reopen", "segment table", "reuse analysis", "HTML report", "segsum", "trace_plot"):
         assert figure in done.stdout
+    figures = json.loads(done.stdout.splitlines()[-1])  # one JSON object, last
+    assert figures["load"].keys() == {"kit", "pickle"} and figures["reopen"].keys() == {"kit"}
+    assert figures["table"].keys() == {"kit", "segsum"} and figures["reuse"].keys() == {"kit", "trace_plot"}
+    assert figures["report"].keys() == {"kit", "segment_plot"}
+    assert figures["peak_gib"].keys() == {"pickle", "load", "reopen", "table", "reuse", "report", "torch"}
+    timings = [v for k in ("load", "reopen", "table", "reuse", "report") for v in figures[k].values()]
+    assert all(isinstance(v, float) and v > 0 for v in timings + list(figures["peak_gib"].values()))
+    assert figures["counts"]["events"] == len(load_snapshot(fixture).trace_columns[0])

@@ -15,13 +15,17 @@ records accept, and hold the same values.
 
 from __future__ import annotations
 
+import ctypes
+import sys
+from collections.abc import Callable, Iterable
 from itertools import chain
 from operator import itemgetter, methodcaller
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, is_small_segment
+from kit.errors import KitError
 from kit.load.rows import (
     BLOCK_STATES,
     INT64_MAX,
@@ -360,25 +364,167 @@ def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
     }
 
 
+class Stacks:
+    """Every distinct frame and every distinct stack (a list of frames) of a trace, each kept once.
+
+    A trace of millions of entries names a few thousand call stacks, built of
+    a few hundred frames that torch shares between them. An entry keeps only
+    the number of its stack. Stacks are recognised by the frame objects they
+    hold (torch shares frame dicts, and the unpickler keeps that sharing), so
+    telling an entry's stack costs no look at a frame's contents; frames of
+    equal contents are then stored once all the same. Stacks and frames are
+    read back (`lists`) as lists of the frame objects, one list per stack,
+    shared by every entry with that stack.
+    """
+
+    MAX_FRAME_OBJECTS = 1_000_000  # past this many distinct frame objects, frames are not shared: give up
+
+    def __init__(self, frames: list | None = None, stacks: list[tuple[int, ...]] | None = None) -> None:
+        self.frames: list = frames if frames is not None else []  # the distinct frames
+        self.stacks: list[tuple[int, ...]] = stacks if stacks is not None else [()]  # frame numbers; 0: none
+        self._lists: list[list] | None = None
+        # Look-ups while a trace is read: frame objects by id (kept alive, so no id is reused), stacks by contents.
+        self._kept: list = []
+        self._frame_of_id: dict[int, int] = {}
+        self._frame_of_value: dict = {}
+        self._stack_of_ids: dict[bytes, int] = {b"": 0}
+        self._stack_of_frames: dict[tuple[int, ...], int] = {stack: i for i, stack in enumerate(self.stacks)}
+
+    def numbers(self, frames: list) -> np.ndarray | None:
+        """The stack number of each entry's frames (anything but a list reads as none); None: too many frames."""
+        if frames and set(map(type, frames)) != {list}:
+            frames = [f if type(f) is list else [] for f in frames]
+        # Each entry's key: the ids of its frame objects, as bytes (made for all entries at once, then sliced).
+        lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
+        ends = np.cumsum(lengths) * 8
+        ids = _ids(chain.from_iterable(frames), int(ends[-1]) // 8 if len(ends) else 0)
+        keys = list(map(ids.__getitem__, map(slice, (ends - lengths * 8).tolist(), ends.tolist())))
+        known = self._stack_of_ids
+        numbers = list(map(known.get, keys))
+        if None in numbers:
+            for key, stack in zip(keys, frames, strict=True):
+                if key not in known:
+                    number = self._add(stack)
+                    if number is None:
+                        return None
+                    known[key] = number
+            numbers = list(map(known.__getitem__, keys))
+        return np.array(numbers, dtype=np.int32)
+
+    def _add(self, stack: list) -> int | None:
+        """The number of a stack whose frame objects come together for the first time; None: too many frames."""
+        indices = []
+        for frame in stack:
+            index = self._frame_of_id.get(id(frame))
+            if index is None:
+                if len(self._kept) >= self.MAX_FRAME_OBJECTS:
+                    return None
+                index = self._frame_of_value.setdefault(_frame_key(frame), len(self.frames))
+                if index == len(self.frames):
+                    self.frames.append(frame)
+                self._frame_of_id[id(frame)] = index
+                self._kept.append(frame)
+            indices.append(index)
+        key = tuple(indices)
+        number = self._stack_of_frames.get(key)
+        if number is None:
+            number = self._stack_of_frames[key] = len(self.stacks)
+            self.stacks.append(key)
+        return number
+
+    def finish(self) -> None:
+        """Drop the look-ups of `numbers` and the frame objects they kept alive: the table is complete."""
+        self._kept, self._frame_of_id, self._frame_of_value, self._stack_of_ids = [], {}, {}, {b"": 0}
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stacks as two arrays: where each stack's frame numbers start in the second, and all of them."""
+        if "_stored" in self.__dict__:
+            return self._stored[1], self._stored[2]
+        lengths = np.fromiter(map(len, self.stacks), dtype=np.int64, count=len(self.stacks))
+        starts = np.zeros(len(self.stacks) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        flat = np.fromiter(chain.from_iterable(self.stacks), dtype=np.int32, count=int(starts[-1]))
+        return starts, flat
+
+    @classmethod
+    def from_arrays(cls, frames: Any, starts: np.ndarray, flat: np.ndarray, decode: Callable[[Any], list]) -> Stacks:
+        """Stacks read back from `arrays()` and the frames as stored (`decode(frames)` gives the list on first use)."""
+        stacks = cls.__new__(cls)
+        stacks._lists = None
+        stacks._stored = (frames, starts, flat, decode)
+        return stacks
+
+    def lists(self) -> list[list]:
+        """Each stack as a list of its frames (made once, shared by the entries that have it)."""
+        if self._lists is None:
+            stored = self.__dict__.pop("_stored", None)
+            if stored is not None:
+                encoded, starts, flat, decode = stored
+                frames = decode(encoded)
+                numbers, ends = flat.tolist(), starts.tolist()
+                if any(not 0 <= i < len(frames) for i in set(numbers)):
+                    raise KitError("a cached stack names a frame the cache does not hold")
+                self.frames = frames
+                self.stacks = [tuple(numbers[a:b]) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+            frames = self.frames
+            self._lists = [[frames[i] for i in stack] for stack in self.stacks]
+        return self._lists
+
+
+def _ids(objects: Iterable, count: int) -> bytes:
+    """`id()` of each of `count` objects, as 8-byte integers, in one bytes object.
+
+    In CPython an object's id is its address, and a numpy array of objects
+    holds exactly those addresses: read them at once rather than calling
+    `id()` tens of millions of times (a third of the time).
+    """
+    if sys.implementation.name != "cpython" or np.dtype(np.intp).itemsize != 8:
+        return np.fromiter(map(id, objects), dtype=np.int64, count=count).tobytes()
+    held = np.fromiter(objects, dtype=object, count=count)
+    return bytes((ctypes.c_char * (8 * count)).from_address(held.ctypes.data)) if count else b""
+
+
+def _frame_key(frame: object) -> object:
+    """What makes two frames equal: their type and contents; a frame that cannot be hashed stands alone."""
+    try:
+        if type(frame) is dict:
+            key = (dict, tuple((k, type(v), v) for k, v in frame.items()))
+        else:
+            key = (type(frame), frame)
+        hash(key)
+    except TypeError:
+        return ("unhashable", id(frame))
+    return key
+
+
 class TraceColumns:
     """One device's trace as arrays: `action` (an index into `TRACE_ACTIONS`, -1 for another), `addr`, `size`,
-    `stream`, `time_us`.
+    `stream`, `time_us`, and each entry's `frames`.
 
     `time_us` is int64, or objects when some entries have none. `frames` is a
     list of each entry's frames as stored (a list, or anything else where
-    `TraceEntry.frames` reads `[]`). `entries` is the raw list, for the fields
-    kept out of the columns (metadata).
+    `TraceEntry.frames` reads `[]`). A trace read from a file (streamed, or
+    from the cache) keeps instead each entry's stack number (`stack`) and its
+    `Stacks`; `frames` is then made on first use, every entry with one stack
+    sharing one list, and anything but a list reads as `[]`.
     """
 
-    def __init__(self, device: int, entries: list, fields: dict) -> None:
+    def __init__(self, device: int, fields: dict, stacks: Stacks | None = None) -> None:
         self.device = device
-        self.entries = entries
         self.action: np.ndarray = fields["action"]
         self.addr: np.ndarray = fields["addr"]
         self.size: np.ndarray = fields["size"]
         self.stream: np.ndarray = fields["stream"]
         self.time_us: np.ndarray = fields["time_us"]
-        self.frames: list = fields["frames"]
+        self.stack: np.ndarray | None = fields.get("stack")
+        self.stacks = stacks
+        self._frames: list | None = fields.get("frames")
+
+    @property
+    def frames(self) -> list:
+        if self._frames is None:
+            self._frames = list(map(self.stacks.lists().__getitem__, self.stack.tolist()))
+        return self._frames
 
     def __len__(self) -> int:
         return len(self.action)
@@ -405,11 +551,12 @@ def _trace_fields(entries: list) -> tuple[list, ...]:
     return tuple(flat[k::6] for k in range(6))
 
 
-def _fast_trace_columns(entries: list) -> dict | None:
+def _fast_trace_columns(entries: list, *, newer_actions: bool = False) -> dict | None:
     """Columns when every entry is a well-formed dict (`kit.load.rows.parse_trace_entry`'s fast path); else None.
 
     `device_free` (only `oom` entries carry it) is not a column, but it is
-    checked as the row parser checks it.
+    checked as the row parser checks it. With `newer_actions`, an action
+    this kit does not know (a name) reads as -1, as the row parser reads it.
     """
     if not entries:
         empty = np.zeros(0, dtype=np.int64)
@@ -428,18 +575,38 @@ def _fast_trace_columns(entries: list) -> dict | None:
         codes = list(map(ACTION_CODE.get, actions))
     except TypeError:  # an action that is not even hashable: the row parser says what it is
         return None
+    if None in codes and newer_actions:
+        codes = [-1 if c is None and type(a) is str and a else c for c, a in zip(codes, actions, strict=True)]
     if None in codes:
         return None
     action = np.array(codes, dtype=np.int8)
-    free = [f for f in map(_GET_FREE, entries) if f is not None]
-    if free and _ints(free, minimum=INT64_MIN, maximum=INT64_MAX) is None:
-        return None
+    free = list(map(_GET_FREE, entries))
+    if free.count(None) != len(free):
+        if _ints([f for f in free if f is not None], minimum=INT64_MIN, maximum=INT64_MAX) is None:
+            return None
     addr, size = _ints(addrs, maximum=None), _ints(sizes)
     stream = _ints(streams, minimum=None, maximum=None)
     time_us = _time_column(times)
     if addr is None or size is None or stream is None or time_us is None:
         return None
     return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us, "frames": frames}
+
+
+def streamed_trace_columns(entries: list, stacks: Stacks) -> dict | None:
+    """A batch of a trace read from a file, as columns and each entry's stack number in `stacks`; None if unusual.
+
+    The checks are `_fast_trace_columns`'s, and an action this kit does not
+    know reads as -1 (the row parser's reading): the batches of a trace
+    together give the columns `trace_columns_of` gives the whole trace.
+    """
+    fields = _fast_trace_columns(entries, newer_actions=True)
+    if fields is None:
+        return None
+    stack = stacks.numbers(fields.pop("frames"))
+    if stack is None:
+        return None
+    fields["stack"] = stack
+    return fields
 
 
 def _time_column(times: list) -> np.ndarray | None:
@@ -465,13 +632,21 @@ def _entry_columns(entries: tuple[TraceEntry, ...]) -> dict:
     }
 
 
-def trace_columns_of(traces: list, origin: str) -> dict[int, TraceColumns]:
-    """Every device's trace as columns; a malformed entry raises the row parser's one-line error."""
+def trace_columns_of(
+    traces: list, origin: str, *, done: dict[int, TraceColumns] | None = None
+) -> dict[int, TraceColumns]:
+    """Every device's trace as columns; a malformed entry raises the row parser's one-line error.
+
+    `done`: devices whose columns were made already (streamed from the file: `kit.load.stream`).
+    """
     out = {}
     with gc_paused():
         for device, entries in enumerate(traces):
+            if done and device in done:
+                out[device] = done[device]
+                continue
             fields = _fast_trace_columns(entries)
             if fields is None:  # the row parser raises the one-line error, or reads what it can
                 fields = _entry_columns(tuple(parse_trace_entry(e, device, origin, i) for i, e in enumerate(entries)))
-            out[device] = TraceColumns(device, entries, fields)
+            out[device] = TraceColumns(device, fields)
     return out

@@ -8,6 +8,12 @@ in bulk and keeps the segments, blocks and traces as numpy columns
 read; the typed records of `kit.load.rows` (`segments`, `traces`, `trace`)
 are made on first use. The layers go one way: rows, then columns, then this.
 
+A file is opened from its cache when it has a valid one (`kit.load.cache`);
+else a pickle's trace is streamed into columns as it is unpickled
+(`kit.load.stream`), and the cache is written. Such a snapshot keeps only its
+columns: `raw` (and the records made from it) reads the file again on first
+use, and refuses if the file changed since.
+
 A snapshot may carry a top-level `kit` key written by the kit's own tools:
 names for streams, pools and graphs, capture windows, and the provenance of a
 recording; malformed names are ignored, malformed capture windows refused.
@@ -18,12 +24,16 @@ recorded with `enabled="state"` keeps a one-entry trace) or "none".
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from kit import progress
 from kit.errors import KitError, as_text, describe
-from kit.load.columns import SegmentColumns, trace_columns_of
+from kit.load import cache as caches
+from kit.load.columns import SegmentColumns, TraceColumns, trace_columns_of
 from kit.load.rows import (
     INT64_MAX,
     INT64_MIN,
@@ -35,6 +45,7 @@ from kit.load.rows import (
     parse_segment,
     parse_trace_entry,
 )
+from kit.load.stream import read_streamed
 from kit.load.unpickle import decode, load_file
 
 
@@ -47,12 +58,18 @@ def live_snapshot() -> dict:
     return torch.cuda.memory._snapshot()
 
 
-def load_snapshot(source: str | os.PathLike | dict | Snapshot, *, label: str | None = None) -> Snapshot:
+def load_snapshot(
+    source: str | os.PathLike | dict | Snapshot, *, label: str | None = None, cache: bool | None = None
+) -> Snapshot:
     """Load a snapshot from a path (pickle or JSON), a dict, or "live".
 
-    Raises `KitError` with a one-line message for anything that is not a
-    snapshot: a missing or unreadable file, a corrupt or truncated pickle, a
-    pickle that names a global, or a dict of the wrong shape.
+    A file of `kit.load.cache.MIN_BYTES` or more is opened from its cache when
+    it has a valid one, and its cache is written when not (`kit.load.cache`);
+    `cache=False` neither reads nor writes one (`None`: as
+    `kit.load.cache.set_enabled` says, on by default). Raises `KitError` with
+    a one-line message for anything that is not a snapshot: a missing or
+    unreadable file, a corrupt or truncated pickle, a pickle that names a
+    global, or a dict of the wrong shape.
     """
     if isinstance(source, Snapshot):
         return source
@@ -61,7 +78,64 @@ def load_snapshot(source: str | os.PathLike | dict | Snapshot, *, label: str | N
     if isinstance(source, str) and source == "live":
         return Snapshot(live_snapshot(), origin=label or "live", live=True)
     path = Path(source)
-    return Snapshot(load_file(path), origin=label or str(path))
+    return open_file(path, label or str(path), caches.enabled() if cache is None else cache)
+
+
+def open_file(path: Path, origin: str, cache: bool) -> Snapshot:
+    """A snapshot file: from its cache, or read (its trace streamed into columns) and then cached."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return Snapshot(load_file(path), origin=origin)  # load_file names what is wrong with the path
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Snapshot(load_file(path), origin=origin)
+        stamp = caches.stamp_of(fd)
+        cached = stamp.size >= caches.MIN_BYTES and cache
+        if cached:
+            found = caches.open_cached(path, stamp)
+            if found is not None:
+                return Snapshot.from_columns(
+                    found.columns, found.traces, found.kit_key, origin=origin, reread=_rereader(path, stamp)
+                )
+        snap = _read(path, fd, stamp, origin)
+        if cached:
+            caches.save(path, stamp, snap.columns, snap.trace_columns, snap.kit_key)
+        return snap
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path, fd: int, stamp: caches.Stamp, origin: str) -> Snapshot:
+    """Read a snapshot file; a pickle's trace is streamed into columns where it can be (`kit.load.stream`)."""
+    if os.pread(fd, 1, 0) == b"\x80":  # a pickle; anything else (JSON, a compressed file) is read plainly
+        with progress.bar(f"loading {path.name}", total=stamp.size, unit="B") as shown:
+            streamed = read_streamed(path, fd, shown.update)
+        if streamed is not None:
+            raw, device, trace = streamed
+            snap = Snapshot(raw, origin=origin, traces={device: trace})
+            snap._forget_raw(_rereader(path, stamp))
+            return snap
+    with progress.bar(f"loading {path.name}", total=stamp.size, unit="B") as shown:
+        return Snapshot(load_file(path, on_read=shown.update), origin=origin)
+
+
+def _rereader(path: Path, stamp: caches.Stamp):
+    """Reads the whole file again (for `Snapshot.raw`), if it is still the file that was loaded."""
+
+    def reread() -> dict:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise KitError(f"{path}: cannot read it again ({e.strerror or e}); its raw data is not kept") from None
+        try:
+            if caches.stamp_of(fd) != stamp:
+                raise KitError(f"{path}: changed since it was loaded; load it again")
+        finally:
+            os.close(fd)
+        return load_file(path)
+
+    return reread
 
 
 def snapshot_from_bytes(data: bytes, origin: str = "snapshot bytes") -> Snapshot:
@@ -90,16 +164,65 @@ def _check_top_level(raw: Any, origin: str) -> None:
 
 
 class Snapshot:
-    """A normalised allocator snapshot; `raw` is the dict it was read from."""
+    """A normalised allocator snapshot; `raw` is the dict it was read from.
 
-    def __init__(self, raw: Any, *, origin: str = "in-memory dict", live: bool = False) -> None:
+    A snapshot loaded from a file keeps only its columns (a large file's raw
+    dicts would double its memory): `raw`, and the records made from it
+    (`segments`, `traces`, `trace`), read the file again on first use.
+    """
+
+    def __init__(
+        self,
+        raw: Any,
+        *,
+        origin: str = "in-memory dict",
+        live: bool = False,
+        traces: dict[int, TraceColumns] | None = None,
+    ) -> None:
         _check_top_level(raw, origin)
-        self.raw = raw
+        self._raw = raw
+        self._reread = None
+        self._kit = raw.get("kit")
         self.origin = origin
         self.live = live
         # Checked here, as arrays: a bad segment or trace entry fails the load; records are made on first use.
         self.columns = SegmentColumns.from_raw(raw["segments"], origin)
-        self.trace_columns = trace_columns_of(raw.get("device_traces") or [], origin)
+        self.trace_columns = trace_columns_of(raw.get("device_traces") or [], origin, done=traces)
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: SegmentColumns,
+        trace_columns: dict[int, TraceColumns],
+        kit_key: dict | None,
+        *,
+        origin: str,
+        reread: Callable[[], dict],
+    ) -> Snapshot:
+        """A snapshot of columns already checked (a cache's), whose raw data `reread` reads on first use."""
+        snap = cls.__new__(cls)
+        snap._raw, snap._reread, snap._kit = None, reread, kit_key
+        snap.origin, snap.live = origin, False
+        snap.columns, snap.trace_columns = columns, trace_columns
+        return snap
+
+    def _forget_raw(self, reread: Callable[[], dict]) -> None:
+        """Keep the columns only; `raw` reads the file again on first use."""
+        self._raw, self._reread = None, reread
+
+    @property
+    def raw(self) -> dict:
+        """The dict the snapshot was read from (for a file: read again on first use, if the file is unchanged)."""
+        if self._raw is None:
+            raw = self._reread()
+            _check_top_level(raw, self.origin)
+            self._raw = raw
+        return self._raw
+
+    @property
+    def kit_key(self) -> dict | None:
+        """The snapshot's top-level `kit` key as read (None when it has none)."""
+        return self._raw.get("kit") if self._raw is not None else self._kit
 
     @cached_property
     def segments(self) -> tuple[Segment, ...]:
@@ -111,7 +234,7 @@ class Snapshot:
     @property
     def kit(self) -> dict:
         """The kit's own metadata: stream, pool and graph names, provenance."""
-        return self.raw.get("kit") or {}
+        return self.kit_key or {}
 
     @property
     def provenance(self) -> dict | None:
@@ -163,7 +286,7 @@ class Snapshot:
     @property
     def history(self) -> str:
         """What memory history recorded: "all" (a trace), "state" (one entry at most: `enabled="state"`) or "none"."""
-        lengths = [len(t) for t in self.raw.get("device_traces") or []]
+        lengths = [len(t) for t in self.trace_columns.values()]
         if any(n > 1 for n in lengths):
             return "all"
         return "state" if any(lengths) else "none"
@@ -222,5 +345,5 @@ class Snapshot:
         return [capture_window(c, f"{self.origin}: capture window {i}") for i, c in enumerate(windows)]
 
     def __repr__(self) -> str:
-        events = sum(len(t) for t in self.raw.get("device_traces") or [])
+        events = sum(len(t) for t in self.trace_columns.values())
         return f"<Snapshot {self.origin}: {len(self.columns)} segments, {events} trace entries>"

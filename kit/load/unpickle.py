@@ -21,7 +21,7 @@ import json
 import os
 import pickle
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,10 +73,19 @@ class _SnapshotUnpickler(pickle.Unpickler):
 
     Snapshots hold nothing but dicts, lists, tuples, str, int, float, bool and
     None, which pickle encodes without naming a single global, so refusing
-    every global refuses every way a pickle can call code.
+    every global refuses every way a pickle can call code. The one exception
+    is the kit's own trace sink (`kit.load.stream`), which the kit splices into
+    the bytes it reads under a random token made for that one load: a file
+    cannot name it.
     """
 
+    def __init__(self, file: IO[bytes], *, sink: tuple[str, str, Callable[[], Any]] | None = None) -> None:
+        super().__init__(file)
+        self._sink = sink
+
     def find_class(self, module: str, name: str) -> Any:
+        if self._sink is not None and (module, name) == self._sink[:2]:
+            return self._sink[2]
         raise KitError(f"refused to load global '{module}.{name}': a snapshot holds plain data only")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -86,6 +95,11 @@ class _SnapshotUnpickler(pickle.Unpickler):
         # The collector's passes over millions of new containers double a large load's time.
         with gc_paused(freeze_above=FREEZE_ABOVE):
             return super().load()
+
+
+def snapshot_unpickler(file: IO[bytes], *, sink: tuple[str, str, Callable[[], Any]] | None = None) -> pickle.Unpickler:
+    """The safe unpickler over `file`; `sink` (token, name, factory) admits the kit's spliced trace sink."""
+    return _SnapshotUnpickler(file, sink=sink)
 
 
 def safe_unpickle(data: bytes | IO[bytes], where: str = "pickle") -> Any:
@@ -149,7 +163,7 @@ def refuse_other_formats(head: bytes, where: str, archive: bytes | IO[bytes]) ->
         raise KitError(f"{where}: {_zip_kind(archive)}, not a memory snapshot")
 
 
-def _refuse_legacy_torch_save(raw: Any, where: str) -> None:
+def refuse_legacy_torch_save(raw: Any, where: str) -> None:
     if type(raw) is int and raw == TORCH_SAVE_LEGACY_MAGIC:
         raise KitError(f"{where}: this is a torch.save file (its legacy format), not a memory snapshot")
 
@@ -167,22 +181,23 @@ def decode(data: bytes, where: str) -> dict:
             detail = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise KitError(f"{where}: not readable JSON ({detail})") from None
     raw = safe_unpickle(data, where)
-    _refuse_legacy_torch_save(raw, where)
+    refuse_legacy_torch_save(raw, where)
     check_expansion(raw, len(data), where)
     return raw
 
 
-def check_expansion(raw: Any, size: int, where: str) -> None:
+def check_expansion(raw: Any, size: int, where: str, *, streamed: int = 0) -> None:
     """Refuse a pickle whose records outnumber its bytes: shared references, which torch never writes.
 
     A pickle can reference one object many times (a list of the same block a
     million times, in a segment listed a million times) and so expand a few
     kilobytes into billions of records. Every real record takes well over two
-    bytes of the file.
+    bytes of the file. `streamed`: trace entries read into columns as they came
+    (`kit.load.stream`), no longer in `raw`.
     """
     if not isinstance(raw, dict):
         return
-    records = 0
+    records = streamed
     for key in ("segments", "device_traces"):
         outer = raw.get(key)
         if isinstance(outer, list | tuple):
@@ -199,8 +214,36 @@ def check_expansion(raw: Any, size: int, where: str) -> None:
         )
 
 
-def load_file(path: Path) -> Any:
-    """A snapshot file's contents; a pickle streams from the file, so its bytes are never all in memory."""
+class _Counted:
+    """A binary file whose reads are counted (`on_read(n)`, for a progress bar) as the unpickler makes them."""
+
+    def __init__(self, f: IO[bytes], on_read: Callable[[int], object]) -> None:
+        self._f, self._on_read = f, on_read
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._on_read(len(data))
+        return data
+
+    def readline(self) -> bytes:
+        data = self._f.readline()
+        self._on_read(len(data))
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        self._on_read(n or 0)
+        return n
+
+    def peek(self, n: int = 1) -> bytes:
+        return self._f.peek(n)
+
+
+def load_file(path: Path, on_read: Callable[[int], object] | None = None) -> Any:
+    """A snapshot file's contents; a pickle streams from the file, so its bytes are never all in memory.
+
+    `on_read(n)` is told of the bytes of a pickle as they are read (a progress bar).
+    """
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
@@ -208,8 +251,8 @@ def load_file(path: Path) -> Any:
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return decode(head + f.read(), str(path))  # JSON, or not a pickle at all
             f.seek(0)
-            raw = safe_unpickle(f, str(path))
-            _refuse_legacy_torch_save(raw, str(path))
+            raw = safe_unpickle(f if on_read is None else _Counted(f, on_read), str(path))
+            refuse_legacy_torch_save(raw, str(path))
             check_expansion(raw, os.fstat(f.fileno()).st_size, str(path))
             return raw
     except OSError:

@@ -1,0 +1,160 @@
+"""Progress bars (`kit.progress`): on a terminal once work takes time, silent in a pipe, when quiet, when quick.
+
+A pseudo-terminal stands in for the user's: what the kit writes to stderr is
+read back from it. `DELAY` is set to 0 where a test needs a bar to show at
+once, and left at its two seconds where it must not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import struct
+import sys
+import termios
+
+import pytest
+
+import kit.load.cache
+from kit import progress
+from kit.cli import main
+from kit.scale import main as generate
+from kit.scale import write_scale_snapshot
+
+from .conftest import RECORDED
+
+
+class Terminal:
+    """stderr replaced by a pseudo-terminal of 100 columns while in a `with`; `written()` reads what reached it.
+
+    Installed inside the test's body: pytest puts its own stderr back between a fixture's setup and the test.
+    """
+
+    def __init__(self) -> None:
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        self.tty = os.fdopen(slave, "w", buffering=1)
+        self.out = b""
+
+    def __enter__(self) -> Terminal:
+        self.was, sys.stderr = sys.stderr, self.tty
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stderr = self.was
+        self.written()
+
+    def written(self) -> str:
+        self.tty.flush()
+        while select.select([self.master], [], [], 0.1)[0]:
+            self.out += os.read(self.master, 1 << 16)
+        return self.out.decode(errors="replace")
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    monkeypatch.setattr(progress, "_quiet", False)
+    shown = Terminal()
+    yield shown
+    shown.tty.close()
+    os.close(shown.master)
+
+
+@pytest.fixture
+def at_once(monkeypatch):
+    monkeypatch.setattr(progress, "DELAY", 0)
+
+
+def test_a_bar_shows_on_a_terminal(terminal, at_once):
+    with terminal, progress.bar("loading x.pickle", total=1000, unit="B") as bar:
+        bar.update(500)
+    assert "loading x.pickle" in terminal.written()
+
+
+def test_quick_work_shows_nothing(terminal):
+    assert progress.DELAY == 2.0
+    with terminal:
+        with progress.bar("loading x.pickle", total=1000, unit="B") as bar:
+            bar.update(1000)
+        assert list(progress.track(range(100), "counting")) == list(range(100))
+    assert terminal.written() == ""
+
+
+def test_nothing_shows_in_a_pipe(at_once, capsys, monkeypatch):
+    monkeypatch.setattr(progress, "_quiet", False)
+    with progress.bar("loading x.pickle", total=1000) as bar:
+        bar.update(10)
+    assert capsys.readouterr().err == ""
+
+
+def test_quiet_shows_nothing(terminal, at_once, monkeypatch):
+    progress.set_quiet(True)
+    try:
+        with terminal:
+            assert list(progress.track([1, 2, 3], "counting")) == [1, 2, 3]
+    finally:
+        progress.set_quiet(False)
+    assert terminal.written() == ""
+
+
+def test_a_command_shows_its_load_and_quiet_hides_it(terminal, at_once, capsys):
+    with terminal:
+        assert main(["table", str(RECORDED["two_streams"])]) == 0
+    assert "loading two_streams.pickle" in terminal.written()
+    loud = len(terminal.out)
+    with terminal:
+        assert main(["--quiet", "table", str(RECORDED["two_streams"])]) == 0
+        assert main(["table", str(RECORDED["two_streams"]), "--quiet"]) == 0
+    assert len(terminal.out) == loud and not progress.is_quiet()  # nothing more, and the setting is put back
+    assert "source:" in capsys.readouterr().out  # stdout is the same either way
+
+
+def test_the_generator_shows_its_phases(terminal, at_once, tmp_path, capsys):
+    with terminal:
+        assert generate(["--out", str(tmp_path), "--scale", "0.002"]) == 0
+    shown = terminal.written()
+    for phase in ("simulating the workload", "dressing the trace like torch's", "writing scale.pickle"):
+        assert phase in shown
+
+
+def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, monkeypatch):
+    path = tmp_path / "scale.pickle"
+    write_scale_snapshot(path, seed=1, scale=0.002)
+    bars = []
+
+    class Recorder:
+        def __init__(self, desc, total, unit):
+            self.desc, self.total, self.unit, self.n = desc, total, unit, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress, "shown", lambda: True)
+    monkeypatch.setattr(progress, "_tqdm", Recorder)
+    kit.load.snapshot.load_snapshot(path, cache=False)
+    (bar,) = bars
+    assert bar.desc == "loading scale.pickle" and bar.unit == "B" and bar.total == path.stat().st_size
+    assert bar.total <= bar.n < bar.total + 200  # the file, and the few bytes the stream splices in
+
+
+def test_a_notebook_gets_a_widget(monkeypatch):
+    from tqdm.notebook import tqdm_notebook
+
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    bar = progress._tqdm("loading x.pickle", 100, "B")
+    try:
+        assert isinstance(bar, tqdm_notebook)
+    finally:
+        bar.close()
+
+
+def test_no_tqdm_means_no_bar(terminal, at_once, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` fails, as on the bare GPU machine
+    with terminal, progress.bar("loading x.pickle", total=10) as bar:
+        bar.update(5)
+    assert terminal.written() == ""
