@@ -106,9 +106,18 @@ def bar(desc: str, total: float | None = None, unit: str = "it") -> Iterator[Any
 
 
 def track(items: Iterable[T], desc: str, total: int | None = None, *, every: int = 1) -> Iterator[T]:
-    """`items`, one by one, with a bar while they take time; the bar moves every `every` items."""
+    """`items`, one by one, with a bar while they take time; the bar moves every `every` items.
+
+    Where no bar would show, `items` come back untouched (a hot loop pays nothing).
+    """
+    if not shown():
+        return iter(items)
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
+    return _tracked(items, desc, total, every)
+
+
+def _tracked(items: Iterable[T], desc: str, total: int | None, every: int) -> Iterator[T]:
     with bar(desc, total) as shown_bar:
         n = 0
         for item in items:

@@ -200,7 +200,7 @@ def dress_like_torch(snapshot: dict, seed: int = 0) -> dict:
 def scale_snapshot(seed: int = 0, scale: float = 1.0) -> dict:
     """The simulated snapshot of `scale_workload(seed, scale)`, dressed like torch's."""
     ops = scale_workload(seed, scale)
-    sim = simulate(progress.track(ops, "simulating the workload", every=4096))
+    sim = simulate(ops)  # its own bar: "simulating the workload"
     del ops
     raw = sim.snapshot()
     del sim

@@ -158,3 +158,21 @@ def test_no_tqdm_means_no_bar(terminal, at_once, monkeypatch):
     with terminal, progress.bar("loading x.pickle", total=10) as bar:
         bar.update(5)
     assert terminal.written() == ""
+
+
+def test_the_walk_and_the_what_if_show_their_bars(terminal, at_once, capsys):
+    with terminal:
+        assert main(["reuse", str(RECORDED["two_streams"]), "--no-cache"]) == 0
+        assert main(["what-if", str(RECORDED["two_streams"]), "--map", "replay graphs stream=model graphs stream"]) == 0
+    shown = terminal.written()
+    for work in ("walking the trace", "simulating the what-if"):
+        assert work in shown
+
+
+def test_live_runs_show_one_step_per_process(terminal, at_once, monkeypatch):
+    from kit.experiments import recorded
+
+    with terminal:
+        runs = recorded.run_each(["pr", "unpatched"], lambda name, preset, out: {"name": name}, "small", "kit-x-")
+    assert runs == {"pr": {"name": "pr"}, "unpatched": {"name": "unpatched"}}
+    assert "kit-x (small), one process each" in terminal.written()

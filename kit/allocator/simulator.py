@@ -29,6 +29,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kit import progress
 from kit.allocator.rules import (
     DEFAULT_POOL,
     K_ROUND_LARGE,
@@ -330,7 +331,7 @@ class CachingAllocatorSim:
         self.capture = None
 
     def run(self, ops: list[Op]) -> CachingAllocatorSim:
-        for i, op in enumerate(ops):
+        for i, op in enumerate(progress.track(ops, "simulating the workload", every=4096)):
             self._op_index = i
             kind = op.op
             if kind == "alloc":

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kit import progress
 from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE
 from kit.allocator.simulator import CachingAllocatorSim, seeded_id
 from kit.allocator.workload import DEFAULT
@@ -235,7 +236,7 @@ def simulate_trace(
     pool_of = dict(zip(replay.allocs["index"].tolist(), replay.allocs["pool"].tolist(), strict=True))
     ids: dict[int, str] = {}
     in_release = False
-    for i, e in enumerate(entries):
+    for i, e in enumerate(progress.track(entries, "simulating the what-if", every=4096)):
         action = e.action
         if action == "segment_free":
             if not in_release:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kit import progress
 from kit.errors import KitError
 from kit.fileio import atomic_write
 from kit.recordings import RECORDINGS
@@ -138,7 +139,11 @@ def run_each(
 ) -> dict[str, dict]:
     """`run_one(name, preset, out)` for every name, each into a file of a temporary folder; runs by name."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        return {name: run_one(name, preset, Path(tmp) / f"{name}.json") for name in names}
+        names = list(names)
+        return {
+            name: run_one(name, preset, Path(tmp) / f"{name}.json")
+            for name in progress.track(names, f"{prefix.strip('-')} ({preset}), one process each")
+        }
 
 
 def output_dir(out_dir: str | Path) -> Path:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kit import progress
 from kit.analysis.attribution import capture_attribution, capture_table, is_replay_capture
 from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes, segment_table
@@ -151,7 +152,7 @@ def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {}
-    for name in names:
+    for name in progress.track(list(names), f"replica scenarios ({preset}), one process each"):
         path = out_dir / f"{preset}_{name}.pickle"
         done = subprocess.run(
             [sys.executable, "-m", "kit.experiments.scenarios", name, "--preset", preset, "-o", str(path)],

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from kit import progress
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, round_sizes, split_limit
 from kit.analysis.trace.state import ALLOC_COLUMNS, TraceReplay, WalkSegment, segment_differences
 from kit.errors import KitError
@@ -501,9 +502,8 @@ def _walk_forward(
     enter, free_elsewhere = stranding.enter, stranding.free_elsewhere
     next_seq = len(live)
     new_rows: dict[int, tuple] = {}  # frame row -> (other block, its size, its stream) or three Nones
-    for a, addr, k, need, q in zip(
-        events.acts, events.addrs, holder.tolist(), rounded.tolist(), asks.tolist(), strict=True
-    ):
+    walked = zip(events.acts, events.addrs, holder.tolist(), rounded.tolist(), asks.tolist(), strict=True)
+    for a, addr, k, need, q in progress.track(walked, "walking the trace", len(events.acts), every=65536):
         if a == ALLOC:
             if k < 0:
                 continue
