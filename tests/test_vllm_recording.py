@@ -155,3 +155,5 @@ def test_demo_vllm_prints_the_figures(recorded, capsys):
     assert "replay graphs captured on the model graphs' stream" in out
     saved = recorded["unpatched"]["graph_pool_bytes"] - recorded["patched"]["graph_pool_bytes"]
     assert "graph pool saved by the patch on vLLM's own code: " in out and f"({saved} bytes)" in out
+    for name in VARIANTS:  # each source line names the recording as the repository does, on any machine
+        assert f"(kit/recordings/vllm/{name}.pickle)" in out

@@ -944,9 +944,14 @@ def recording_path(name: str) -> Path:
 
 def load_recordings() -> dict:
     """The shipped H200 recordings of every variant, as snapshots; KitError naming how to make them if none."""
+    from kit.experiments.recorded import shown
     from kit.load.snapshot import load_snapshot
 
-    runs = {name: load_snapshot(recording_path(name)) for name in VARIANTS if recording_path(name).is_file()}
+    runs = {
+        name: load_snapshot(recording_path(name), label=shown(recording_path(name)))
+        for name in VARIANTS
+        if recording_path(name).is_file()
+    }
     if not runs:
         raise KitError(
             "no vLLM recordings in kit/recordings/vllm: record them on the H200 with "
