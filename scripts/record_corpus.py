@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime
 import hashlib
 import json
 import subprocess
@@ -182,17 +181,10 @@ def record(name: str, out: Path) -> str:
 
 def _session(command: str, out: Path, names: list[str]) -> dict:
     """One recording session's provenance: the GPU, the versions, the date, the command, each file's sha256."""
-    import torch
+    from kit.experiments.recorded import provenance
 
     files = [out / f"{name}{suffix}" for name in sorted(names) for suffix in (".json", ".pickle")]
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
-        "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
-    }
+    return {**provenance(command), "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}}
 
 
 def _manifest(out: Path, session: dict, boundary_only: bool) -> dict:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kit.experiments.recorded import trim_frames  # noqa: E402
 from kit.experiments.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
@@ -27,17 +28,6 @@ from kit.load.unpickle import safe_unpickle  # noqa: E402
 
 RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
 COMMAND = "python scripts/record_replica.py --out kit/recordings/replica"
-KEEP_FRAMES = 6
-
-
-def trim_frames(raw: dict) -> None:
-    for seg in raw["segments"]:
-        seg["frames"] = seg.get("frames", [])[:KEEP_FRAMES]
-        for block in seg["blocks"]:
-            block["frames"] = block.get("frames", [])[:KEEP_FRAMES]
-    for trace in raw.get("device_traces") or []:
-        for entry in trace:
-            entry["frames"] = entry.get("frames", [])[:KEEP_FRAMES]
 
 
 def main() -> int:

@@ -41,7 +41,6 @@ the shipped recordings are `alternatives/<preset>.json` under `kit/recordings/`:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import sys
@@ -606,24 +605,16 @@ def alternatives_json(data: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="PR 63155's alternatives on the replica with its speculator.")
-    parser.add_argument("--variant", help="one variant in this process (unpatched, pr, share_all, cap_<N>)")
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--out", required=True, help="folder for <preset>.json, or with --variant a JSON file")
-    args = parser.parse_args(argv)
-    try:
-        if args.variant:
-            result = run_variant(args.variant, args.preset)
-            recorded.write_run(result, args.out)
-            print(f"{args.variant}: graph pool {mib(result['graph_pool_bytes'])}")
-        else:
-            path = record(args.preset, Path(args.out))
-            print(f"wrote {path}")
-            print("\n".join(alternatives_lines(load_recording(args.preset, path))))
-    except KitError as e:
-        print(f"kit: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return recorded.recording_main(
+        argv,
+        description="PR 63155's alternatives on the replica with its speculator.",
+        flag="variant",
+        names="unpatched, pr, share_all, cap_<N>",
+        run_one=run_variant,
+        said=lambda name, result: f"{name}: graph pool {mib(result['graph_pool_bytes'])}",
+        record=record,
+        summary=lambda preset, path: alternatives_lines(load_recording(preset, path)),
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ program's own frames only), so the lifetime analysis can be run again on it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -447,26 +446,16 @@ def run_alternatives_live(preset: str = "small") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The drafter's lifetime argument (alternative (a)), on this GPU.")
-    parser.add_argument("--variant", help=f"one variant in this process ({', '.join(VARIANTS)}); --out is its file")
-    parser.add_argument("--preset", default="small")
-    parser.add_argument(
-        "--out", required=True, help="folder for <preset>.json (both variants), or with --variant a file"
+    return recorded.recording_main(
+        argv,
+        description="The drafter's lifetime argument (alternative (a)), on this GPU.",
+        flag="variant",
+        names=", ".join(VARIANTS),
+        run_one=run_variant,
+        said=lambda name, result: result["obligation"],
+        record=record,
+        summary=lambda preset, path: summary_lines(load_recording(preset, path)),
     )
-    args = parser.parse_args(argv)
-    try:
-        if args.variant:
-            result = run_variant(args.variant, args.preset)
-            recorded.write_run(result, args.out)
-            print(result["obligation"])
-        else:
-            path = record(args.preset, Path(args.out))
-            print(f"wrote {path}")
-            print("\n".join(summary_lines(load_recording(args.preset, path))))
-    except KitError as e:
-        print(f"kit: error: {e}", file=sys.stderr)
-        return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ recordings are `safety/<preset>.json` under `kit/recordings/`:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
@@ -456,24 +455,16 @@ def safety_json(data: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Adversarial pairings of the replica's graphs, on this GPU.")
-    parser.add_argument("--policy", help=f"one policy in this process ({', '.join(POLICIES)}); --out is its JSON file")
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--out", required=True, help="folder for <preset>.json (every policy), or with --policy a file")
-    args = parser.parse_args(argv)
-    try:
-        if args.policy:
-            result = run_policy(args.policy, args.preset)
-            recorded.write_run(result, args.out)
-            print(pair_verdicts(pairs_frame(result))[0])
-        else:
-            path = record(args.preset, Path(args.out))
-            print(f"wrote {path}")
-            print("\n".join(pair_verdicts(load_pairs(args.preset, path))))
-    except KitError as e:
-        print(f"kit: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return recorded.recording_main(
+        argv,
+        description="Adversarial pairings of the replica's graphs, on this GPU.",
+        flag="policy",
+        names=", ".join(POLICIES),
+        run_one=run_policy,
+        said=lambda name, result: pair_verdicts(pairs_frame(result))[0],
+        record=record,
+        summary=lambda preset, path: pair_verdicts(load_pairs(preset, path)),
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import sys
@@ -392,24 +391,16 @@ def summary_lines(data: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Reads and writes against lifetimes, per pairing, on this GPU.")
-    parser.add_argument("--policy", help=f"one policy in this process ({', '.join(POLICIES)}); --out is its JSON file")
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--out", required=True, help="folder for <preset>.json (every policy), or with --policy a file")
-    args = parser.parse_args(argv)
-    try:
-        if args.policy:
-            result = run_policy(args.policy, args.preset)
-            recorded.write_run(result, args.out)
-            print(result["obligation"])
-        else:
-            path = record(args.preset, Path(args.out))
-            print(f"wrote {path}")
-            print("\n".join(summary_lines(load_recording(args.preset, path))))
-    except KitError as e:
-        print(f"kit: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return recorded.recording_main(
+        argv,
+        description="Reads and writes against lifetimes, per pairing, on this GPU.",
+        flag="policy",
+        names=", ".join(POLICIES),
+        run_one=run_policy,
+        said=lambda name, result: result["obligation"],
+        record=record,
+        summary=lambda preset, path: summary_lines(load_recording(preset, path)),
+    )
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ was recorded), writing one (`write_recording`: `<preset>.json` and its
 (`provenance`), paths as the repository shows them (`shown`), and running one
 policy or variant as `python -m MODULE --FLAG NAME --preset P --out F` in a
 fresh process (`run_in_subprocess`, `run_each`): patches and the graph pool
-are per process.
+are per process. `recording_main` is each of those modules' command line.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import json
@@ -48,6 +49,17 @@ def provenance(command: str) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
     }
+
+
+def trim_frames(raw: dict, keep: int = 6) -> None:
+    """Keep the innermost `keep` stack frames of every segment, block and trace entry (recordings ship with the kit)."""
+    for seg in raw["segments"]:
+        seg["frames"] = seg.get("frames", [])[:keep]
+        for block in seg["blocks"]:
+            block["frames"] = block.get("frames", [])[:keep]
+    for trace in raw.get("device_traces") or []:
+        for entry in trace:
+            entry["frames"] = entry.get("frames", [])[:keep]
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -151,3 +163,43 @@ def output_dir(out_dir: str | Path) -> Path:
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir
+
+
+def recording_main(
+    argv: list[str] | None,
+    *,
+    description: str,
+    flag: str,
+    names: str,
+    run_one: Callable[[str, str], dict],
+    said: Callable[[str, dict], str],
+    record: Callable[[str, Path], Path],
+    summary: Callable[[str, Path], list[str]],
+) -> int:
+    """A recording module's command line: `--FLAG NAME` runs one in this process into `--out`, else all of them.
+
+    With `--FLAG`, `run_one(name, preset)` is written to the file `--out` and
+    `said(name, result)` printed (the line `run_in_subprocess`'s caller sees);
+    without it, `record(preset, folder)` writes `<preset>.json` and
+    `summary(preset, path)` is printed. A KitError is one line on stderr, exit 2.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(f"--{flag}", help=f"one {flag} in this process ({names}); --out is its JSON file")
+    parser.add_argument("--preset", default="small")
+    every = f"folder for <preset>.json (every {flag}), or with --{flag} a file"
+    parser.add_argument("--out", required=True, help=every)
+    args = parser.parse_args(argv)
+    name = getattr(args, flag)
+    try:
+        if name:
+            result = run_one(name, args.preset)
+            write_run(result, args.out)
+            print(said(name, result))
+        else:
+            path = record(args.preset, Path(args.out))
+            print(f"wrote {path}")
+            print("\n".join(summary(args.preset, path)))
+    except KitError as e:
+        print(f"kit: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -84,7 +84,6 @@ VARIANTS = {
 }
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
 EARLY_AUX_LAYER = 1
-KEEP_FRAMES = 6
 STAND_IN_STEP = "kit: vLLM's platform, and stand-ins for its compiled parts"
 PROBE_MARK = "KIT_PROBE "
 PROBE_BUDGET_S = 150.0
@@ -820,6 +819,7 @@ def run_variant(name: str, path: str = "runner") -> dict:
     import torch
 
     import kit.patch.vllm as vllm_patch
+    from kit.experiments.recorded import trim_frames
     from kit.patch.policy import has_early_aux
     from kit.record.recorder import CaptureRecorder
 
@@ -872,17 +872,6 @@ PATH_CALLS = {
 def stage(name: str) -> None:
     """Say on stderr which step a variant's process is in (`record` keeps the last one a failed process reached)."""
     print(f"{STAGE_MARK}{name}", file=sys.stderr, flush=True)
-
-
-def trim_frames(raw: dict) -> None:
-    """Keep the innermost few stack frames per entry (the recordings ship with the kit)."""
-    for seg in raw["segments"]:
-        seg["frames"] = seg.get("frames", [])[:KEEP_FRAMES]
-        for block in seg["blocks"]:
-            block["frames"] = block.get("frames", [])[:KEEP_FRAMES]
-    for trace in raw.get("device_traces") or []:
-        for entry in trace:
-            entry["frames"] = entry.get("frames", [])[:KEEP_FRAMES]
 
 
 # --- figures ---------------------------------------------------------------------------------
