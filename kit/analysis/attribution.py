@@ -204,3 +204,16 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     table.attrs["source"] = snap.source_label + (", capture windows inferred from the trace" if inferred else "")
     table.attrs["inferred"] = inferred
     return table
+
+
+def replay_captures_added(snapshot: Snapshot | str | dict, pool: tuple[int, int]) -> pd.DataFrame:
+    """What the replay captures added to `pool`, from the first replay graph's start to the last's end.
+
+    One window over all of them, so what a break between two replay graphs
+    added counts too; the captures the recorder wrote into the snapshot.
+    """
+    snap = load_snapshot(snapshot)
+    replay = [c for c in snap.kit["captures"] if is_replay_capture(c["manager"])]
+    window = [{**replay[0], "trace_end": replay[-1]["trace_end"]}] if replay else []
+    added = capture_attribution(snap, window)
+    return added[added["pool"] == pool] if len(added) else added

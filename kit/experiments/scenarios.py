@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from kit import progress
-from kit.analysis.attribution import capture_attribution, capture_table, is_replay_capture
+from kit.analysis.attribution import capture_table, is_replay_capture, replay_captures_added
 from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes, segment_table
 from kit.errors import KitError
@@ -121,11 +121,7 @@ def summarize(snapshot) -> dict:
             return None
         return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
 
-    replay_windows = [c for c in meta["captures"] if is_replay_capture(c["manager"])]
-    if replay_windows:  # from the first replay graph to the last: its breaks too
-        replay_windows = [{**replay_windows[0], "trace_end": replay_windows[-1]["trace_end"]}]
-    added = capture_attribution(snap, replay_windows)
-    added = added[added["pool"] == pool] if not added.empty else added
+    added = replay_captures_added(snap, pool)
     by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
     equivalence = meta.get("equivalence", [])
     captures = capture_table(snap)

@@ -879,7 +879,7 @@ def stage(name: str) -> None:
 
 def summarize(snapshot) -> dict:
     """A variant's figures: where the replay graphs captured, the graph-pool bytes they added, the pool, the check."""
-    from kit.analysis.attribution import capture_attribution, is_replay_capture
+    from kit.analysis.attribution import is_replay_capture, replay_captures_added
     from kit.analysis.tables import segment_table
     from kit.load.snapshot import load_snapshot
 
@@ -894,9 +894,7 @@ def summarize(snapshot) -> dict:
     model_stream = streams.get("model graphs stream")
     names = {stream: name for name, stream in streams.items()}
     replay_streams = sorted({c["stream"] for c in replay})
-    window = [{**replay[0], "trace_end": replay[-1]["trace_end"]}] if replay else []
-    added = capture_attribution(snap, window)
-    added = added[added["pool"] == pool] if len(added) else added
+    added = replay_captures_added(snap, pool)
     by_stream = added.groupby("stream")["bytes"].sum() if len(added) else {}
     equivalence = meta.get("equivalence", [])
     variant = meta.get("variant", {})
