@@ -14,7 +14,10 @@ fresh process, so its stream ids and pools are its own, as a user's would be:
   three shapes: cudagraph trees (`compile_reduce_overhead.py`);
 - `record_stream_{separate,shared}.pickle`: producer and consumer streams with
   `record_stream` and pending frees, then two captures into one pool on two
-  streams or on one (`record_stream.py`).
+  streams or on one (`record_stream.py`);
+- `replay_graphs_{separate,shared}.pickle`: vLLM's capture order (model graphs,
+  then replay graphs into the same pool) with matrix multiplies, so each
+  capture stream's cuBLAS workspace lands in the pool (`replay_graphs.py`).
 
 The files are shipped as torch wrote them: no `kit` key, traces that start
 mid-process. `PROVENANCE.json` beside them lists, per file, the GPU, the torch
@@ -68,6 +71,18 @@ RUNS = {
         "record_stream.py",
         ("--variant", "shared"),
         "producer/consumer with record_stream and pending frees, then two captures into one pool on one stream",
+    ),
+    "replay_graphs_separate.pickle": (
+        "replay_graphs.py",
+        ("--variant", "separate"),
+        "vLLM's capture order: model graphs on one stream, then replay graphs into the same pool on another "
+        "(matmuls: each capture stream's cuBLAS workspace lands in the pool; C++ frames recorded)",
+    ),
+    "replay_graphs_shared.pickle": (
+        "replay_graphs.py",
+        ("--variant", "shared"),
+        "vLLM's capture order with PR 63155: model graphs, then replay graphs on the model graphs' stream "
+        "(matmuls; C++ frames recorded)",
     ),
 }
 

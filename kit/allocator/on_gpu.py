@@ -70,6 +70,7 @@ def run_on_gpu(ops: list[Op]) -> dict:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": "python -m kit run-workload",
         },
+        "workload": True,  # torch.empty and nothing else: no per-stream caches (cuBLAS workspaces)
         "streams": {name: s.cuda_stream for name, s in streams.items()},
         "pools": {name: list(pid) for name, pid in pools.items()},
         "graphs": {g: list(pid) for g, pid in graph_pools.items()},

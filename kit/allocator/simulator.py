@@ -391,6 +391,7 @@ class CachingAllocatorSim:
             "allocator_settings": {},
             "kit": {
                 "source": "simulator",
+                "workload": True,
                 "streams": dict(self.stream_ids),
                 "pools": {name: list(pid) for name, pid in self.pool_ids.items()},
                 "graphs": {g: list(pid) for g, pid in self.graph_pools.items()},

@@ -16,12 +16,17 @@ files included:
 - every allocation goes to the pool the trace walk found it in, so no capture
   windows are needed: moving a stream changes which free blocks a request
   may take, never which pool it is in;
-- each run of `segment_free` is an `empty_cache`, which also releases the
-  free segments of a graph pool the trace frees (its graphs are gone).
+- each run of `segment_free` is an `empty_cache`; when the recording's
+  freed segments include a graph pool's (its graphs are gone), that pool's
+  free segments are released too, in that run and every later one. Which
+  pools those are is read off the recorded segments, never the simulated ones;
+- a moved stream's cuBLAS workspace (`kit.analysis.workspaces`) is left out
+  when the stream it moves onto already has its own, as a run on that stream
+  never makes it; `WhatIf.modelled` lists each one.
 
-The result carries corrections only for what the trace cannot know: a
-baseline that does not end at the recording, and per-stream caches (cuBLAS
-workspaces) on a moved stream. `trace_to_workload` writes the same trace as a
+The result carries corrections for what the trace cannot know: a baseline
+that does not end at the recording, and workspaces told apart by their shape
+because no C++ frames were recorded. `trace_to_workload` writes the same trace as a
 version-1 workload, `prediction_table` sets a prediction next to what a
 patched run measured, and `layout_differences` compares a simulated state
 with a recorded one segment by segment and block by block.
@@ -29,6 +34,7 @@ with a recorded one segment by segment and block by block.
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +50,7 @@ from kit.analysis.tables import format_bytes, pool_label, segment_table
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.rows import initial_state
 from kit.analysis.trace.state import TraceReplay
+from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 
@@ -54,7 +61,10 @@ class WhatIf:
 
     `saved` is, per pool, the baseline's reserved bytes minus the prediction's;
     `stream_map` the streams moved (id to id); `corrections` what the
-    prediction cannot know, one line each.
+    prediction cannot know, one line each; `modelled` the per-stream
+    allocations (cuBLAS workspaces) left out because a moved stream's target
+    already had its own; `spread` the pools whose prediction depends on
+    where cudaMalloc lays new segments, with the range seen.
     """
 
     baseline: pd.DataFrame  # the simulator's table of the trace as recorded
@@ -64,6 +74,9 @@ class WhatIf:
     stream_map: dict[int, int] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)  # stream id -> label, as `table` prints them
     pools: dict[tuple[int, int], str] = field(default_factory=dict)  # pool -> label
+    modelled: list[str] = field(default_factory=list)  # per-stream allocations the mapped run never makes
+    # pool -> (lowest, highest) reserved bytes over segment placements, where they differ; None: not tried
+    spread: dict[tuple[int, int], tuple[int, int]] | None = field(default_factory=dict)
 
     def summary(self) -> list[str]:
         """One line per pool: reserved as recorded, as predicted, and the saving."""
@@ -105,6 +118,21 @@ def _stream_id(snap: Snapshot, ref: object, labels: Mapping[int, str]) -> int:
             raise KitError(f"{snap.origin}: no stream with id {ref}")
         return ref
     return resolve_stream(snap, str(ref), labels)
+
+
+def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, int], replay: TraceReplay) -> None:
+    """A stream that captured graphs cannot move onto the default stream: CUDA refuses to capture there."""
+    allocs = replay.allocs
+    for source, target in moves.items():
+        if target != DEFAULT_STREAM:
+            continue
+        captured = allocs[(allocs["stream"] == source) & (allocs["pool"] != DEFAULT_POOL)]
+        if len(captured):
+            raise KitError(
+                f"{snap.origin}: --map moves {stream_labels(snap)[source]!r} onto the default stream, but it "
+                f"captured graphs ({len(captured)} graph-pool allocations) and CUDA graphs cannot be captured on "
+                "the default stream; map it onto another capture stream"
+            )
 
 
 def _require_simulable(snap: Snapshot, device: int) -> tuple:
@@ -151,13 +179,32 @@ def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
     return out
 
 
-class _TraceSim(CachingAllocatorSim):
-    """The simulator laying new segments where the recording did, while those places are free."""
+# Where a simulation lays the segments the recording did not make: `RECORDED` reuses the
+# recording's addresses in order while they are free (the baseline reproduces the recording
+# this way), the others are the alternatives `placement_spread` tries.
+RECORDED, ASCENDING, DESCENDING, SHUFFLED = "recorded", "ascending", "descending", "shuffled"
+PLACEMENTS = (ASCENDING, DESCENDING, SHUFFLED)
+SPREAD_EVENTS = 500_000  # above this many trace events the spread is left out (each try is one more simulation)
 
-    def __init__(self, recorded: list[int], above: int) -> None:
+
+class _TraceSim(CachingAllocatorSim):
+    """The simulator laying new segments where the recording did, while those places are free.
+
+    With another `placement` it lays them elsewhere: only above everything
+    recorded, going up or down, or at the recording's addresses in a shuffled
+    order. cudaMalloc's choice of address is the driver's, and among free
+    blocks of one size the allocator takes the lowest address, so where new
+    segments land can change which block later requests split.
+    """
+
+    def __init__(self, recorded: list[int], above: int, placement: str = RECORDED) -> None:
         super().__init__(rng_state=False)  # the trace holds the RNG state's allocations already
-        self._recorded: Iterator[int] = iter(recorded)
+        if placement == SHUFFLED:
+            recorded = random.Random(0).sample(recorded, len(recorded))
+        self._recorded: Iterator[int] = iter(recorded if placement in (RECORDED, SHUFFLED) else ())
         self._fresh = _round_up(above)
+        self._descending = placement == DESCENDING
+        self._ceiling = self._fresh + (1 << 44)  # DESCENDING lays segments down from here
         self._extents: dict[int, int] = {}  # segment address -> size
         self._starts: list[int] = []  # the same addresses, sorted: segments never overlap
         self._top = 0  # the highest segment end so far
@@ -182,8 +229,11 @@ class _TraceSim(CachingAllocatorSim):
             if self._is_free(address, size):
                 break
         else:  # above everything laid out so far, the recording's places included
-            address = _round_up(max(self._fresh, self._top))
-            self._fresh = address + _round_up(size)
+            if self._descending:
+                address = self._ceiling = self._ceiling - _round_up(size)
+            else:
+                address = _round_up(max(self._fresh, self._top))
+                self._fresh = address + _round_up(size)
         self._lay(address, size)
         return address
 
@@ -204,8 +254,12 @@ def simulate_trace(
     *,
     replay: TraceReplay | None = None,
     device: int = 0,
+    placement: str = RECORDED,
 ) -> Snapshot:
-    """The snapshot's trace run on the simulator from its rewound start, mapped streams moved; ids kept."""
+    """The snapshot's trace run on the simulator from its rewound start, mapped streams moved; ids kept.
+
+    `placement` says where segments the recording did not make are laid (`_TraceSim`).
+    """
     snap = load_snapshot(snapshot)
     entries = _require_simulable(snap, device)
     moves = resolve_stream_map(snap, stream_map or {})
@@ -214,7 +268,7 @@ def simulate_trace(
     seeded = rewound_segments(snap, entries, device)
     recorded = [e.addr for e in entries if e.action == "segment_alloc"]
     top = max([a + s for a, s, *_ in seeded] + [e.addr + e.size for e in entries] + [0])
-    sim = _TraceSim(recorded, top)
+    sim = _TraceSim(recorded, top, placement)
     sim.stream_ids = {DEFAULT: DEFAULT_STREAM}
     for sid, label in labels.items():
         if sid != DEFAULT_STREAM:
@@ -230,23 +284,41 @@ def simulate_trace(
         return labels[sid]
 
     live_seeded = set()
+    recorded_pool: dict[int, tuple[int, int]] = {}  # segment address -> its pool, as recorded
     for address, size, pool, stream, small, blocks, asked in seeded:
         sim.seed_segment(address, size, name(stream), pool, small, blocks, asked)
         live_seeded.update(blocks)
+        recorded_pool[address] = tuple(pool)
     pool_of = dict(zip(replay.allocs["index"].tolist(), replay.allocs["pool"].tolist(), strict=True))
+    workspaces = find_workspaces(snap, entries, device)
+    made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}
+    left_out: list[dict] = []
     ids: dict[int, str] = {}
+    freed_pools: set[tuple[int, int]] = set()  # graph pools whose graphs are gone
     in_release = False
     for i, e in enumerate(progress.track(entries, "simulating the what-if", every=4096)):
         action = e.action
         if action == "segment_free":
             if not in_release:
-                sim.empty_cache(_graph_pools_freed(sim, entries, i))
+                freed_pools |= _graph_pools_freed(entries, i, recorded_pool)
+                sim.empty_cache(freed_pools)
+            recorded_pool.pop(e.addr, None)
             in_release = True
             continue
         in_release = False
-        if action == "alloc":
+        if action == "segment_alloc":
+            recorded_pool[e.addr] = _pool_of_next_alloc(entries, i, pool_of)
+        elif action == "alloc":
+            pool = tuple(pool_of.get(i, DEFAULT_POOL))
+            kind = workspaces.allocs.get(i)
+            if kind is not None:
+                key = (kind, moves.get(e.stream, e.stream))
+                if key in made:  # the stream it moves onto has its own already: never made
+                    left_out.append({"index": i, "kind": kind, "bytes": e.size, "stream": e.stream, "pool": pool})
+                    continue
+                made.add(key)
             ids[e.addr] = f"a{i}"
-            sim.malloc(f"a{i}", e.size, name(e.stream), tuple(pool_of.get(i, DEFAULT_POOL)))
+            sim.malloc(f"a{i}", e.size, name(e.stream), pool)
         elif action == "free_completed":
             tid = ids.pop(e.addr, None)
             if tid is None and e.addr in live_seeded:
@@ -259,21 +331,34 @@ def simulate_trace(
     raw["kit"]["streams"] = {label: sid for sid, label in labels.items() if label != DEFAULT_STREAM_LABEL}
     pools = pool_labels(snap)
     raw["kit"]["pools"] = {label: list(p) for p, label in pools.items() if p != DEFAULT_POOL}
+    raw["kit"]["whatif"] = {"workspaces_found_by": workspaces.found_by, "workspaces_left_out": left_out}
     mapped = ", ".join(f"{labels[a]} onto {labels[b]}" for a, b in moves.items())
     origin = f"{snap.origin}, {'streams mapped: ' + mapped if moves else 'as recorded'}"
     return Snapshot(raw, origin=origin)
 
 
-def _graph_pools_freed(sim: CachingAllocatorSim, entries, start: int) -> set[tuple[int, int]]:
-    """Graph pools with a segment in the run of `segment_free` entries from `start` (their graphs are gone)."""
+def _graph_pools_freed(entries, start: int, recorded_pool: Mapping[int, tuple]) -> set[tuple[int, int]]:
+    """Graph pools with a segment in the run of `segment_free` entries from `start` (their graphs are gone).
+
+    Read off the recording's segments, never the simulation's: once streams are
+    mapped, a simulated segment at a recorded address can be another pool's.
+    """
     pools = set()
     for e in entries[start:]:
         if e.action != "segment_free":
             break
-        first = sim.segments.get(e.addr)
-        if first is not None and first.pool != DEFAULT_POOL:
-            pools.add(first.pool)
+        pool = recorded_pool.get(e.addr, DEFAULT_POOL)
+        if pool != DEFAULT_POOL:
+            pools.add(pool)
     return pools
+
+
+def _pool_of_next_alloc(entries, start: int, pool_of: Mapping[int, tuple]) -> tuple[int, int]:
+    """The pool of the allocation a `segment_alloc` at `start` was made for (the next alloc in the trace)."""
+    for j in range(start + 1, len(entries)):
+        if entries[j].action == "alloc":
+            return tuple(pool_of.get(j, DEFAULT_POOL))
+    return DEFAULT_POOL
 
 
 def _reserved_by_pool(table: pd.DataFrame) -> dict[tuple[int, int], int]:
@@ -293,27 +378,34 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     ['global graph pool (0, 1): 108.00 MiB reserved as recorded, 66.00 MiB predicted (saves 42.00 MiB)']
     """
     snap = load_snapshot(snapshot)
+    _require_simulable(snap, 0)
     moves = resolve_stream_map(snap, stream_map)
     replay = replay_trace(snap)
+    _refuse_captures_on_the_default_stream(snap, moves, replay)
     labels = stream_labels(snap)
     baseline = segment_table(simulate_trace(snap, {}, replay=replay), stream_names=None)
-    predicted = segment_table(simulate_trace(snap, moves, replay=replay))
+    simulated = simulate_trace(snap, moves, replay=replay)
+    predicted = segment_table(simulated)
     recorded = segment_table(snap)
     before, after = _reserved_by_pool(baseline), _reserved_by_pool(predicted)
     saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
     corrections = _baseline_differences(recorded, baseline, replay.device)
-    kept = _kept_on_moved_streams(snap, moves)
-    if kept:
+    spread = placement_spread(snap, moves, replay, after)
+    corrections += _spread_lines(snap, spread, after)
+    facts = simulated.kit["whatif"]
+    modelled = [_left_out_line(w, labels, moves, pool_labels(snap)) for w in facts["workspaces_left_out"]]
+    if modelled and facts["workspaces_found_by"] == "size":
         corrections.append(
-            f"default pool: {format_bytes(kept)} ({kept} bytes) allocated on the moved streams outside captures "
-            "and never freed (per-stream caches such as cuBLAS workspaces); a shared-stream run may reuse the "
-            "target stream's instead, reserving up to that much less than predicted"
+            "cuBLAS workspaces were told apart by shape, not by C++ frames (none recorded): "
+            f"{len(modelled)} allocation(s) of a workspace size, never freed, the first of their size on their "
+            "stream, were left out; a program tensor of that shape would be taken for one "
+            "(record with _record_memory_history(stacks='all') to be sure)"
         )
     for table in (baseline, predicted):
         table.attrs["generated_labels"] = recorded.attrs["generated_labels"]
     predicted.attrs["source"] = f"simulator (what-if on the trace of {snap.source_label})"
     baseline.attrs["source"] = f"simulator (the trace of {snap.source_label}, as recorded)"
-    return WhatIf(baseline, predicted, saved, corrections, moves, labels, pool_labels(snap))
+    return WhatIf(baseline, predicted, saved, corrections, moves, labels, pool_labels(snap), modelled, spread)
 
 
 def _baseline_differences(recorded: pd.DataFrame, baseline: pd.DataFrame, device: int) -> list[str]:
@@ -321,23 +413,72 @@ def _baseline_differences(recorded: pd.DataFrame, baseline: pd.DataFrame, device
     recorded = recorded[recorded["device"] == device]
     want, got = _reserved_by_pool(recorded), _reserved_by_pool(baseline)
     labels = dict(zip(recorded["pool"], recorded["pool_label"], strict=True))
+    lines = []
+    for pool in sorted(want.keys() | got.keys()):
+        off = got.get(pool, 0) - want.get(pool, 0)
+        if off:
+            lines.append(
+                f"{labels.get(pool, pool_label(pool))} {pool}: replaying the trace as recorded reserves "
+                f"{format_bytes(abs(off))} {'more' if off > 0 else 'less'} than the recording "
+                f"({format_bytes(got.get(pool, 0))} against {format_bytes(want.get(pool, 0))}); "
+                "predictions for this pool may be off by as much"
+            )
+    return lines
+
+
+def placement_spread(
+    snap: Snapshot, moves: Mapping[int, int], replay: TraceReplay, predicted: Mapping[tuple, int]
+) -> dict[tuple[int, int], tuple[int, int]] | None:
+    """Per pool whose prediction changes with where cudaMalloc lays new segments: (lowest, highest) bytes.
+
+    A mapped run makes segments the recording never made, and the driver
+    picks their addresses; the allocator breaks ties between free blocks of
+    one size by address, so a pool can end larger or smaller. The mapped
+    trace is simulated again with each of `PLACEMENTS`; pools whose reserved
+    bytes differ between the tries are returned with the range. None when the
+    trace has more than `SPREAD_EVENTS` events (not tried).
+    """
+    if not moves:
+        return {}
+    if len(snap.require_trace(replay.device)) > SPREAD_EVENTS:
+        return None
+    tries = [predicted] + [
+        _reserved_by_pool(segment_table(simulate_trace(snap, moves, replay=replay, placement=placement)))
+        for placement in PLACEMENTS
+    ]
+    spread = {}
+    for pool in sorted(set().union(*tries)):
+        figures = [t.get(pool, 0) for t in tries]
+        if min(figures) != max(figures):
+            spread[pool] = (min(figures), max(figures))
+    return spread
+
+
+def _spread_lines(snap: Snapshot, spread: dict | None, predicted: Mapping[tuple, int]) -> list[str]:
+    if spread is None:
+        return [
+            f"the prediction was not tried with other segment placements (over {SPREAD_EVENTS:,} trace events); "
+            "where cudaMalloc lays the mapped run's new segments can move a pool's figure either way"
+        ]
+    pools = pool_labels(snap)
     return [
-        f"{labels.get(pool, pool_label(pool))} {pool}: replaying the trace as recorded reserves "
-        f"{format_bytes(got.get(pool, 0) - want.get(pool, 0))} more than the recording; predictions for it "
-        "are that far off"
-        for pool in sorted(want.keys() | got.keys())
-        if want.get(pool, 0) != got.get(pool, 0)
+        f"{pools.get(pool, pool_label(pool))} {pool}: the prediction depends on where cudaMalloc lays the "
+        "segments the mapped run makes (free blocks of one size are taken lowest address first): "
+        f"{format_bytes(predicted.get(pool, 0))} with the recording's addresses, {format_bytes(low)} to "
+        f"{format_bytes(high)} over {len(PLACEMENTS) + 1} placements"
+        for pool, (low, high) in spread.items()
     ]
 
 
-def _kept_on_moved_streams(snap: Snapshot, moves: Mapping[int, int]) -> int:
-    """Bytes still held at the end in the default pool on the streams the map moves."""
-    return sum(
-        b.requested_size
-        for s in snap.segments
-        if s.segment_pool_id == DEFAULT_POOL and s.stream in moves
-        for b in s.blocks
-        if b.state == "active_allocated"
+def _left_out_line(
+    workspace: dict, labels: Mapping[int, str], moves: Mapping[int, int], pools: Mapping[tuple, str]
+) -> str:
+    """`cuBLAS workspace of <stream> (32.00 MiB, graph pool 1) left out: <target> has its own`."""
+    stream, pool = workspace["stream"], tuple(workspace["pool"])
+    where = pools.get(pool, pool_label(pool))
+    return (
+        f"{workspace['kind']} workspace of {labels.get(stream, stream)} ({format_bytes(workspace['bytes'])}, "
+        f"{where}) left out: on {labels.get(moves.get(stream, stream), stream)} it would reuse that stream's"
     )
 
 

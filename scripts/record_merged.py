@@ -1,0 +1,122 @@
+"""Record workloads twice on a real GPU, as written and with one stream merged into another: what-if's ground truth.
+
+    python scripts/record_merged.py --out kit/recordings/merged        # or: make merged-recordings
+
+`what-if SNAPSHOT --map s2=s1` predicts what the process would have reserved
+had stream s2's work run on s1. This script makes the answer to check it
+against: each seeded workload (`kit.allocator.workload.generate_workload`:
+captures into shared and private pools on two side streams, frees inside and
+outside captures, `empty_cache` runs that free segments) is written as
+`NAME.json` and, with every op of stream `s2` moved onto `s1`, as
+`NAME_merged.json`; each runs with `python -m kit run-workload` in a fresh
+process and its snapshot is written beside it as `NAME.pickle` and
+`NAME_merged.pickle`. Trace frames are dropped (the workload's names are in the
+snapshot's `kit` key, and the files ship with the kit). `PROVENANCE.json` holds
+the GPU, the versions, the date, the command, and per file its trace length,
+segment frees and sha256. A workload whose recording frees no segment is an
+error: these pairs exist to exercise `empty_cache`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kit.allocator.workload import generate_workload  # noqa: E402
+from kit.fileio import atomic_write  # noqa: E402
+from kit.load.unpickle import safe_unpickle  # noqa: E402
+
+COMMAND = "python scripts/record_merged.py --out kit/recordings/merged"
+MOVED, ONTO = "s2", "s1"
+# (seed, ops, capture rate): a dozen small and middling workloads and one long one.
+WORKLOADS = [(100 + i, 400 + 150 * i, 0.04) for i in range(12)] + [(200, 12000, 0.004)]
+
+
+def merged(workload: dict, moved: str = MOVED, onto: str = ONTO) -> dict:
+    """`workload` with every op of stream `moved` made on `onto` (a capture's stream, an allocation's)."""
+    ops = [dict(op, stream=onto) if op.get("stream") == moved else op for op in workload["ops"]]
+    return {"version": 1, "ops": ops}
+
+
+def workloads() -> dict[str, dict]:
+    """NAME -> workload, for every pair: `merged_SEED` as generated and `merged_SEED_merged`."""
+    out = {}
+    for seed, n_ops, rate in WORKLOADS:
+        w = generate_workload(seed, n_ops=n_ops, n_streams=3, capture_rate=rate, max_live_bytes=8 << 30)
+        out[f"merged_{seed}"] = w
+        out[f"merged_{seed}_merged"] = merged(w)
+    return out
+
+
+def record(name: str, out: Path) -> dict:
+    """Run one workload in a fresh process; its file's provenance entry."""
+    pickle_path = out / f"{name}.pickle"
+    command = [sys.executable, "-m", "kit", "run-workload", str(out / f"{name}.json"), "-o", str(pickle_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{name}: run-workload failed: {done.stderr.strip()[-2000:]}")
+    raw = safe_unpickle(pickle_path.read_bytes(), pickle_path.name)
+    for trace in raw["device_traces"]:
+        for entry in trace:
+            entry["frames"] = []
+    for seg in raw["segments"]:
+        seg["frames"] = []
+        for block in seg["blocks"]:
+            block["frames"] = []
+    import pickle
+
+    with atomic_write(pickle_path, "wb") as f:
+        pickle.dump(raw, f)
+    trace = raw["device_traces"][0]
+    frees = sum(e["action"] == "segment_free" for e in trace)
+    if not frees:
+        raise RuntimeError(f"{name}: its recording frees no segment; pick another seed")
+    return {"trace_entries": len(trace), "segment_frees": frees}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "kit" / "recordings" / "merged")
+    parser.add_argument("--jobs", type=int, default=8, help="processes at once (each one fresh)")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("record_merged.py: error: recording needs CUDA; nothing was written", file=sys.stderr)
+        return 2
+    from kit.experiments.recorded import provenance
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    pairs = workloads()
+    for name, workload in pairs.items():
+        with atomic_write(args.out / f"{name}.json") as f:
+            f.write(json.dumps(workload) + "\n")
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        facts = dict(zip(pairs, pool.map(lambda n: record(n, args.out), pairs), strict=True))
+    files = {}
+    for name in sorted(pairs):
+        for suffix in (".json", ".pickle"):
+            path = args.out / f"{name}{suffix}"
+            files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        print(f"{name}: {facts[name]['trace_entries']} trace entries, {facts[name]['segment_frees']} segment frees")
+    manifest = {
+        **provenance(COMMAND),
+        "what": f"each workload as generated and with stream {MOVED!r} merged onto {ONTO!r}; trace frames dropped",
+        "runs": facts,
+        "files": files,
+    }
+    with atomic_write(args.out / "PROVENANCE.json") as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+    print(f"recorded {len(pairs)} workloads ({len(pairs) // 2} pairs) into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

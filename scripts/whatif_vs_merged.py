@@ -1,0 +1,112 @@
+"""Check what-if against the real allocator: each recorded pair (as written, one stream merged), pool by pool.
+
+    python scripts/whatif_vs_merged.py kit/recordings/merged            # the shipped pairs
+    python scripts/whatif_vs_merged.py DIR --json                       # one JSON object as the last line
+
+For every `NAME.pickle` beside a `NAME_merged.pickle` (`scripts/record_merged.py`
+writes both), it runs `what_if(NAME.pickle, {s2: s1})` and sets each pool's
+predicted reserved bytes beside what the merged run reserved on the GPU, and
+beside the kit's own simulator running `NAME_merged.json`. Exit 0 when every
+pool of every pair matches the GPU, 1 otherwise. With `--record N` (needs CUDA)
+it first records a generated workload of N ops and its merged twin into DIR,
+for traces too long to ship (the 300,000-op check in docs/whatif.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from record_merged import MOVED, ONTO, merged  # noqa: E402
+
+from kit.allocator.simulator import simulate  # noqa: E402
+from kit.allocator.workload import generate_workload, load_workload  # noqa: E402
+from kit.analysis.tables import segment_table  # noqa: E402
+from kit.analysis.whatif import what_if  # noqa: E402
+from kit.fileio import atomic_write  # noqa: E402
+from kit.load.snapshot import Snapshot, load_snapshot  # noqa: E402
+
+
+def reserved_by_pool(table) -> dict[tuple[int, int], int]:
+    return {tuple(p): int(v) for p, v in table.groupby("pool")["reserved"].sum().items()}
+
+
+def compare(original: Path) -> list[dict]:
+    """One row per pool of the pair at `original`: recorded, predicted, measured merged, simulated merged."""
+    twin = original.with_name(f"{original.stem}_merged.pickle")
+    snap = load_snapshot(str(original))
+    streams = snap.kit["streams"]
+    result = what_if(snap, {streams[MOVED]: streams[ONTO]})
+    measured = reserved_by_pool(segment_table(load_snapshot(str(twin))))
+    workload = twin.with_suffix(".json")
+    simulated = {}
+    if workload.is_file():
+        sim = simulate(load_workload(str(workload))).snapshot()
+        simulated = reserved_by_pool(segment_table(Snapshot(sim, origin="simulator")))
+    recorded, predicted = reserved_by_pool(segment_table(snap)), reserved_by_pool(result.predicted)
+    rows = []
+    for pool in sorted(recorded.keys() | predicted.keys() | measured.keys()):
+        rows.append(
+            {
+                "pair": original.stem,
+                "pool": list(pool),
+                "recorded": recorded.get(pool, 0),
+                "predicted": predicted.get(pool, 0),
+                "measured_merged": measured.get(pool, 0),
+                "simulated_merged": simulated.get(pool) if simulated else None,
+                "corrections": result.corrections,
+            }
+        )
+    return rows
+
+
+def record_pair(out: Path, n_ops: int, seed: int) -> Path:
+    """Record a generated workload of `n_ops` and its merged twin into `out` (fresh processes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    w = generate_workload(seed, n_ops=n_ops, n_streams=3, capture_rate=0.001, max_live_bytes=8 << 30)
+    name = f"long_{n_ops}"
+    for stem, workload in ((name, w), (f"{name}_merged", merged(w))):
+        with atomic_write(out / f"{stem}.json") as f:
+            f.write(json.dumps(workload) + "\n")
+        command = [sys.executable, "-m", "kit", "run-workload", str(out / f"{stem}.json"), "-o"]
+        subprocess.run([*command, str(out / f"{stem}.pickle")], cwd=ROOT, check=True)
+    return out / f"{name}.pickle"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--record", type=int, metavar="N", help="first record an N-op pair into FOLDER (CUDA)")
+    parser.add_argument("--seed", type=int, default=300)
+    args = parser.parse_args()
+    if args.record:
+        record_pair(args.folder, args.record, args.seed)
+    originals = sorted(p for p in args.folder.glob("*.pickle") if p.with_name(f"{p.stem}_merged.pickle").is_file())
+    if not originals:
+        print(f"whatif_vs_merged.py: error: no NAME.pickle with NAME_merged.pickle in {args.folder}", file=sys.stderr)
+        return 2
+    rows = [row for p in originals for row in compare(p)]
+    wrong = [r for r in rows if r["predicted"] != r["measured_merged"]]
+    mib = 2**20
+    for r in rows:
+        sim = "" if r["simulated_merged"] is None else f"{r['simulated_merged'] / mib:10.2f}"
+        mark = "" if r["predicted"] == r["measured_merged"] else "   <-- differs"
+        print(
+            f"{r['pair']:>22} {tuple(r['pool'])!s:>8}  recorded {r['recorded'] / mib:10.2f}  predicted "
+            f"{r['predicted'] / mib:10.2f}  GPU merged {r['measured_merged'] / mib:10.2f}  sim merged {sim}{mark}"
+        )
+    print(f"{len(rows) - len(wrong)} of {len(rows)} pools predicted exactly, over {len(originals)} pairs (MiB)")
+    if args.json:
+        print(json.dumps({"pools": rows, "exact": len(rows) - len(wrong), "total": len(rows)}))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
