@@ -9,7 +9,7 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots vllm-bundle vllm-recordings
-.PHONY: boundary-recordings mutations
+.PHONY: boundary-recordings mutations merged-recordings
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -75,6 +75,11 @@ safety-recordings:
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
 plain-recordings:
 	$(PYTHON) scripts/record_plain.py --out kit/recordings/plain
+
+# Re-record what-if's ground truth (kit/recordings/merged): each workload as written and with stream s2 merged
+# onto s1, on the real allocator (needs CUDA); scripts/whatif_vs_merged.py compares them.
+merged-recordings:
+	$(PYTHON) scripts/record_merged.py --out kit/recordings/merged
 
 # Record only the corpus's boundary workloads (every split rule on both sides) and add their provenance (needs CUDA).
 boundary-recordings:

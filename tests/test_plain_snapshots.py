@@ -121,7 +121,11 @@ def test_a_moved_streams_workspace_told_apart_by_size_is_left_out_and_said_so():
     shared = segment_table(recording("shared_stream.pickle"))
     for pool in ((0, 0), (0, 1)):  # the shared run made no second workspace: both pools exact
         want = shared[shared["pool"] == pool]["reserved"].sum()
-        assert moved.predicted[moved.predicted["pool"] == pool]["reserved"].sum() == want == (322 if pool == (0, 0) else 66) * MIB
+        assert (
+            moved.predicted[moved.predicted["pool"] == pool]["reserved"].sum()
+            == want
+            == (322 if pool == (0, 0) else 66) * MIB
+        )
 
 
 def test_what_if_cli_takes_ids_and_labels_and_prints_mib():

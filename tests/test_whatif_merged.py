@@ -124,9 +124,7 @@ def test_what_if_on_the_vllm_shaped_separate_run_predicts_the_shared_runs_graph_
     result = what_if(separate, {labels[replay]: labels[model]})
     assert _graph_pool(segment_table(separate)) == 114 * MIB
     assert _graph_pool(result.predicted) == _graph_pool(segment_table(shared)) == 60 * MIB
-    assert reserved_by_pool(result.predicted) == {
-        p: v for p, v in reserved_by_pool(segment_table(shared)).items()
-    }
+    assert reserved_by_pool(result.predicted) == {p: v for p, v in reserved_by_pool(segment_table(shared)).items()}
     assert len(result.modelled) == 2 and all("graph pool 1" in line for line in result.modelled)
     assert result.corrections == []
 

@@ -53,7 +53,7 @@ class Workspaces:
 
 
 def workspace_kind(frames: Sequence[dict]) -> str | None:
-    """"cuBLASLt" or "cuBLAS" when a frame names a workspace getter; None otherwise."""
+    """ "cuBLASLt" or "cuBLAS" when a frame names a workspace getter; None otherwise."""
     for frame in frames:
         name = str(frame.get("name", "")) if isinstance(frame, dict) else ""
         if _LT.search(name):
@@ -127,4 +127,3 @@ def _by_size(snap: Snapshot, entries: Sequence, device: int) -> Workspaces:
     if not found.allocs:
         found.found_by = ""
     return found
-

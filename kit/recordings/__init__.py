@@ -17,7 +17,10 @@ against:
 - `plain/`: plain `torch.cuda.memory._dump_snapshot()` files of programs the
   kit did not write (`scripts/plain_programs/`: two captures into one pool on
   two streams or one, torch.compile's reduce-overhead mode, record_stream),
-  with no `kit` key and traces that start mid-process, as a user brings them.
+  with no `kit` key and traces that start mid-process, as a user brings them;
+  `replay_graphs_{separate,shared}` is vLLM's capture order with matmuls;
+- `merged/`: 13 workloads run as written and with one stream merged into
+  another (`scripts/record_merged.py`): what-if's ground truth.
 
 - `safety/`, `readwrite/`, `alternatives/`: the replica's safety and
   alternatives experiments (`kit.experiments.pairings`, `readwrite_run`,
