@@ -22,17 +22,21 @@ from collections.abc import Iterator
 from kit.errors import KitError
 
 
-def _print_table(table, as_json: bool) -> None:
+def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty") -> None:
+    """The source line, then the table (bytes in binary units); `--json`: its rows. No rows: the `empty` line."""
     from kit.analysis.tables import byte_columns, format_bytes, table_records
 
     if as_json:
         json.dump(table_records(table), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
+    print(f"source: {table.attrs.get('source', '?')}")
+    if table.empty:  # pandas would print "Empty DataFrame" and the column names
+        print(empty)
+        return
     shown = table.copy()
     for col in byte_columns(shown):
         shown[col] = shown[col].map(format_bytes)
-    print(f"source: {table.attrs.get('source', '?')}")
     made_up = table.attrs.get("generated_labels")
     if made_up:
         print(
@@ -42,10 +46,17 @@ def _print_table(table, as_json: bool) -> None:
     print(shown.to_string(index=False))
 
 
-def cmd_table(args: argparse.Namespace) -> None:
-    from kit.analysis.tables import segment_table
+NO_SEGMENTS = "no segments: the allocator held no memory when this snapshot was taken"
 
-    _print_table(segment_table(args.snapshot), args.json)
+
+def cmd_table(args: argparse.Namespace) -> None:
+    from kit.analysis.attribution import checked_capture_windows
+    from kit.analysis.tables import segment_table
+    from kit.load.snapshot import load_snapshot
+
+    snap = load_snapshot(args.snapshot)
+    checked_capture_windows(snap)  # a malformed window in the kit key: exit 2, as every command that reads them
+    _print_table(segment_table(snap), args.json, NO_SEGMENTS)
 
 
 def cmd_diff(args: argparse.Namespace) -> None:
@@ -59,6 +70,16 @@ def cmd_diff(args: argparse.Namespace) -> None:
             f"and pool order), not names the programs gave: {'; '.join(diff.attrs['paired_generated'])}",
             file=sys.stderr,
         )
+    notes = diff.attrs["pairing_notes"]  # how each graph pool was paired, and which ones paired with none
+    shown = 20  # a process with hundreds of graph pools would bury the rest
+    for note in notes[:shown]:
+        print(f"kit: warning: {note}", file=sys.stderr)
+    if len(notes) > shown:
+        print(
+            f"kit: warning: --by-label made {len(notes) - shown} more pool pairings or non-pairings "
+            "like these (all in kit.diff_tables(...).attrs['pairing_notes'])",
+            file=sys.stderr,
+        )
     _print_table(diff, args.json)
     if not args.json:
         for line in diff_summary(diff):
@@ -66,12 +87,14 @@ def cmd_diff(args: argparse.Namespace) -> None:
 
 
 def cmd_reuse(args: argparse.Namespace) -> None:
+    from kit.analysis.attribution import checked_capture_windows
     from kit.analysis.tables import format_bytes, table_records
     from kit.analysis.trace.replay import replay_trace
     from kit.analysis.trace.reports import reuse_table, stranding_report
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(args.snapshot)
+    checked_capture_windows(snap)
     replay = replay_trace(snap)
     table = reuse_table(snap, replay)
     report = stranding_report(snap, replay, min_bytes=args.min_bytes)
@@ -85,7 +108,7 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    _print_table(table, False)
+    _print_table(table, False, "no allocations in the trace: nothing was reused or needed a new segment")
     if report.empty:
         print(f"no stranded segments (no group with {format_bytes(args.min_bytes)} or more)")
     for verdict, frames in zip(report["verdict"], report["frames"], strict=True):
@@ -116,9 +139,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in result.lines():
             print(line)
         print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
-    for line in result.mismatches:
-        print(f"warning: {line}", file=sys.stderr)
-    return 0 if result.ok else 1
+    return 0 if result.ok else 1  # a snapshot it cannot judge (a trace that does not replay) raised: exit 2
 
 
 def parse_stream_map(items: list[str]) -> dict[str, str]:
@@ -150,6 +171,10 @@ def cmd_what_if(args: argparse.Namespace) -> None:
                 for a, b in result.stream_map.items()
             ],
             "corrections": result.corrections,
+            "modelled": result.modelled,
+            "spread": None
+            if result.spread is None
+            else [{"pool": list(p), "low": lo, "high": hi} for p, (lo, hi) in result.spread.items()],
             "source": result.predicted.attrs["source"],
         }
         json.dump(out, sys.stdout, indent=1)
@@ -162,6 +187,8 @@ def cmd_what_if(args: argparse.Namespace) -> None:
     _print_table(result.predicted, False)
     for line in result.summary():
         print(line)
+    for line in result.modelled:
+        print(f"modelled: {line}")
     for line in result.corrections:
         print(f"correction: {line}")
 

@@ -59,12 +59,15 @@ REPLAY_STREAM_HUNK = (
     '"self.replay_cudagraphs.capture_replay_graphs(prepare, stream=stream)")'
 )
 VLLM_PATCH = "tests/test_vllm_patch.py::"
+WHATIF_MERGED = "tests/test_whatif_merged.py::"
 UNPICKLER = (
     "tests/test_bad_input.py::test_a_named_global_of_any_module_is_refused_without_being_looked_up",
     "tests/test_bad_input.py::test_a_persistent_id_is_refused",
     "tests/test_bad_input.py::test_hostile_pickle_never_runs_its_command",
 )
 REFUSAL = "        raise KitError(f\"refused to load global '{module}.{name}': a snapshot holds plain data only\")"
+CACHE = "tests/test_cache.py::"
+KV_NEGATIVE = "tests/test_alternatives.py::test_a_negative_saving_costs_what_the_same_positive_saving_buys"
 
 MUTATIONS = (
     # -- the six bugs issue 22 found surviving the suite
@@ -259,6 +262,265 @@ MUTATIONS = (
         "            classes[id(life)] = RELEASED",
         ("tests/test_safety_cases.py",),
         "an early aux state is held after the break: a replay graph over it is a conflict",
+    ),
+    # -- the what-if on real traces (issue 27): pools that never vanish, workspaces, maps
+    Mutation(
+        "whatif_frees_pools_by_simulated_address",
+        "kit/analysis/whatif.py",
+        "                freed_pools |= _graph_pools_freed(entries, i, recorded_pool)",
+        "                freed_pools |= _graph_pools_freed(entries, i, {a: b.pool for a, b in sim.segments.items()})",
+        (WHATIF_MERGED + "test_what_if_predicts_every_pool_the_merged_run_reserved_on_the_gpu",),
+        "which graph pools a segment-free run releases is read off the recording, not the mapped simulation",
+    ),
+    Mutation(
+        "whatif_keeps_a_moved_streams_workspace",
+        "kit/analysis/whatif.py",
+        "                key = (kind, moves.get(e.stream, e.stream))",
+        "                key = (kind, e.stream)",
+        (WHATIF_MERGED + "test_what_if_on_the_vllm_shaped_separate_run_predicts_the_shared_runs_graph_pool_exactly",),
+        "a moved stream's cuBLAS workspace is never made on a target that has its own",
+    ),
+    Mutation(
+        "workspace_kind_ignores_cublaslt",
+        "kit/analysis/workspaces.py",
+        '        if _LT.search(name):\n            return "cuBLASLt"',
+        '        if _LT.search(name) and False:\n            return "cuBLASLt"',
+        (WHATIF_MERGED + "test_workspaces_are_found_by_their_cpp_frames",),
+        "each stream has a cuBLAS and a cuBLASLt workspace: two kinds, not one",
+    ),
+    Mutation(
+        "whatif_accepts_chained_maps",
+        "kit/analysis/whatif.py",
+        "        if b in out:",
+        "        if b in out and b == a:",
+        (WHATIF_MERGED + "test_chained_maps_are_refused",),
+        "a map that moves a stream another is mapped onto is refused",
+    ),
+    Mutation(
+        "whatif_spread_tries_no_other_placement",
+        "kit/analysis/whatif.py",
+        "PLACEMENTS = (ASCENDING, DESCENDING, SHUFFLED)",
+        "PLACEMENTS = (RECORDED,)",
+        (WHATIF_MERGED + "test_what_if_predicts_every_pool_the_merged_run_reserved_on_the_gpu",),
+        "a default-pool miss must come with a range that holds the measured figure",
+    ),
+    Mutation(
+        "readwrite_summary_counts_holding_pairings_as_violated",
+        "kit/experiments/readwrite_run.py",
+        'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',
+        'f"{len(running) - len(violated)} of {len(running)} dispatchable "',
+        ("tests/test_readwrite_recording.py::test_the_summary_counts_only_the_dispatchable_pairings",),
+        '"VIOLATED on N of M" counts the pairings that violate the obligation',
+    ),
+    Mutation(
+        "drafter_summary_counts_holding_pairings_as_violated",
+        "kit/experiments/drafter_run.py",
+        'f"{len(violated) if violated else len(running)} of {len(running)} dispatchable pairings (the drafter "',
+        'f"{len(running) - len(violated)} of {len(running)} dispatchable pairings (the drafter "',
+        ("tests/test_drafter.py::test_the_drafter_summary_counts_the_pairings_that_violate_the_obligation",),
+        '"VIOLATED on N of M" counts the pairings that violate the drafter obligation',
+    ),
+    # -- the planted-bug audit's survivors, each caught beside its module's tests
+    Mutation(
+        "cache_accepts_a_damaged_header",
+        "kit/load/cache.py",
+        '    if zlib.crc32(text) != crc:\n        raise Rejected("damaged (its header\'s checksum does not match)")\n',
+        "",
+        ("tests/test_cache.py::test_a_damaged_header_is_made_again",),
+        "a header changed in a way JSON still reads is refused by its CRC-32, not read as if whole",
+    ),
+    Mutation(
+        "cache_stamp_leaves_the_tail_unhashed",
+        "kit/load/cache.py",
+        "    digest.update(os.pread(fd, HASHED_BYTES, max(0, st.st_size - HASHED_BYTES)))\n",
+        "",
+        (f"{CACHE}test_a_snapshot_rewritten_in_its_last_mib_with_its_size_and_time_is_read_again",),
+        "a snapshot rewritten in its last MiB with its size and time kept is told apart by the hash of its tail",
+    ),
+    Mutation(
+        "cache_stamp_hashes_the_first_mib_twice",
+        "kit/load/cache.py",
+        "max(0, st.st_size - HASHED_BYTES)",
+        "0",
+        (f"{CACHE}test_a_snapshot_rewritten_in_its_last_mib_with_its_size_and_time_is_read_again",),
+        "the stamp hashes the file's first MiB and its last, not the first twice",
+    ),
+    Mutation(
+        "cache_goes_beside_a_readable_folder",
+        "kit/load/cache.py",
+        "os.access(path.parent, os.W_OK)",
+        "os.access(path.parent, os.R_OK)",
+        (f"{CACHE}test_a_folder_readable_but_not_writable_puts_the_cache_in_the_user_cache_folder",),
+        "a folder the kit can read but not write gets no cache beside the snapshot: the user's cache folder does",
+    ),
+    Mutation(
+        "stream_streams_a_trace_listed_before_the_segments",
+        "kit/load/stream.py",
+        '    if "segments" in keys and keys.index("segments") > keys.index("device_traces"):\n'
+        "        return None  # segments after the trace could list an entry the sink emptied\n",
+        "",
+        (f"{CACHE}test_device_traces_before_segments_loads_as_the_usual_order",),
+        "segments read after the trace may hold an entry the sink emptied: such a file is read the plain way",
+    ),
+    Mutation(
+        "unpickler_admits_the_trace_sink_by_name_from_any_module",
+        "kit/load/unpickle.py",
+        "(module, name) == self._sink[:2]",
+        "name == self._sink[1]",
+        (
+            "tests/test_bad_input.py::test_the_trace_sinks_name_under_any_module_but_the_loads_token_is_refused_without_lookup",
+        ),
+        "only the load's own token names the trace sink; its class name under any other module is refused",
+    ),
+    Mutation(
+        "inferred_capture_gap_check_skips_the_entry_right_after_a_window",
+        "kit/analysis/attribution.py",
+        "low <= i < high",
+        "low < i < high",
+        (
+            "tests/test_attribution.py::test_another_streams_graph_pool_allocation_right_after_a_window_starts_another_capture",
+        ),
+        "another stream's graph-pool allocation right after a window parts it from the next: two captures",
+    ),
+    Mutation(
+        "inferred_capture_window_ends_one_entry_early",
+        "kit/analysis/attribution.py",
+        "windows.append((first, last + 1, stream, pool))",
+        "windows.append((first, last, stream, pool))",
+        (
+            "tests/test_attribution.py::test_a_window_ends_just_after_its_last_allocation_and_holds_every_one_of_its_run",
+        ),
+        "an inferred window ends just after its last allocation, which it holds",
+    ),
+    Mutation(
+        "liveness_holds_only_blocks_freed_after_the_breaks_first_entry",
+        "kit/analysis/liveness.py",
+        "(life.free is None or life.free >= begin)",
+        "(life.free is None or life.free > begin)",
+        ("tests/test_liveness.py::test_a_block_freed_by_the_breaks_first_entry_is_held_across_it_and_released_by_it",),
+        "a block freed by the break's very first entry is held across the break, and released by it",
+    ),
+    Mutation(
+        "liveness_frees_a_block_when_its_free_completes",
+        "kit/analysis/liveness.py",
+        'elif e.action in ("free_requested", "free_completed") and e.addr in live:',
+        'elif e.action == "free_completed" and e.addr in live:',
+        ("tests/test_liveness.py::test_a_block_is_freed_when_its_free_is_requested_not_when_it_completes",),
+        "a block is freed when its free is requested; completion may come after the next graph's first allocation",
+    ),
+    Mutation(
+        "readwrite_phase_order_puts_the_next_segment_beside_the_break",
+        "kit/analysis/readwrite.py",
+        "else 2 * self.index + (self.part == BREAK)",
+        "else self.index + (self.part == BREAK)",
+        (
+            "tests/test_readwrite.py::test_phases_are_ordered_segment_break_next_segment_and_the_outputs_last",
+            "tests/test_readwrite.py::test_the_shipped_recording_carries_what_segment_1_reads_across_each_break",
+        ),
+        "segment J + 1 comes after break J: its reads are carried across it (small.json's 18,432 bytes, not 0)",
+    ),
+    Mutation(
+        "readwrite_summary_counts_pairings_that_cannot_run",
+        "kit/experiments/readwrite_run.py",
+        '        running = rows[rows["dispatchable"]]\n',
+        "        running = rows\n",
+        ("tests/test_readwrite_recording.py::test_the_summary_counts_only_the_dispatchable_pairings",),
+        "the summary's obligation counts only the pairings vLLM's dispatch can make",
+    ),
+    Mutation(
+        "kv_cache_turns_a_negative_saving_into_blocks_gained",
+        "kit/analysis/kv_cache.py",
+        "    sign = -1 if saved_bytes < 0 else 1\n",
+        "    sign = 1\n",
+        (KV_NEGATIVE, "tests/test_alternatives.py::test_the_replicas_kv_layout_and_what_24_mib_buys"),
+        "budget lost costs blocks and tokens; it never buys them",
+    ),
+    Mutation(
+        "kv_cache_floors_a_negative_saving",
+        "kit/analysis/kv_cache.py",
+        "blocks = sign * (abs(int(saved_bytes)) // layout.bytes_per_block)",
+        "blocks = int(saved_bytes) // layout.bytes_per_block",
+        (KV_NEGATIVE,),
+        "bytes lost cost the whole blocks the same bytes saved would buy (rounded toward zero), not one more",
+    ),
+    Mutation(
+        "swa_requests_counts_a_negative_saving",
+        "kit/analysis/kv_cache.py",
+        "return max(int(saved_bytes), 0) // bytes_per_request",
+        "return abs(int(saved_bytes)) // bytes_per_request",
+        (KV_NEGATIVE,),
+        "budget lost holds no more requests' sliding windows",
+    ),
+    Mutation(
+        "progress_drops_the_last_update",
+        "kit/progress.py",
+        "                n = 0\n        shown_bar.update(n)\n",
+        "                n = 0\n",
+        ("tests/test_progress.py::test_a_tracked_bar_ends_at_its_total",),
+        "a tracked bar counts the last items, fewer than `every`, and ends at its total",
+    ),
+    # -- the CI guard fails closed and walks every device (issue 27)
+    Mutation(
+        "check_ignores_a_trace_that_does_not_replay",
+        "kit/analysis/check.py",
+        "        if replay.mismatches:\n",
+        "        if replay.mismatches and False:\n",
+        (
+            "tests/test_check.py::test_a_trace_that_does_not_replay_exits_2_in_one_line",
+            "tests/test_check.py::test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_that_does_not_replay",
+        ),
+        "a trace that does not walk to the snapshot gives no verdict: check exits 2, never 0",
+    ),
+    Mutation(
+        "check_walks_device_0_only",
+        "kit/analysis/check.py",
+        "    for device in devices:\n",
+        "    for device in devices[:1]:\n",
+        ("tests/test_check.py::test_every_device_with_a_trace_is_checked",),
+        "check walks every device that has a trace, not the first only",
+    ),
+    # -- diff --by-label pairs graph pools by role and content (the leftover-pool issue)
+    Mutation(
+        "diff_pairs_graph_pools_by_their_number",
+        "kit/analysis/tables.py",
+        "            score = _likeness(b, a)\n",
+        "            score = (3, True) if b.label == a.label else _likeness(b, a)\n",
+        ("tests/test_diff_pairing.py::test_a_leftover_pool_numbered_first_is_not_paired_with_the_real_one",),
+        "a leftover pool made first takes number 1: pairing by the number pairs it with the real pool",
+    ),
+    Mutation(
+        "diff_guesses_among_equally_matching_pools",
+        "kit/analysis/tables.py",
+        "if tops_b[kb] == [ka] and tops_a[ka] == [kb]]",
+        "if tops_b[kb][0] == ka and tops_a[ka][0] == kb]",
+        (
+            "tests/test_diff_pairing.py::test_a_leftover_holding_the_same_captures_is_refused_not_guessed",
+            "tests/test_diff_pairing.py::test_two_indistinguishable_leftovers_for_one_are_refused",
+        ),
+        "two pools that match one equally cannot be told apart: diff refuses rather than take the first",
+    ),
+    # -- labels from a snapshot are text wherever they are rendered as HTML ("stream of  (file.py:46)")
+    Mutation(
+        "style_table_escapes_only_until_a_callers_format",
+        "kit/analysis/tables.py",
+        "styler = _text_styler()(table).format_index",
+        'styler = table.style.format(escape="html").format_index',
+        (
+            "tests/test_tables.py::test_styler_shows_the_snapshots_markup_as_text_also_after_a_callers_format",
+            "tests/test_show.py::test_explorer_shows_the_snapshots_markup_as_text",
+        ),
+        "a caller's format({column: f}) resets every other column: they stay escaped, or <module> is eaten as a tag",
+    ),
+    Mutation(
+        "segment_map_legend_renders_labels_as_markup",
+        "kit/show/pictures.py",
+        'name=html_text(f"{labels.get(sid, sid)}: {name}"),',
+        'name=f"{labels.get(sid, sid)}: {name}",',
+        (
+            "tests/test_report.py::test_figures_show_the_snapshots_markup_as_text",
+            "tests/test_browser.py::test_a_hostile_snapshot_runs_nothing_in_the_report_or_the_explorer",
+        ),
+        "plotly draws a trace's name as HTML: a stream label from the snapshot is escaped first",
     ),
 )
 

@@ -112,6 +112,21 @@ def test_what_the_prs_5_18_gib_buys_on_deepseek():
     }
 
 
+@pytest.mark.parametrize("saved", [1, 524_287, 524_288, 524_289, 24 * MIB + 524_287, PR_SAVED_BYTES])
+def test_a_negative_saving_costs_what_the_same_positive_saving_buys(saved):
+    """Budget lost costs the whole blocks the same bytes saved would buy, never a block gained; no request gained."""
+    for layout in (replica_layout(1024, 8, "bfloat16"), DEEPSEEK_V41_FLASH, DEEPSEEK_V3_MLA):
+        gained, lost = kv_cache_bought(saved, layout), kv_cache_bought(-saved, layout)
+        assert gained["blocks"] >= 0 and lost["blocks"] <= 0
+        assert lost == {"bytes": -saved, "blocks": -gained["blocks"], "tokens": -gained["tokens"]}
+    assert swa_requests(-saved) == 0 <= swa_requests(saved)
+    assert swa_requests(-PR_SAVED_BYTES) == 0
+    layout = replica_layout(1024, 8, "bfloat16")
+    section = kv_cache_section({"unpatched": 100 * MIB, "worse": 100 * MIB + saved}, layout, saved_bytes=-saved)
+    assert section["replica"]["freed"]["worse"] == kv_cache_bought(-saved, layout)
+    assert section["deepseek_v41_flash"]["or_swa_requests"] == 0 and section["deepseek_v41_flash"]["blocks"] <= 0
+
+
 def test_the_kv_cache_section_frees_the_drop_in_each_estimate():
     layout = replica_layout(1024, 8, "bfloat16")
     section = kv_cache_section({"unpatched": 100 * MIB, "pr": 76 * MIB, "share_all": 70 * MIB}, layout)

@@ -11,6 +11,7 @@ unpickling a global the ordinary way raises, must not occur.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -19,7 +20,8 @@ import sys
 import pytest
 
 from kit import KitError, load_snapshot
-from kit.load.unpickle import safe_unpickle
+from kit.load.stream import SINK_NAME
+from kit.load.unpickle import safe_unpickle, snapshot_unpickler
 
 from .test_tables import run_kit
 
@@ -216,6 +218,28 @@ def test_a_named_global_of_any_module_is_refused_without_being_looked_up(tmp_pat
             top = module.partition(".")[0]
             assert [e for e, args in events if e == "pickle.find_class" or args[0].partition(".")[0] == top] == []
             assert {spied: spy.looked_up for spied, spy in spies.items()} == {spied: [] for spied in spies}
+
+
+SINK_TOKEN = "kit-sink-" + "5" * 32  # the module name the stream makes up for one load
+
+
+@pytest.mark.parametrize("module", ["kit.load.stream", "kit-sink-" + "0" * 32, "builtins", "os"])
+def test_the_trace_sinks_name_under_any_module_but_the_loads_token_is_refused_without_lookup(module):
+    """The unpickler admits the sink by (token, name): the sink's class name under another module is any global."""
+    global _AUDIT
+    made = []
+    sink = (SINK_TOKEN, SINK_NAME, lambda: made.append("sink") or [])
+    for way, pickled in _pickles_naming(module, SINK_NAME).items():
+        _AUDIT = []
+        try:
+            with pytest.raises(KitError, match=f"^refused to load global '{module}.{SINK_NAME}'"):
+                snapshot_unpickler(io.BytesIO(pickled), sink=sink).load()
+        finally:
+            events, _AUDIT = _AUDIT, None
+        assert made == [] and [e for e, _ in events if e == "pickle.find_class"] == [], way
+    # the load's own token is admitted, and its factory called
+    admitted = snapshot_unpickler(io.BytesIO(_pickles_naming(SINK_TOKEN, SINK_NAME)["STACK_GLOBAL called"]), sink=sink)
+    assert admitted.load() == {"segments": [], "kit": []} and made == ["sink"]
 
 
 def test_a_persistent_id_is_refused(tmp_path):

@@ -10,6 +10,10 @@ a person can operate, one control marked with the CSS class `kit-main-control`: 
 what its cell shows as `CONTROL` says (before and after, a figure where there is one). Screenshots of
 the whole notebook before and after moving the control go to build/screenshots/.
 
+A snapshot whose names are markup (tests/hostile.py) is opened in the same Chromium through
+tests/browser/open_page.mjs: its report page, and the explorer's HTML widgets set with innerHTML as
+ipywidgets does. Nothing in them may run, and the labels read as written ("stream of <module> (...)").
+
 Lab runs with its own settings: autosave off (so running a notebook never writes its outputs into
 notebooks/), checkpoints in a temporary folder, every cell attached to the page (windowing off, so
 that off-screen outputs render), no news fetching. Chromium and playwright-core come from
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import secrets
 import shutil
@@ -32,12 +37,17 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from kit.show.explorer import SnapshotExplorer
+from kit.show.report import write_report
+
+from .hostile import EXPLORER_HTML, MODULE_LABEL, POOL_NAME, SCRIPT_LABEL, hostile_snapshot
 from .servers import free_port, stop_process_group, wait_until_up
 from .test_notebooks import KEY_LINES, SHOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 DRIVER = ROOT / "tests" / "browser" / "run_notebook.mjs"
+PAGE_DRIVER = ROOT / "tests" / "browser" / "open_page.mjs"
 PLAYWRIGHT = ROOT / "tests" / "browser" / "node_modules" / "playwright-core" / "package.json"
 CHROMIUM = Path(os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOTS = ROOT / "build" / "screenshots"
@@ -259,3 +269,44 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
     for name in ("control", "after", "control_after"):
         assert (SCREENSHOTS / f"{notebook.stem}_{name}.png").stat().st_size > 10_000, context
     assert notebook.read_bytes() == saved, f"JupyterLab wrote to {notebook.name}"
+
+
+# --- a snapshot whose names are markup: nothing runs, every label reads as written ------------------------
+
+# A page that shows HTML strings as ipywidgets' HTML widget does (innerHTML); the strings ride in as JSON.
+INNER_HTML_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"></head><body><script>
+for (const value of {values}) {{ const div = document.createElement("div"); div.innerHTML = value;
+document.body.appendChild(div); }}
+</script></body></html>"""
+
+
+def inner_html_page(path: Path, values: list[str]) -> Path:
+    path.write_text(INNER_HTML_PAGE.format(values=json.dumps(values).replace("<", "\\u003c")))
+    return path
+
+
+def test_a_hostile_snapshot_runs_nothing_in_the_report_or_the_explorer(tmp_path, browser):
+    (tmp_path / "hostile.pickle").write_bytes(pickle.dumps(hostile_snapshot()))
+    write_report(tmp_path / "hostile.pickle", tmp_path / "report.html")
+    explorer = SnapshotExplorer(tmp_path, "hostile.pickle", shipped={})
+    widgets = inner_html_page(tmp_path / "explorer.html", [getattr(explorer, name).value for name in EXPLORER_HTML])
+    control = inner_html_page(tmp_path / "control.html", [SCRIPT_LABEL])  # the label as markup: it must run
+    command = ["node", str(PAGE_DRIVER), "--chromium", str(browser)]
+    for page in (tmp_path / "report.html", widgets, control):
+        command += ["--page", str(page)]
+    done = subprocess.run(command, cwd=PAGE_DRIVER.parent, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
+    report, shown, markup = json.loads(done.stdout.strip().splitlines()[-1])
+    brief = json.dumps([{k: v for k, v in p.items() if k != "text"} for p in (report, shown, markup)])[:3000]
+    assert markup["pwned"] == "1" and markup["dialogs"] == ["1"], f"the check itself does not work: {brief}"
+    for page in (report, shown):
+        assert "driver_error" not in page and not page["page_errors"], brief
+        assert page["pwned"] is None and not page["dialogs"], f"the snapshot ran script in {page['page']}: {brief}"
+        text = words(page["text"])
+        for label in (MODULE_LABEL, SCRIPT_LABEL, POOL_NAME):
+            assert words(label) in text, f"{page['page']} does not show {label!r} as text"
+    assert report["plots"] == 2, brief
+    # Plotly runs no script from its text but draws <b> and <br>: the legend and the groups read as written.
+    assert {f"{MODULE_LABEL}: allocated", f"{SCRIPT_LABEL}: free"} <= set(report["plot_text"]), brief
+    assert {f"{POOL_NAME} / {MODULE_LABEL}", f"{POOL_NAME} / {SCRIPT_LABEL}"} <= set(report["plot_text"]), brief
+    assert any(POOL_NAME in hover for hover in report["hover_text"]), brief

@@ -40,7 +40,7 @@ from kit.analysis.trace.reports import reuse_table
 from kit.cli import main
 from kit.scale import write_scale_snapshot
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, segment
 
 ROOT = Path(__file__).resolve().parents[1]
 PICKLES = sorted(FIXTURES.rglob("*.pickle"))
@@ -189,6 +189,23 @@ def test_frames_not_shared_read_as_the_plain_load_reads_them(tmp_path, monkeypat
     path = _write(tmp_path / "unshared.pickle", {"segments": [], "device_traces": [entries]})
     monkeypatch.setattr(kit.load.columns.Stacks, "MAX_FRAME_OBJECTS", 100)  # a stream would keep too many alive
     same(load_snapshot(path), plain(path))
+
+
+def test_device_traces_before_segments_loads_as_the_usual_order(tmp_path):
+    """The top-level keys in the other order: the same snapshot, even where a segment's block is (by the pickle's
+    memo) the very dict of a trace entry, which the stream empties as it reads the trace, before the segments."""
+    segments = [segment(0x10_0000, [(512, "active_allocated"), (1536, "inactive")])]
+    usual = _write(tmp_path / "usual.pickle", {"segments": segments, "device_traces": [_entries(2500)]})
+    first = _write(tmp_path / "first.pickle", {"device_traces": [_entries(2500)], "segments": segments})
+    same(load_snapshot(first), load_snapshot(usual))
+    same(load_snapshot(first), plain(first))
+    entries = _entries(2500)
+    entries[5].update(addr=0x10_0000, address=0x10_0000, requested_size=512, state="active_allocated")
+    shared = {**segments[0], "blocks": [entries[5], segments[0]["blocks"][1]]}
+    path = _write(tmp_path / "shared.pickle", {"device_traces": [entries], "segments": [shared]})
+    snap = load_snapshot(path)
+    assert snap.trace_columns[0].addr[5] == 0x10_0000 and snap.columns.block_size.tolist() == [512, 1536]
+    same(snap, plain(path))
 
 
 def test_the_key_inside_a_string_is_passed_over(tmp_path):
@@ -410,6 +427,38 @@ def test_a_damaged_cache_is_made_again(snapshot_file, monkeypatch, capsys):
     _rejected_and_made_again(monkeypatch, capsys, snapshot_file, "damaged (its data's checksum does not match)")
 
 
+def test_a_damaged_header_is_made_again(snapshot_file, monkeypatch, capsys):
+    """One letter of a stream's name in the header's kit key changed, the JSON still valid: only its CRC-32 tells."""
+    load_snapshot(snapshot_file)
+    cached = cache.beside(snapshot_file)
+    data = cached.read_bytes()
+    _, length, _ = cache.PREFIX.unpack(data[: cache.PREFIX.size])
+    header = data[cache.PREFIX.size : cache.PREFIX.size + length]
+    assert header.count(b'"comm stream"') == 1
+    changed = header.replace(b'"comm stream"', b'"comm Stream"')
+    assert "comm Stream" in cache.decode(json.loads(changed)["kit_key"])["streams"]  # a header a reader would take
+    cached.write_bytes(data[: cache.PREFIX.size] + changed + data[cache.PREFIX.size + length :])
+    _rejected_and_made_again(monkeypatch, capsys, snapshot_file, "damaged (its header's checksum does not match)")
+
+
+def test_a_snapshot_rewritten_in_its_last_mib_with_its_size_and_time_is_read_again(snapshot_file, monkeypatch, capsys):
+    """Only bytes of the last MiB change, the size and the modification time stay: the hash of the tail tells."""
+    raw = pickle.loads(snapshot_file.read_bytes())
+    before, after = "before the rewrite", "after the rewrite!"
+    raw["kit"] = {**raw.pop("kit"), "note": before}  # the kit key last, so the note lies in the file's last MiB
+    data = pickle.dumps(raw, protocol=4)
+    at = data.index(before.encode())
+    assert data.count(before.encode()) == 1 and len(data) - cache.HASHED_BYTES <= at and at >= cache.HASHED_BYTES
+    snapshot_file.write_bytes(data)
+    assert load_snapshot(snapshot_file).kit["note"] == before and cache.beside(snapshot_file).exists()
+    st = snapshot_file.stat()
+    snapshot_file.write_bytes(data.replace(before.encode(), after.encode()))
+    os.utime(snapshot_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (snapshot_file.stat().st_size, snapshot_file.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    _rejected_and_made_again(monkeypatch, capsys, snapshot_file, "made from another file, or from this one before")
+    assert load_snapshot(snapshot_file).kit["note"] == after
+
+
 def test_a_cache_from_an_older_kit_is_made_again(snapshot_file, monkeypatch, capsys):
     with monkeypatch.context() as m:
         m.setattr(cache, "FORMAT", cache.FORMAT - 1)
@@ -529,6 +578,34 @@ def test_a_read_only_folder_puts_the_cache_in_the_user_cache_folder(snapshot_fil
     assert not cache.beside(snapshot_file).exists()
     assert [p.name.endswith(cache.SUFFIX) for p in (tmp_path / "user-cache" / "kit").iterdir()] == [True]
     same(from_cache_only(monkeypatch, snapshot_file), plain(snapshot_file))
+
+
+def test_a_folder_readable_but_not_writable_puts_the_cache_in_the_user_cache_folder(generated, tmp_path, monkeypatch):
+    """A folder of mode 0o555: readable, not writable. Root writes anywhere, so there `os.access` answers from the
+    mode's bits as a user's access would (the folder's own answer for any other user)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    path = folder / "snap.pickle"
+    path.write_bytes(generated.read_bytes())
+    real = os.access
+
+    def access(where, mode, **kw):
+        if os.geteuid() != 0 or Path(where) != folder:
+            return real(where, mode, **kw)
+        bits = os.stat(where).st_mode
+        wanted = ((os.R_OK, 0o400), (os.W_OK, 0o200), (os.X_OK, 0o100))
+        return all(bits & bit for flag, bit in wanted if mode & flag)
+
+    monkeypatch.setattr(cache.os, "access", access)
+    folder.chmod(0o555)
+    try:
+        assert os.access(folder, os.R_OK | os.X_OK) and not os.access(folder, os.W_OK)
+        load_snapshot(path)
+        assert not cache.beside(path).exists()
+        assert [p.name.endswith(cache.SUFFIX) for p in (tmp_path / "user-cache" / "kit").iterdir()] == [True]
+        same(from_cache_only(monkeypatch, path), plain(path))
+    finally:
+        folder.chmod(0o755)
 
 
 def test_small_files_and_shipped_recordings_are_never_cached(monkeypatch):

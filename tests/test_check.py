@@ -26,6 +26,7 @@ import pickle
 import pytest
 
 import kit
+from kit.analysis.tables import format_bytes
 from kit.cli import main
 from kit.recordings import RECORDINGS, recording
 
@@ -78,7 +79,7 @@ PLAIN = sorted((RECORDINGS / "plain").glob("*.pickle"))  # plain torch snapshots
 
 
 def test_the_plain_recordings_are_there():
-    assert len(PLAIN) == 5
+    assert len(PLAIN) == 7  # replay_graphs_separate and _shared (vLLM-shaped) joined the five
 
 
 @pytest.mark.parametrize("path", PLAIN, ids=lambda p: p.stem)
@@ -116,7 +117,9 @@ def test_max_stranded_and_pools():
     # the default pool strands too (the model graphs' stream beside the default stream): only --pools all sees it
     assert run_kit("check", str(REPLICA["small_patched"]), "--pools", "all").returncode == 1
     result = kit.check_snapshot(REPLICA["small_unpatched"], pools="all")
-    assert [tuple(g["pool"]) for g in result.offending] == [(0, 0), (0, 0), (0, 1)]
+    # graph pools first, as the verdicts are ordered (the default pool's 28 MiB comes after the graph pool's 24)
+    assert [tuple(g["pool"]) for g in result.offending] == [(0, 1), (0, 0), (0, 0)]
+    assert [g["stranded_bytes"] for g in result.offending] == [24 * MIB, 28 * MIB, 24 * MIB]
 
 
 def test_main_returns_the_exit_status_of_check(capsys):
@@ -157,3 +160,69 @@ def test_bad_input_exits_2(tmp_path):
     assert run_kit("check", str(REPLICA["small_patched"]), "--max-stranded", "-5").returncode == 2
     with pytest.raises(kit.KitError, match="--pools"):
         kit.check_snapshot(REPLICA["small_patched"], pools="some")
+
+
+# -- issue 27: the guard fails closed, and walks every device
+
+
+def _raw(name: str) -> dict:
+    return copy.deepcopy(kit.load_snapshot(REPLICA[name]).raw)
+
+
+def _reversed_trace(raw: dict) -> dict:
+    raw["device_traces"] = [list(reversed(trace)) for trace in raw["device_traces"]]
+    return raw
+
+
+@pytest.mark.parametrize(
+    "path", [REPLICA["small_unpatched"], RECORDINGS / "plain" / "two_captures_separate.pickle"], ids=lambda p: p.stem
+)
+def test_a_trace_that_does_not_replay_exits_2_in_one_line(tmp_path, path):
+    """Reversed, the trace walks to other segments than the snapshot's: no verdict (it exited 0 after 13 warnings)."""
+    raw = _reversed_trace(copy.deepcopy(kit.load_snapshot(path).raw))
+    bad = tmp_path / "reversed.pickle"
+    bad.write_bytes(pickle.dumps(raw))
+    for extra in ([], ["--json"], ["--pools", "all", "--max-stranded", str(1 << 40)]):
+        done = run_kit("check", str(bad), *extra)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"kit: error: {bad}: device 0's trace does not replay to the snapshot (")
+        assert "mismatch(es); the first: segment 0x" in line and "cannot be trusted" in line
+
+
+def test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_that_does_not_replay():
+    raw = _reversed_trace(_raw("small_patched"))  # a snapshot that passes, until its trace is reversed
+    kit.assert_no_stranding(_raw("small_patched"))
+    with pytest.raises(kit.KitError, match="does not replay to the snapshot"):
+        kit.check_snapshot(raw)
+    with pytest.raises(kit.KitError, match="cannot be trusted"):  # not AssertionError: the cause is not stranding
+        kit.assert_no_stranding(raw)
+
+
+def _two_devices(device_0: str, device_1: str) -> dict:
+    """Device 0 from one replica recording, device 1 from another (no kit key: the two name streams apart)."""
+    first, second = _raw(device_0), _raw(device_1)
+    segments = [dict(s, device=0) for s in first["segments"]] + [dict(s, device=1) for s in second["segments"]]
+    return {"segments": segments, "device_traces": [first["device_traces"][0], second["device_traces"][0]]}
+
+
+def test_every_device_with_a_trace_is_checked(tmp_path):
+    """Only device 1 strands (the unpatched replica's 24 MiB); device 0 is the patched one, clean."""
+    path = tmp_path / "two_devices.pickle"
+    path.write_bytes(pickle.dumps(_two_devices("small_patched", "small_unpatched")))
+    done = run_kit("check", str(path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    assert f"{format_bytes(24 * MIB)} stranded ({24 * MIB} bytes)" in line
+    (group,) = json.loads(run_kit("check", str(path), "--json").stdout)["offending"]
+    assert (group["device"], group["pool"], group["stranded_bytes"]) == (1, [0, 1], 24 * MIB)
+    swapped = tmp_path / "swapped.pickle"
+    swapped.write_bytes(pickle.dumps(_two_devices("small_unpatched", "small_patched")))
+    (group,) = kit.check_snapshot(str(swapped)).offending
+    assert group["device"] == 0
+    clean = _two_devices("small_patched", "small_patched")
+    assert kit.check_snapshot(clean).ok
+    clean["device_traces"][1] = list(reversed(clean["device_traces"][1]))  # device 1's walk fails: so does check
+    with pytest.raises(kit.KitError, match="device 1's trace does not replay"):
+        kit.check_snapshot(clean)

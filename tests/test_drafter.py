@@ -274,3 +274,20 @@ def test_a_missing_drafter_recording_is_one_line(tmp_path):
     (tmp_path / "bad.json").write_text('{"pairs": []}')
     with pytest.raises(KitError, match="not a drafter read/write recording"):
         drafter_run.load_recording("small", tmp_path / "bad.json")
+
+
+def test_the_drafter_summary_counts_the_pairings_that_violate_the_obligation():
+    def pair(holds: bool) -> dict:
+        return {
+            "variant": "share_all",
+            "dispatchable": True,
+            "readwrite_holds": holds,
+            "outputs_overwritten_bytes": 1,
+            "agree": True,
+            "agree_trace_only": False,
+        }
+
+    (line,) = drafter_run.summary_lines({"variants": ["share_all"], "pairs": [pair(False), pair(True), pair(True)]})
+    assert "drafter obligation VIOLATED on 1 of 3 dispatchable pairings" in line
+    (line,) = drafter_run.summary_lines({"variants": ["share_all"], "pairs": [pair(True), pair(True)]})
+    assert "drafter obligation holds on 2 of 2 dispatchable pairings" in line

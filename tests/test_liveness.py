@@ -285,6 +285,54 @@ def test_classes_on_either_side_of_the_next_segments_first_allocation():
     assert rows[B]["class"] == HELD and rows[D]["class"] == RELEASED
 
 
+def _capture_around_a_break(t: Trace, in_break) -> None:
+    """A capture of two graphs; A is allocated before the break and freed after the next graph's first allocation,
+    B before the break and freed by `in_break(t)`, which runs first in the break and may return after C's
+    allocation (the next graph's first) has run."""
+    t.segment(GRAPH_POOL)
+    for addr in (A, B):
+        t.alloc(addr)
+    t.graph("model graphs 64", "model graphs", 64, 0, 0)
+    begin = in_break(t)
+    t.free(A)
+    t.free(C)
+    t.graph("model graphs 64", "model graphs", 64, 1, begin)
+
+
+def test_a_block_freed_by_the_breaks_first_entry_is_held_across_it_and_released_by_it():
+    def free_b_at_once(t: Trace) -> int:
+        t.free(B)
+        begin = t.now
+        t.alloc(C)
+        return begin
+
+    t = Trace()
+    _capture_around_a_break(t, free_b_at_once)
+    assert replay_trace(t.snapshot()).mismatches == []
+    rows = _by_addr(liveness_table(t.snapshot()))
+    assert set(rows) == {A, B}
+    assert rows[B]["free_index"] == rows[B]["break_begin"] == 3 and rows[B]["class"] == RELEASED
+    assert rows[A]["class"] == HELD
+
+
+def test_a_block_is_freed_when_its_free_is_requested_not_when_it_completes():
+    """free_requested in the break, free_completed (its stream's work done) after the next graph's first allocation."""
+
+    def request_then_complete_later(t: Trace) -> int:
+        t._entry("free_requested", B, 64 * KIB)
+        begin = t.now
+        t.alloc(C)
+        t._entry("free_completed", B, t.live.pop(B))
+        return begin
+
+    t = Trace()
+    _capture_around_a_break(t, request_then_complete_later)
+    assert replay_trace(t.snapshot()).mismatches == []
+    rows = _by_addr(liveness_table(t.snapshot()))
+    assert rows[B]["free_index"] == 3 and t.entries[3]["action"] == "free_requested"
+    assert rows[B]["class"] == RELEASED and rows[A]["class"] == HELD
+
+
 def _kept_bound_capture(t: Trace) -> None:
     """A break that releases nothing: A, B and D are held across it and freed only as the forward returns.
 

@@ -142,6 +142,29 @@ def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, monkeypat
     assert bar.total <= bar.n < bar.total + 200  # the file, and the few bytes the stream splices in
 
 
+@pytest.mark.parametrize("every", [1, 3, 4, 10, 11])
+def test_a_tracked_bar_ends_at_its_total(at_once, monkeypatch, every):
+    """The last items, fewer than `every`, are counted too: the bar ends at 10 of 10, whatever `every` is."""
+    bars = []
+
+    class Recorder:
+        def __init__(self, desc, total, unit):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress, "shown", lambda: True)
+    monkeypatch.setattr(progress, "_tqdm", Recorder)
+    assert list(progress.track(range(10), "counting", every=every)) == list(range(10))
+    (bar,) = bars
+    assert (bar.n, bar.total) == (10, 10)
+
+
 def test_a_notebook_gets_a_widget(monkeypatch):
     from tqdm.notebook import tqdm_notebook
 

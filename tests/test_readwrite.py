@@ -185,6 +185,26 @@ def test_ops_that_touch_no_data_and_ops_outside_a_phase_record_nothing():
     assert rw.accesses == []
 
 
+def test_phases_are_ordered_segment_break_next_segment_and_the_outputs_last():
+    forward = [model_segment(64, 0), model_break(64, 0), model_segment(64, 1), model_break(64, 1), model_segment(64, 2)]
+    orders = [phase.order for phase in [*forward, model_outputs(64)]]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders), orders
+
+
+def test_the_shipped_recording_carries_what_segment_1_reads_across_each_break():
+    """On kit/recordings/readwrite/small.json under the PR: 2,048 bytes per pairing, 18,432 in all, read by segment
+    1's RMS norm (the aux outputs are carried only when early aux shares the stream)."""
+    from kit.experiments.readwrite_run import load_recording
+
+    recording = ReadWriteRecording.from_records(load_recording("small")["policies"]["pr"]["accesses"])
+    table = readwrite_table(recording)
+    assert table["carried_bytes"].tolist() == [2048] * 9 and table["carried_bytes"].sum() == 18_432
+    for size in (128, 256, 512):
+        pieces = carried_reads(recording, size)
+        assert {(p.phase, p.op) for p in pieces} == {(f"model graph {size} segment 1", "aten._fused_rms_norm.default")}
+        assert sum(p.end - p.start for p in pieces) == 2048
+
+
 def test_a_recording_round_trips_through_json_records():
     recording = _forward_with_a_replay(overwrite_aux=True).recording()
     again = ReadWriteRecording.from_records(recording.to_records())

@@ -143,6 +143,33 @@ def test_a_file_that_is_no_recording_is_a_one_line_error(tmp_path):
         check_readwrite_recording(changed)
 
 
+def test_the_summary_counts_only_the_dispatchable_pairings():
+    """A pairing vLLM's dispatch never makes neither counts nor fails the obligation in the summary."""
+    from kit.recordings import RECORDINGS
+
+    def pair(policy: str, dispatchable: bool, holds: bool) -> dict:
+        return {"policy": policy, "dispatchable": dispatchable, "readwrite_holds": holds}
+
+    pairs = [pair("pr", True, True), pair("pr", False, False), pair("pr", False, True)]
+    pairs += [pair("early_aux_shared", True, False), pair("early_aux_shared", False, False)]
+    data = {"pairs": [{**p, "agree": True, "agree_trace_only": False} for p in pairs]}
+    pr, shared = summary_lines(data)
+    assert pr == (
+        "pr: obligation holds on 1 of 1 dispatchable pairings; the lifetime analysis agrees on 3 of 3 pairings "
+        "with the breaks' reads, 0 from the trace alone"
+    )
+    assert shared.startswith("early_aux_shared: obligation VIOLATED on ") and " of 1 dispatchable pairings; " in shared
+    # "VIOLATED on N of M" counts the pairings that violate it, not those that hold
+    mixed = [pair("early_aux_shared", True, ok) for ok in (False, True, True, True)]
+    (line,) = summary_lines({"pairs": [{**p, "agree": True, "agree_trace_only": False} for p in mixed]})
+    assert "obligation VIOLATED on 1 of 4 dispatchable pairings" in line
+    # the shipped recording: 6 of its 9 pairings per policy are dispatchable; the lines its PROVENANCE.json recorded
+    folder = RECORDINGS / "readwrite"
+    recorded = json.loads((folder / "PROVENANCE.json").read_text())["small.json"]["agreement"]
+    assert summary_lines(load_recording("small", folder / "small.json")) == recorded
+    assert all(" of 6 dispatchable pairings;" in line for line in recorded)
+
+
 def test_the_shipped_small_recording():
     from kit.recordings import RECORDINGS
     from tests.test_safety_recording import EARLY_AUX_DIFFERS

@@ -6,6 +6,7 @@ import html
 import pickle
 import re
 
+import plotly.offline
 import pytest
 
 from kit import group_bar_figure, load_snapshot, segment_map_figure
@@ -14,9 +15,11 @@ from kit.analysis.tables import format_bytes
 from kit.analysis.trace.reports import reuse_table, stranding_report
 from kit.analysis.whatif import what_if
 from kit.errors import KitError
+from kit.markup import html_text
 from kit.show.report import render_report, write_report
 
 from .conftest import MIB, RECORDED
+from .hostile import GPU, MODULE_LABEL, POOL_NAME, SCRIPT_LABEL, figure_texts, hostile_snapshot, raw_markup
 from .test_tables import run_kit
 
 
@@ -230,3 +233,31 @@ def test_the_bar_legend_sits_above_the_bars_in_room_kept_for_it(recorded_path, s
         assert margin.t >= 100  # the two-line title and the legend's row fit above the plot
         groups = len(fig.data[0].y)
         assert fig.layout.height - margin.t - margin.b >= 30 * groups  # each bar gets its row
+
+
+# --- a snapshot whose names are markup: shown as text, never run (the browser: tests/test_browser.py) -----
+
+
+def test_report_shows_the_snapshots_markup_as_text():
+    page = render_report(hostile_snapshot()).replace(plotly.offline.get_plotlyjs(), "")
+    assert not raw_markup(page), raw_markup(page)
+    escaped = html_text(MODULE_LABEL)
+    by_heading = sections(page)
+    tables = ("Segments by (pool, stream)", "Allocations reused and new segments per group", "Capture attribution")
+    for heading in tables:
+        assert escaped in by_heading[heading] and "<table" in by_heading[heading], heading
+    verdicts = text_of(by_heading["Stranding verdicts"])
+    assert f"{POOL_NAME}, {MODULE_LABEL}: 20.00 MiB of new segments" in verdicts and SCRIPT_LABEL in verdicts
+    assert f"source: recorded on {GPU}" in text_of(page)
+
+
+def test_figures_show_the_snapshots_markup_as_text():
+    snap = load_snapshot(hostile_snapshot())
+    bars, segment_map = group_bar_figure(snap), segment_map_figure(snap)
+    for fig in (bars, segment_map):
+        texts = figure_texts(fig)
+        assert not raw_markup(" ".join(texts)), raw_markup(" ".join(texts))
+        assert html_text(f"source: recorded on {GPU}") in fig.layout.title.text
+    escaped = html_text(MODULE_LABEL)
+    assert f"{html_text(POOL_NAME)} / {escaped}" in bars.data[0].y
+    assert f"{escaped}: allocated" in {t.name for t in segment_map.data}

@@ -13,6 +13,7 @@ import kit
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
 from kit.experiments.alternatives import SHARE_ALL, load_recording
 from kit.experiments.scenarios import replica_runs
+from kit.markup import html_text
 from kit.replica.model import replay_rows
 from kit.show import explorer as explorer_module
 from kit.show.alternatives import (
@@ -65,6 +66,17 @@ from kit.show.timeline import (
 from kit.show.timeline import replay_rows as timeline_replay_rows
 
 from .conftest import FIXTURES, RECORDED
+from .hostile import (
+    EXPLORER_HTML,
+    GPU,
+    MODULE_LABEL,
+    POOL_NAME,
+    SCRIPT_LABEL,
+    SCRIPT_NAME,
+    figure_texts,
+    hostile_snapshot,
+    raw_markup,
+)
 
 ROOT = FIXTURES.parents[1]
 KIT_RECORDINGS = ("shared_stream", "small_unpatched", "small_patched")  # the kit's own recordings in the explorer
@@ -459,6 +471,19 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys()
     assert "overwrote the target&#x27;s outputs in the pool in 9 of them" in view.details.value
 
 
+def test_alternatives_figure_shows_stream_names_and_its_source_as_text():
+    data = copy.deepcopy(load_recording("small"))
+    for entry in (*(data[name] for name in ("unpatched", "pr", "share_all")), *data["cap_replay_sizes"]):
+        held = entry.get("graph_pool_by_stream", {})
+        if "model graphs stream" in held:
+            held[MODULE_LABEL] = held.pop("model graphs stream")
+    data["source"] = f"recorded on {GPU}"
+    figure = pool_figure(variant_table(data), "pr")
+    texts = " ".join(figure_texts(figure))
+    assert not raw_markup(texts), raw_markup(texts)
+    assert html_text(MODULE_LABEL) in {t.name for t in figure.data} and html_text(GPU) in figure.layout.title.text
+
+
 # --- kit.show.stepthrough.StepView -------------------------------------------------------------------
 
 
@@ -500,8 +525,8 @@ def test_load_path_reads_relative_paths_from_the_root(tmp_path):
 def test_reuse_section_gives_the_verdicts_or_says_why_there_are_none(runs):
     table, verdicts = reuse_section(kit.load_snapshot(RECORDED["two_streams"]))
     graph_pool = (
-        "global graph pool, replay graphs stream: 42.00 MiB of new segments were made while a fitting free block "
-        "sat on model graphs stream at that moment"
+        "global graph pool, replay graphs stream: 42.00 MiB of new segments were cudaMalloc&#x27;ed over the trace "
+        "(cumulative churn) while a fitting free block of this pool sat on model graphs stream"
     )
     assert "<table" in table and graph_pool in verdicts
     _, verdicts = reuse_section(kit.load_snapshot(RECORDED["shared_stream"]))
@@ -611,3 +636,67 @@ def test_explorer_check_line_and_capture_attribution_say_what_they_read():
     assert explorer.whatif is None
     # Without a trace the pair still follows the graph pool's streams (by id): replay onto model graphs.
     assert (explorer.whatif_from.value, explorer.whatif_to.value) == ("replay graphs stream", "model graphs stream")
+
+
+# --- a snapshot whose names are markup: every view shows it as text (the browser: tests/test_browser.py) ----
+
+
+def test_explorer_shows_the_snapshots_markup_as_text(tmp_path):
+    (tmp_path / "hostile.pickle").write_bytes(pickle.dumps(hostile_snapshot()))
+    explorer = SnapshotExplorer(tmp_path, "hostile.pickle", shipped={})
+    assert (explorer.whatif_from.value, explorer.whatif_to.value) == (MODULE_LABEL, SCRIPT_LABEL)  # options: text
+    for name in EXPLORER_HTML:
+        value = getattr(explorer, name).value
+        assert not raw_markup(value), (name, raw_markup(value))
+    module, script = html_text(MODULE_LABEL), html_text(SCRIPT_LABEL)
+    assert html_text(f"recorded on {GPU}") in explorer.status.value
+    for name in ("segments_html", "reuse_html", "attribution_html", "whatif_html"):
+        assert module in getattr(explorer, name).value and script in getattr(explorer, name).value, name
+    assert f"{html_text(POOL_NAME)}, {module}: 20.00 MiB of new segments" in explorer.verdicts_html.value
+    assert module in explorer.check_html.value
+    for figure in explorer.figures.values():
+        texts = " ".join(figure_texts(figure))
+        assert not raw_markup(texts) and module in texts, raw_markup(texts)
+
+
+def test_change_figure_shows_the_snapshots_markup_as_text():
+    table = kit.segment_table(kit.load_snapshot(hostile_snapshot()))
+    figure = change_figure(kit.diff_tables(table, table, by="label"))
+    texts = " ".join(figure_texts(figure))
+    assert not raw_markup(texts) and f"{html_text(POOL_NAME)} / {html_text(MODULE_LABEL)}" in texts
+
+
+def test_step_view_shows_the_snapshots_pool_name_as_text_and_outlines_its_rows():
+    raw = copy.deepcopy(kit.load_snapshot(RECORDED["two_streams"]).raw)
+    raw["kit"]["pools"][POOL_NAME] = raw["kit"]["pools"].pop("global graph pool")
+    steps = StepThrough(raw, pool_name=POOL_NAME)
+    view = StepView(steps, start=steps.first_step_on("replay graphs stream"))
+    for value in (view.request.value, view.free_blocks.value, view.groups.value):
+        assert not raw_markup(value), raw_markup(value)
+    assert html_text(POOL_NAME) in view.request.value and html_text(POOL_NAME) in view.groups.value
+    drawn = {row for trace in view.segment_map.data[:-2] for row in trace.y}
+    outlined = [row for trace in view.segment_map.data[-2:] for row in trace.y]
+    assert outlined and set(outlined) <= drawn  # the outlines land on the map's (escaped) rows
+    assert not raw_markup(" ".join(figure_texts(view.segment_map)))
+
+
+def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
+    raw = copy.deepcopy(runs["early_aux_shared"].raw)
+    for entry in raw["device_traces"][0]:
+        for frame in entry.get("frames") or ():
+            if frame["name"] == "forward":  # the replica's model: the frame every held block was allocated in
+                frame["name"] = SCRIPT_NAME
+    raw["kit"]["provenance"]["gpu"] = GPU
+    for output in raw["kit"]["equivalence"]:
+        output["output"] = f"{SCRIPT_NAME}{output['output']}"
+    hostile = kit.Snapshot(raw, origin=runs["early_aux_shared"].origin)
+    figure = timeline_figure(hostile, _paired(hostile), "title", source=hostile.source_label)
+    texts = " ".join(figure_texts(figure))
+    assert not raw_markup(texts), raw_markup(texts)
+    assert f"allocated at {html_text(SCRIPT_NAME)} (model.py:" in texts and html_text(GPU) in texts
+    view = SafetyView({**runs, "early_aux_shared": hostile}, replay_size_for=replay_rows)
+    view.policy.value = "share"
+    assert view.scenario == "early_aux_shared" and "CONFLICT" in view.status.value
+    assert not raw_markup(view.status.value) and f"allocated at {html_text(SCRIPT_NAME)}" in view.status.value
+    assert f"({html_text(SCRIPT_NAME)}aux_hidden_state[1] at size 256)" in view.status.value  # graphs vs eager
+    assert not raw_markup(view.blocks_html.value) and html_text(GPU) in view.blocks_html.value

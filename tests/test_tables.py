@@ -12,6 +12,7 @@ from kit.analysis.tables import FIGURES
 from kit.load.unpickle import safe_unpickle
 
 from .conftest import MIB, RECORDED
+from .hostile import MODULE_LABEL, hostile_snapshot, raw_markup
 
 
 def run_kit(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +89,17 @@ def test_styler_renders_bytes_readably(synthetic):
     assert format_bytes(5.18 * 1024**3) == "5.18 GiB" and format_bytes(-2 * MIB) == "-2.00 MiB"
 
 
+def test_styler_shows_the_snapshots_markup_as_text_also_after_a_callers_format():
+    table = segment_table(load_snapshot(hostile_snapshot()))
+    table.insert(0, "<i>column</i>", 1)
+    styled = style_table(table)
+    for html in (styled.to_html(), styled.format({"stream": str}).to_html()):  # a dict resets the other columns
+        assert not raw_markup(html) and "<i>column" not in html, raw_markup(html)
+        assert "<td" in html and "stream of &lt;module&gt; (file.py:46)" in html and "&lt;i&gt;column" in html
+        assert "source: recorded on &lt;svg onload=" in html and "&lt;script&gt;window.__pwned=2" in html
+    assert MODULE_LABEL in set(styled.data["stream_label"])  # the data stays as the snapshot gives it
+
+
 def _graph_pool_groups(name: str):
     snap = load_snapshot(RECORDED[name])
     pool = tuple(snap.kit["pools"]["global graph pool"])
@@ -151,3 +163,22 @@ def test_cli_diff_by_label_json():
     rows = {(r["pool_label"], r["stream_label"]): r for r in json.loads(done.stdout)}
     assert rows[("global graph pool", "replay graphs stream")]["status"] == "removed"
     assert rows[("global graph pool", "replay graphs stream")]["reserved"] < 0
+
+
+def test_an_empty_snapshots_table_says_so_in_a_line_not_pandas_empty_dataframe(tmp_path, capsys):
+    """Issue 27: no segments printed "Empty DataFrame" and pandas' column list; --json prints []."""
+    import pickle
+
+    from kit.cli import NO_SEGMENTS, main
+
+    for name, raw in {"empty": {"segments": []}, "empty_with_trace": {"segments": [], "device_traces": [[]]}}.items():
+        path = tmp_path / f"{name}.pickle"
+        path.write_bytes(pickle.dumps(raw))
+        assert main(["table", str(path)]) == 0
+        out, err = capsys.readouterr()
+        assert out.splitlines() == [f"source: recorded snapshot ({path})", NO_SEGMENTS] and err == ""
+        assert NO_SEGMENTS == "no segments: the allocator held no memory when this snapshot was taken"
+        assert main(["table", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+    done = run_kit("table", str(path))  # in a process of its own too
+    assert (done.returncode, done.stderr) == (0, "") and "Empty DataFrame" not in done.stdout

@@ -3,13 +3,15 @@
 Each test runs what a new user tried and asserts the exact line: a folder as
 `report -o`, `demo --live` without CUDA, an unknown `demo --preset`,
 `vllm-patch --check`'s output, `sim`'s source label, a compressed file or a
-`torch.save` archive given as a snapshot, a segment larger than any GPU, and
-`ranks` with a rank that lacks a group.
+`torch.save` archive given as a snapshot, a segment larger than any GPU,
+`ranks` with a rank that lacks a group, and a malformed capture window in the
+snapshot's `kit` key.
 """
 
 from __future__ import annotations
 
 import bz2
+import copy
 import gzip
 import io
 import lzma
@@ -224,3 +226,86 @@ def test_a_rank_that_lacks_a_group_is_said_to_lack_it_and_never_counts_as_larges
     done = _kit("ranks", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert f"rank 0 has no {group} (64.00 MiB reserved on rank 1)" in done.stdout.splitlines()
+
+
+# 9. a malformed capture window in the kit key (issue 27): refused by every command that reads the windows
+
+
+def _with_window(change: dict, tmp_path) -> tuple[str, dict]:
+    """The small unpatched replica with its second capture window changed; the file's path and the dict."""
+    from kit.recordings import recording
+
+    raw = copy.deepcopy(load_snapshot(recording("replica/small_unpatched.pickle")).raw)
+    raw["kit"]["captures"][1].update(change)
+    path = tmp_path / "window.pickle"
+    path.write_bytes(pickle.dumps(raw))
+    return str(path), raw
+
+
+MALFORMED_WINDOWS = {
+    "wrong type": ({"trace_begin": "290"}, "capture window 1: 'trace_begin' is '290', expected an integer"),
+    "begin after end": (
+        {"trace_begin": 300, "trace_end": 290},
+        "capture window 1: ends (trace index 290) before it begins (300)",
+    ),
+    "past the trace": (
+        {"trace_end": 5000},
+        "capture window 1: ends at trace index 5000, past the trace's 1151 entries "
+        "(a window written for another trace)",
+    ),
+    "unknown pool": (
+        {"pool": [0, 99]},
+        "capture window 1: pool (0, 99) is not in the snapshot (no segment of it, no allocation into it in the "
+        "trace, no name for it in the kit key)",
+    ),
+    "the default pool": (
+        {"pool": [0, 0]},
+        "capture window 1: its pool is the default pool (0, 0), which no graph is captured into",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_WINDOWS))
+def test_a_malformed_capture_window_is_refused_by_every_analysis_that_reads_windows(case, tmp_path):
+    from kit.analysis.attribution import capture_attribution, capture_table, replay_captures_added
+    from kit.analysis.check import check_snapshot
+    from kit.analysis.liveness import liveness_verdicts
+    from kit.analysis.whatif import trace_to_workload
+
+    change, message = MALFORMED_WINDOWS[case]
+    path, raw = _with_window(change, tmp_path)
+    for analysis in (
+        capture_table,
+        capture_attribution,
+        lambda s: replay_captures_added(s, (0, 1)),
+        liveness_verdicts,
+        trace_to_workload,
+        check_snapshot,
+    ):
+        with pytest.raises(KitError) as raised:
+            analysis(load_snapshot(raw, label="window.pickle"))
+        assert str(raised.value) == f"window.pickle: {message}"
+
+
+def test_a_malformed_capture_window_exits_2_in_one_line_from_table_reuse_and_check(tmp_path, capsys):
+    from kit.cli import main
+
+    for change, message in MALFORMED_WINDOWS.values():
+        path, _ = _with_window(change, tmp_path)
+        for command in (["table"], ["table", "--json"], ["reuse"], ["reuse", "--json"], ["check"], ["check", "--json"]):
+            assert main([*command, path]) == 2, command
+            out, err = capsys.readouterr()
+            assert (out, err) == ("", f"kit: error: {path}: {message}\n"), command
+    change, message = MALFORMED_WINDOWS["past the trace"]
+    path, _ = _with_window(change, tmp_path)
+    _refused(_kit("check", path), f"{path}: {message}")  # in a process of its own too: the line and nothing else
+
+
+def test_a_well_formed_window_at_the_trace_end_is_taken():
+    from kit.analysis.attribution import checked_capture_windows
+    from kit.recordings import recording
+
+    raw = copy.deepcopy(load_snapshot(recording("replica/small_unpatched.pickle")).raw)
+    raw["kit"]["captures"][-1]["trace_end"] = len(raw["device_traces"][0])  # [begin, end): the end may be the length
+    raw["kit"]["graphs"] = {}  # a pool its segments hold needs no name
+    assert len(checked_capture_windows(raw)) == len(raw["kit"]["captures"])

@@ -16,7 +16,7 @@ import pytest
 
 from kit import load_snapshot, segment_table, stranding_report
 from kit.allocator.rules import round_size
-from kit.analysis.trace.reports import reuse_table, stranding_verdicts
+from kit.analysis.trace.reports import WHY_PENDING, WHY_STREAM, reuse_table, stranding_verdicts
 
 from .conftest import MIB, RECORDED
 from .test_tables import run_kit
@@ -153,8 +153,11 @@ def test_a_block_free_at_that_moment_counts_though_reallocated_by_the_end():
     assert (row["pool"], row["stream"], row["other_streams"]) == (POOL, B, [A])
     assert row["stranded_bytes"] == row["still_reserved"] == 20 * MIB
     assert row["verdict"] == (
-        f"graph pool 1, {LABEL[B]}: 20.00 MiB of new segments were made while a fitting free block sat on "
-        f"{LABEL[A]} at that moment; 20.00 MiB of them are still reserved at the end"
+        f"graph pool 1, {LABEL[B]}: 20.00 MiB of new segments were cudaMalloc'ed over the trace (cumulative churn) "
+        f"while a fitting free block of this pool sat on {LABEL[A]}; 20.00 MiB of them are still reserved at the "
+        f"end. Why: {WHY_STREAM}. What to do: capture on the stream that already holds the pool's free blocks, "
+        f"{LABEL[A]} (pass that stream to the graph capture); `python -m kit what-if SNAPSHOT --map "
+        f"'{LABEL[B]}={LABEL[A]}'` predicts the saving"
     )
 
 
@@ -243,15 +246,17 @@ def test_a_block_pending_on_record_stream_is_named():
     assert rows.loc[A, "pending_bytes"] == 20 * MIB and rows.loc[A, "pending_streams"] == [A]
     assert rows.loc[A, "stranded_bytes"] == 0
     assert rows.loc[A, "verdict"] == (
-        f"graph pool 1, {LABEL[A]}: 20.00 MiB of new segments were made while a fitting block waited on "
-        f"record_stream (freed but pending) on {LABEL[A]}; 20.00 MiB of them are still reserved at the end"
+        f"graph pool 1, {LABEL[A]}: 20.00 MiB of new segments were cudaMalloc'ed over the trace (cumulative churn) "
+        f"while a fitting block waited on record_stream (freed but pending) on {LABEL[A]}; 20.00 MiB of them are "
+        f"still reserved at the end. Why: {WHY_PENDING}. What to do: free the tensor once that stream's work is done "
+        "(synchronize first) instead of record_stream, or reuse it across the steps"
     )
     assert rows.loc[B, "pending_bytes"] == 20 * MIB and rows.loc[B, "pending_streams"] == [A]
     assert rows.loc[B, "stranded_bytes"] == 20 * MIB and rows.loc[B, "other_streams"] == [A]
-    assert rows.loc[B, "verdict"].endswith(
+    assert (
         "20.00 MiB of them are still reserved at the end; 20.00 MiB of its new segments were made while a fitting "
-        f"block waited on record_stream (freed but pending) on {LABEL[A]}"
-    )
+        f"block waited on record_stream (freed but pending) on {LABEL[A]}. Why: {WHY_STREAM}."
+    ) in rows.loc[B, "verdict"]
 
 
 def test_a_segment_both_stranded_and_pending_counts_in_both_figures_once_in_the_threshold():
@@ -321,7 +326,7 @@ def test_reuse_prints_mib_and_its_json_carries_the_verdicts(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "40.00 MiB" in done.stdout and str(40 * MIB) not in done.stdout
     lines = done.stdout.splitlines()
-    verdicts = [i for i, line in enumerate(lines) if "of new segments were made" in line]
+    verdicts = [i for i, line in enumerate(lines) if "of new segments were cudaMalloc'ed" in line]
     assert [lines[i].split(",")[0] for i in verdicts] == ["graph pool 2", "graph pool 1"]
     done = run_kit("reuse", str(path), "--json", "--min-bytes", str(4 * MIB))
     rows = {(tuple(r["pool"]), r["stream"]): r for r in json.loads(done.stdout)}
@@ -347,3 +352,80 @@ def test_reuse_prints_mib_and_its_json_carries_the_verdicts(tmp_path):
 def test_reuse_refuses_a_bad_min_bytes(bad):
     done = run_kit("reuse", str(RECORDED["two_streams"]), "--min-bytes", bad)
     assert done.returncode == 2 and "--min-bytes" in done.stderr
+
+
+# -- issue 27: graph pools first; cumulative figures worded as churn; why, and what to do
+
+
+def _default_pool_churn_beside_graph_pools(story: Story) -> None:
+    """Graph pools: B strands 20 MiB in (0, 1) and 40 MiB in (0, 2); the default pool: 80 MiB, more than either."""
+    _free_block_on_a_when_b_allocates(story)
+    big = story.segment(A, POOL_2, 40 * MIB)
+    story.free(story.alloc(big, 40 * MIB))
+    story.alloc(story.segment(B, POOL_2, 40 * MIB), 40 * MIB)
+    eager = story.segment(A, (0, 0), 80 * MIB)
+    story.free(story.alloc(eager, 80 * MIB))
+    story.alloc(story.segment(B, (0, 0), 80 * MIB), 80 * MIB)
+
+
+def test_graph_pool_verdicts_come_before_a_larger_default_pool_one(tmp_path):
+    from kit.show.explorer import verdict_lines
+
+    story = Story()
+    _default_pool_churn_beside_graph_pools(story)
+    snap, report = _report(story)
+    assert list(report["pool"]) == [POOL_2, POOL, (0, 0)]  # graph pools largest first, then the default pool
+    lines = verdict_lines(snap)
+    assert [line.split(",")[0] for line in lines] == ["graph pool 2", "graph pool 1", "default pool"]
+    assert lines[2].startswith(f"default pool, {LABEL[B]}: 80.00 MiB of new segments were cudaMalloc'ed")
+    assert lines[2].endswith(
+        f"What to do: only if this churn matters, run that eager work on {LABEL[A]}, whose free blocks would serve "
+        "it; it is not graph-pool memory (`check` counts the default pool only with --pools all)"
+    )
+    path = tmp_path / "plain.pickle"
+    path.write_bytes(pickle.dumps(story.snapshot()))
+    done = run_kit("reuse", str(path))
+    printed = [line.split(",")[0] for line in done.stdout.splitlines() if "cudaMalloc'ed" in line]
+    assert printed == ["graph pool 2", "graph pool 1", "default pool"]
+    rows = {(tuple(r["pool"]), r["stream"]): r for r in json.loads(run_kit("reuse", str(path), "--json").stdout)}
+    assert rows[((0, 0), B)]["verdicts"] == [lines[2]] and rows[(POOL_2, B)]["verdicts"] == [lines[0]]
+
+
+def test_a_verdict_words_cumulative_bytes_as_churn_and_says_why_and_what_to_do():
+    """B strands three 20 MiB default-pool segments over the trace, two given back: 60 MiB of churn, 20 MiB kept."""
+    story = Story()
+    s1 = story.segment(A, (0, 0), 20 * MIB)
+    x = story.alloc(s1, 20 * MIB)
+    for last in (False, False, True):
+        story.free(x)  # A's block sits free while B asks
+        seg = story.segment(B, (0, 0), 20 * MIB)
+        y = story.alloc(seg, 20 * MIB)
+        if not last:
+            story.free(y)
+            x = story.alloc(s1, 20 * MIB)  # A takes its block back
+            story.release(seg)  # empty_cache: B's wholly free segment goes back to the driver
+    snap, report = _report(story)
+    assert segment_table(snap).set_index("stream").loc[B, "reserved"] == 20 * MIB
+    (verdict,) = report["verdict"]
+    assert verdict == (
+        f"default pool, {LABEL[B]}: 60.00 MiB of new segments were cudaMalloc'ed over the trace (cumulative churn) "
+        f"while a fitting free block of this pool sat on {LABEL[A]}; 20.00 MiB of them are still reserved at the "
+        f"end. Why: {WHY_STREAM}. What to do: only if this churn matters, run that eager work on {LABEL[A]}, whose "
+        "free blocks would serve it; it is not graph-pool memory (`check` counts the default pool only with "
+        "--pools all)"
+    )
+
+
+def test_a_graph_pool_verdict_suggests_a_what_if_that_runs_as_written():
+    from kit.analysis.whatif import what_if
+
+    story = Story()
+    _free_block_on_a_when_b_allocates(story)
+    snap, report = _report(story)
+    (verdict,) = report["verdict"]
+    fix = "What to do: capture on the stream that already holds the pool's free blocks, "
+    assert f"Why: {WHY_STREAM}. {fix}{LABEL[A]} (pass that stream to the graph capture)" in verdict
+    suggested = verdict.split("what-if SNAPSHOT --map '")[1].split("'")[0]
+    source, target = suggested.split("=")
+    assert (source, target) == (LABEL[B], LABEL[A])
+    assert what_if(snap, {source: target}).saved[POOL] == 20 * MIB  # B's segment would not have been made

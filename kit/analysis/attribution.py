@@ -18,6 +18,16 @@ one stream into one pool apart.
 (graph, pool, stream) with the segments each graph's window added.
 `captures_by_name` and `is_replay_capture` are how every other analysis reads
 the windows.
+
+`checked_capture_windows` is the one check of the recorded windows, shared by
+every reader (the analyses here, liveness, the what-if's workload, the
+report, and the `table`, `reuse` and `check` commands, which refuse a
+malformed window before anything else): each window's fields
+(`kit.load.rows.capture_window`: types, a name, `trace_begin <= trace_end`,
+no negative index), then the window against the snapshot: it may not end
+past the trace, and its pool must be a graph pool the snapshot knows (a
+segment's, one the trace allocated into, or one its `kit` key names). A
+malformed window raises a one-line `KitError` (the command line exits 2).
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import pool_labels, stream_labels
 from kit.analysis.tables import pool_label
 from kit.analysis.trace.replay import replay_trace
-from kit.load.rows import TRACE_ACTIONS
+from kit.errors import KitError
+from kit.load.rows import TRACE_ACTIONS, is_pool
 from kit.load.snapshot import Snapshot, load_snapshot
 
 INFERRED = "inferred capture"  # the manager of an inferred window
@@ -43,11 +54,69 @@ def is_replay_capture(manager: str) -> bool:
 
 
 def capture_windows(snapshot: Snapshot | str | dict) -> list[dict]:
-    """The snapshot's capture windows: the recorder's, or inferred from the trace when there are none."""
+    """The snapshot's capture windows: the recorder's (checked), or inferred from the trace when there are none."""
     snap = load_snapshot(snapshot)
-    if snap.captures or not snap.has_trace:
-        return snap.captures
+    recorded = checked_capture_windows(snap)
+    if recorded or not snap.has_trace:
+        return recorded
     return infer_capture_windows(snap)
+
+
+def checked_capture_windows(snapshot: Snapshot | str | dict) -> list[dict]:
+    """The windows the snapshot's `kit` key records, each checked on its own and against the snapshot.
+
+    Raises a one-line `KitError` for a malformed one: a field of the wrong
+    type, an end before its begin (`Snapshot.captures`), an end past the
+    trace (where there is one), or a pool that is the default pool or one the
+    snapshot does not know (no segment of it, no allocation into it in the
+    trace, no name for it in the `kit` key).
+    """
+    snap = load_snapshot(snapshot)
+    windows = snap.captures
+    if not windows:
+        return windows
+    length = max(len(columns) for columns in snap.trace_columns.values()) if snap.has_trace else None
+    known, walked = _pools_named(snap), False
+    for i, window in enumerate(windows):
+        where = f"{snap.origin}: capture window {i}"
+        if length is not None and window["trace_end"] > length:
+            raise KitError(
+                f"{where}: ends at trace index {window['trace_end']}, past the trace's {length} entries "
+                "(a window written for another trace)"
+            )
+        pool = tuple(window["pool"])
+        if pool == DEFAULT_POOL:
+            raise KitError(f"{where}: its pool is the default pool (0, 0), which no graph is captured into")
+        if pool not in known and not walked:  # the trace's pools, walked only when the rest do not name it
+            known, walked = known | _pools_allocated(snap), True
+        if pool not in known:
+            raise KitError(
+                f"{where}: pool {pool} is not in the snapshot (no segment of it, no allocation into it in "
+                "the trace, no name for it in the kit key)"
+            )
+    return windows
+
+
+def _pools_named(snap: Snapshot) -> set[tuple]:
+    """The pools of the final segments and those the `kit` key names (its `pools` and `graphs`)."""
+    known = set(snap.columns.pools())
+    known |= set(snap.pool_names.values())
+    graphs = snap.kit.get("graphs")
+    if isinstance(graphs, dict):
+        known |= {(p[0], p[1]) for p in graphs.values() if is_pool(p)}
+    return known
+
+
+def _pools_allocated(snap: Snapshot) -> set[tuple]:
+    """The pools the trace walks allocated into, on every device with a trace (only asked when needed)."""
+    if not snap.has_trace:
+        return set()
+    known: set[tuple] = set()
+    for device, columns in snap.trace_columns.items():
+        if len(columns) >= 2:
+            replay = replay_trace(snap, device)
+            known |= {tuple(p) for p in replay.allocs["pool"]} | {tuple(p) for p in replay.new_segments["pool"]}
+    return known
 
 
 def infer_capture_windows(snapshot: Snapshot, device: int = 0) -> list[dict]:
@@ -213,7 +282,7 @@ def replay_captures_added(snapshot: Snapshot | str | dict, pool: tuple[int, int]
     added counts too; the captures the recorder wrote into the snapshot.
     """
     snap = load_snapshot(snapshot)
-    replay = [c for c in snap.kit["captures"] if is_replay_capture(c["manager"])]
+    replay = [c for c in checked_capture_windows(snap) if is_replay_capture(c.get("manager", ""))]
     window = [{**replay[0], "trace_end": replay[-1]["trace_end"]}] if replay else []
     added = capture_attribution(snap, window)
     return added[added["pool"] == pool] if len(added) else added

@@ -14,13 +14,24 @@ history on, then
 
 or, in a pytest test, `kit.assert_no_stranding(snapshot)`, which raises
 `AssertionError` with one line per offending group.
+
+The guard fails closed: a snapshot it cannot judge raises `KitError` (the
+command line exits 2), never passes. That is a snapshot without a trace, a
+malformed capture window in its `kit` key, and a trace that does not replay:
+where walking a device's trace forward from its rewound start does not end at
+the snapshot's segments (the walk's `mismatches`: a corrupted or reordered
+trace, or a trace and segments of different moments), the stranded figures
+come from a history that did not happen, so no verdict is given.
+`assert_no_stranding` raises the same `KitError`, not `AssertionError`: a
+pytest test errors with the cause instead of failing as if memory stranded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kit.allocator.rules import DEFAULT_POOL
+from kit.analysis.attribution import checked_capture_windows
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import stranding_report
@@ -39,7 +50,6 @@ class CheckResult:
     source: str
     pools: str = "graph"
     max_stranded: int = 0
-    mismatches: list[str] = field(default_factory=list)  # where the trace walk did not end at the snapshot
 
     def lines(self) -> list[str]:
         """One line per offending group: pool, stream, stranded bytes, the first stack frames."""
@@ -72,8 +82,11 @@ def offending_line(group: dict) -> str:
 def check_snapshot(snapshot: Snapshot | str | dict, *, pools: str = "graph", max_stranded: int = 0) -> CheckResult:
     """Whether no graph pool (`pools="all"`: no pool) stranded more than `max_stranded` bytes on any stream.
 
-    Needs a trace (memory history recorded with enabled="all"); without one,
-    or with `pools` or `max_stranded` out of range, raises `KitError`.
+    Walks every device that has a trace. Raises `KitError` without a trace
+    (memory history recorded with enabled="all"), with `pools` or
+    `max_stranded` out of range, with a malformed capture window, and when a
+    device's trace does not replay to the snapshot (the verdict could not be
+    trusted).
     """
     if pools not in POOLS:
         raise KitError(f"--pools {pools!r}: expected one of {', '.join(POOLS)}")
@@ -86,18 +99,29 @@ def check_snapshot(snapshot: Snapshot | str | dict, *, pools: str = "graph", max
             f"{snap.origin}: `check` needs a trace, and this snapshot has none: record it with "
             "torch.cuda.memory._record_memory_history() on before the graphs are captured"
         )
-    offending, mismatches = [], []
+    checked_capture_windows(snap)
+    offending = []
     for device in devices:
         replay = replay_trace(snap, device)
-        mismatches += replay.mismatches
+        if replay.mismatches:
+            raise KitError(_no_replay(snap, device, replay.mismatches))
         report = stranding_report(snap, replay, min_bytes=0)
         for row in report.to_dict(orient="records"):
             if pools == "graph" and tuple(row["pool"]) == DEFAULT_POOL:
                 continue
             if row["stranded_bytes"] > max_stranded:
                 offending.append(_group(row, device))
-    offending.sort(key=lambda g: -g["stranded_bytes"])
-    return CheckResult(not offending, offending, snap.source_label, pools, max_stranded, mismatches)
+    offending.sort(key=lambda g: (tuple(g["pool"]) == DEFAULT_POOL, -g["stranded_bytes"]))  # as the verdicts
+    return CheckResult(not offending, offending, snap.source_label, pools, max_stranded)
+
+
+def _no_replay(snap: Snapshot, device: int, mismatches: list[str]) -> str:
+    """One line: the trace does not replay, how many differences and the first, and that no verdict is given."""
+    return (
+        f"{snap.origin}: device {device}'s trace does not replay to the snapshot ({len(mismatches)} mismatch(es); "
+        f"the first: {mismatches[0]}), so a stranding verdict from it cannot be trusted: `check` gives none "
+        "(a corrupted or reordered trace, or segments and trace from different moments)"
+    )
 
 
 def _group(row: dict, device: int) -> dict:
@@ -118,7 +142,9 @@ def assert_no_stranding(snapshot: Snapshot | str | dict, *, pools: str = "graph"
 
     For a pytest test of a capture path: record the capture with memory history
     on, then `kit.assert_no_stranding(snapshot)`. Returns the `CheckResult`
-    when it passes.
+    when it passes. A snapshot `check_snapshot` cannot judge (no trace, a
+    malformed capture window, a trace that does not replay) raises its
+    `KitError`, not `AssertionError`: the test errors, naming the cause.
     """
     result = check_snapshot(snapshot, pools=pools, max_stranded=max_stranded)
     if not result.ok:

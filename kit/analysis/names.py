@@ -173,6 +173,101 @@ def _pool_order(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     return (*before, *sorted(first_made, key=first_made.__getitem__))
 
 
+class FrozenMap(Mapping):
+    """A read-only mapping that copies as itself: pandas deep-copies a table's `attrs` at every step."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping | None = None) -> None:
+        self._data = dict(data or {})
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __copy__(self) -> FrozenMap:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> FrozenMap:
+        return self
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+def pool_frames(snapshot: Snapshot) -> FrozenMap:
+    """Per (device, graph pool): the user frames of the allocations the trace shows going into it, sorted (read-only).
+
+    What went into a pool, as the program's own lines ("capture_first
+    (two_captures.py:48)"): the same in two runs of one program whatever the
+    pool's id, its place in the order pools were made, or the streams it was
+    captured on. An allocation counts when its address lies in one of the
+    pool's segments and comes after that segment was made in the trace (an
+    earlier one at that address was another segment's). A pool older than the
+    trace, or a snapshot without one, has none.
+    """
+    return _pool_frames(snapshot)
+
+
+@_per_snapshot
+def _pool_frames(snapshot: Snapshot) -> FrozenMap:
+    c = snapshot.columns
+    graph = np.flatnonzero((c.pool_a != 0) | (c.pool_b != 0)) if len(c) else np.zeros(0, dtype=np.int64)
+    found: dict[tuple[int, tuple[int, int]], set[str]] = {}
+    for device, columns in sorted(snapshot.trace_columns.items()):
+        mine = graph[c.device[graph] == device]
+        if not len(mine) or not len(columns) or object in (c.address.dtype, columns.addr.dtype):
+            continue  # an address past int64 (no allocator's): no frames rather than a slow walk
+        mine = mine[np.argsort(c.address[mine], kind="stable")]
+        starts = c.address[mine].astype(np.int64)
+        ends = starts + c.total_size[mine].astype(np.int64)
+        made_at = np.full(len(mine), -1, dtype=np.int64)  # the last segment_alloc of each segment's address
+        made = np.flatnonzero(columns.action == _SEGMENT_ALLOC)
+        at = np.searchsorted(starts, columns.addr[made].astype(np.int64))
+        hit = at < len(starts)
+        hit[hit] = starts[at[hit]] == columns.addr[made][hit]
+        np.maximum.at(made_at, at[hit], made[hit])
+        allocs = np.flatnonzero(columns.action == _ALLOC)
+        addr = columns.addr[allocs].astype(np.int64)
+        seg = np.searchsorted(starts, addr, side="right") - 1
+        inside = seg >= 0
+        inside[inside] = addr[inside] < ends[seg[inside]]
+        inside[inside] = allocs[inside] > made_at[seg[inside]]
+        entries = allocs[inside]
+        if not len(entries):
+            continue
+        pools, pool_of = np.unique(np.stack([c.pool_a[mine], c.pool_b[mine]], axis=1), axis=0, return_inverse=True)
+        codes = pool_of.reshape(-1)[seg[inside]]
+        frames = columns.frames
+        # One look per (pool, stack), not per allocation: a trace repeats a few stacks millions of times.
+        if columns.stack is not None:  # numbered from 0
+            stacks = np.asarray(columns.stack[entries], dtype=np.int64)
+            n_stacks = int(stacks.max()) + 1 if stacks.min() >= 0 else 0
+        else:  # entries of one stack share one list of frames
+            stacks = np.fromiter(map(id, map(frames.__getitem__, entries.tolist())), np.int64, len(entries))
+            n_stacks = 0
+        if 0 < n_stacks and len(pools) * n_stacks <= 1 << 24:  # no sort: one slot per (pool, stack)
+            slots = np.full(len(pools) * n_stacks, -1, dtype=np.int64)
+            slots[codes.astype(np.int64) * n_stacks + stacks] = np.arange(len(entries))
+            first = slots[slots >= 0]
+        else:
+            distinct, stack_of = np.unique(stacks, return_inverse=True)
+            _, first = np.unique(codes.astype(np.int64) * len(distinct) + stack_of.reshape(-1), return_index=True)
+        lines: dict[int, str | None] = {}
+        for i, code, stack in zip(entries[first].tolist(), codes[first].tolist(), stacks[first].tolist(), strict=True):
+            if stack not in lines:
+                lines[stack] = user_frame(frames[i])
+            if lines[stack]:
+                pool = (int(pools[code][0]), int(pools[code][1]))
+                found.setdefault((device, pool), set()).add(lines[stack])
+    return FrozenMap({key: tuple(sorted(lines)) for key, lines in sorted(found.items())})
+
+
 def pool_labels(snapshot: Snapshot, names: Mapping | None = None) -> dict[tuple[int, int], str]:
     """A label per pool of the snapshot: given names, "default pool", then "graph pool 1", 2, ..."""
     return _pool_labels(snapshot, names)[0]

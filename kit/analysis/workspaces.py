@@ -55,7 +55,9 @@ class Workspaces:
 def workspace_kind(frames: Sequence[dict]) -> str | None:
     """ "cuBLASLt" or "cuBLAS" when a frame names a workspace getter; None otherwise."""
     for frame in frames:
-        name = str(frame.get("name", "")) if isinstance(frame, dict) else ""
+        name = frame.get("name") if isinstance(frame, dict) else None
+        if not isinstance(name, str):
+            continue
         if _LT.search(name):
             return "cuBLASLt"
         if _CUBLAS.search(name):
@@ -67,7 +69,8 @@ def has_cpp_frames(entries: Sequence) -> bool:
     """Whether any trace entry's frames include a C++ one (so frames can tell a workspace apart)."""
     for e in entries:
         for frame in e.frames:
-            if isinstance(frame, dict) and _CPP.search(str(frame.get("filename", ""))):
+            filename = frame.get("filename") if isinstance(frame, dict) else None
+            if isinstance(filename, str) and _CPP.search(filename):
                 return True
     return False
 

@@ -363,7 +363,8 @@ def summary_lines(data: dict) -> list[str]:
         overwritten = sum(p["outputs_overwritten_bytes"] > 0 for p in running)
         lines.append(
             f"{variant}: drafter obligation {'holds' if not violated else 'VIOLATED'} on "
-            f"{len(running) - len(violated)} of {len(running)} dispatchable pairings (the drafter overwrites the "
+            f"{len(violated) if violated else len(running)} of {len(running)} dispatchable pairings (the drafter "
+            "overwrites the "
             f"target's outputs in {overwritten}); the lifetime analysis agrees on "
             f"{sum(p['agree'] for p in rows)} of {len(rows)} pairings with the step's reads, "
             f"{sum(p['agree_trace_only'] for p in rows)} from the trace alone"

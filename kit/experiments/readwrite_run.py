@@ -384,7 +384,8 @@ def summary_lines(data: dict) -> list[str]:
         trace_agree = int(rows["agree_trace_only"].sum())
         lines.append(
             f"{policy}: obligation {'holds' if violated.empty else 'VIOLATED'} on "
-            f"{len(running) - len(violated)} of {len(running)} dispatchable pairings; the lifetime analysis agrees "
+            f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "
+            "pairings; the lifetime analysis agrees "
             f"on {agree} of {len(rows)} pairings with the breaks' reads, {trace_agree} from the trace alone"
         )
     return lines

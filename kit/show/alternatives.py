@@ -20,7 +20,6 @@ They read the alternatives JSON (`kit.experiments.drafter_run.load_alternatives`
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -31,6 +30,7 @@ from pandas.io.formats.style import Styler
 
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import format_bytes, style_table
+from kit.markup import html_text
 from kit.show.pictures import MIB, show_in
 
 MAIN = ("unpatched", "pr", "share_all")
@@ -204,11 +204,11 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
         fig.add_bar(
             y=names,
             x=[v / MIB for v in values],
-            name=stream,
+            name=html_text(stream),
             orientation="h",
             marker=dict(color=STREAM_COLOURS.get(stream, "#95a5a6"), opacity=opacity),
             hovertext=[format_bytes(v) for v in values],
-            hovertemplate="%{y}: %{hovertext} on the " + stream + "<extra></extra>",
+            hovertemplate="%{y}: %{hovertext} on the " + html_text(stream) + "<extra></extra>",
         )
     fig.add_vline(x=table["graph_pool_bytes"].iloc[0] / MIB, line_dash="dash", line_color="#7f8c8d")
     fig.add_annotation(
@@ -220,7 +220,7 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
     )
     title = (
         f"Graph pool per variant, by capture stream: {selected} {format_bytes(row['graph_pool_bytes'])} "
-        f"(dashed: unpatched)<br><sup>source: {table.attrs.get('source', '?')}</sup>"
+        f"(dashed: unpatched)<br><sup>source: {html_text(table.attrs.get('source', '?'))}</sup>"
     )
     fig.update_layout(
         barmode="stack",
@@ -324,13 +324,13 @@ def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
     held = row["by_stream"]
     by_stream = ", ".join(f"{s} {format_bytes(held[s])}" for s in streams_of(table) if s in held)
     lines = [
-        f"<b>{html.escape(selected)}</b>: {html.escape(row['what'])}",
-        f"graph pool {format_bytes(row['graph_pool_bytes'])} ({html.escape(by_stream)}); saves "
+        f"<b>{html_text(selected)}</b>: {html_text(row['what'])}",
+        f"graph pool {format_bytes(row['graph_pool_bytes'])} ({html_text(by_stream)}); saves "
         f"{format_bytes(row['saved_bytes'])} against unpatched",
     ]
     streams = data[selected].get("capture_streams") if selected in MAIN else None
     if streams:
-        lines.append("captured on: " + html.escape(", ".join(f"{m} on the {s}" for m, s in streams.items())))
+        lines.append("captured on: " + html_text(", ".join(f"{m} on the {s}" for m, s in streams.items())))
     eager = row["eager_replay_sizes"]
     lines.append(f"replay batches that run eagerly: {_sizes(eager)}" if eager else "every replay batch has a graph")
     lines.append(
@@ -338,7 +338,7 @@ def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
         f"{format_bytes(row['kv_freed_bytes'])} more KV budget, {row['kv_blocks']:,} blocks, "
         f"{row['kv_tokens']:,} tokens in the replica"
     )
-    lines.append(f"graphs vs eager: {html.escape(row['evidence'])}")
+    lines.append(f"graphs vs eager: {html_text(row['evidence'])}")
     page = "".join(f"<p>{line}</p>" for line in lines)
     if selected in MAIN:
         page += style_table(checks_table(data, selected)).to_html()

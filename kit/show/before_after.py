@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from kit.analysis.attribution import capture_table, is_replay_capture
 from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
 from kit.load.snapshot import Snapshot
+from kit.markup import html_text
 from kit.show.pictures import BAR_TOP_MARGIN, MIB, show_in
 
 GRAPH_POOL = "global graph pool"
@@ -62,10 +63,10 @@ def change_figure(change: pd.DataFrame, before: str = "before", after: str = "af
     """Each (pool, stream) group of a `diff_tables` change in both runs: allocated, pending free and free, stacked.
 
     A group only one run has shows an empty bar for the other; the title
-    names both runs' sources.
+    names both runs' sources. Labels and sources are escaped: plotly renders them as HTML.
     """
-    groups = [f"{p} / {s}" for p, s in zip(change["pool_label"], change["stream_label"], strict=True)]
-    source = change.attrs.get("source", "?")
+    groups = [html_text(f"{p} / {s}") for p, s in zip(change["pool_label"], change["stream_label"], strict=True)]
+    source = html_text(change.attrs.get("source", "?"))
     fig = go.Figure()
     for part, colour in PARTS.items():
         ys, xs = [[], []], []

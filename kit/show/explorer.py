@@ -11,7 +11,8 @@ verdicts across eager breaks; the `check` line; which capture added which
 segments (from windows inferred from the trace where the snapshot has none);
 the group bars and the segment map; and a what-if panel that moves one
 stream (FROM) onto another (TO) and shows the predicted pools. Whatever is
-wrong with a file is said in one line (`KitError`), never as a traceback.
+wrong with a file is said in one line (`KitError`), never as a traceback,
+and everything the snapshot names is escaped in the HTML parts (`kit.markup`).
 
 `load_upload` and `load_path` are the two loaders a user's input goes
 through; `segment_view`, `reuse_section`, `check_section`,
@@ -22,7 +23,6 @@ through; `segment_view`, `reuse_section`, `check_section`,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from html import escape
 from pathlib import Path
 
 import ipywidgets as widgets
@@ -42,6 +42,7 @@ from kit.analysis.whatif import WhatIf, what_if
 from kit.errors import KitError
 from kit.experiments.two_captures import two_captures
 from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
+from kit.markup import html_text
 from kit.recordings import LIVE, recording
 from kit.show.pictures import group_bar_figure, segment_map_figure, show_in
 
@@ -105,9 +106,9 @@ def reuse_section(snapshot: Snapshot) -> tuple[str, str]:
         reuse = reuse_table(snapshot)
         lines = verdict_lines(snapshot)
     except KitError as e:
-        return f"<p><i>reuse table: {escape(str(e))}</i></p>", ""
+        return f"<p><i>reuse table: {html_text(str(e))}</i></p>", ""
     styled = style_table(reuse).format({c: format_bytes for c in ("new_segment_bytes", "stranded_bytes")})
-    warnings = "".join(f"<br>warning: {escape(m)}" for m in reuse.attrs["mismatches"])
+    warnings = "".join(f"<br>warning: {html_text(m)}" for m in reuse.attrs["mismatches"])
     return styled.to_html() + warnings, f"<b>verdicts</b>{_items(lines)}"
 
 
@@ -116,9 +117,9 @@ def check_section(snapshot: Snapshot) -> str:
     try:
         result = check_snapshot(snapshot)
     except KitError as e:
-        return f"<p><b>check</b>: <i>{escape(str(e))}</i></p>"
+        return f"<p><b>check</b>: <i>{html_text(str(e))}</i></p>"
     exit_code = 0 if result.ok else 1
-    head = f"<p><b>check</b> (<code>python -m kit check</code> exits {exit_code}): {escape(result.summary())}</p>"
+    head = f"<p><b>check</b> (<code>python -m kit check</code> exits {exit_code}): {html_text(result.summary())}</p>"
     return head + (_items(result.lines()) if result.lines() else "")
 
 
@@ -127,14 +128,14 @@ def attribution_section(snapshot: Snapshot) -> str:
     try:
         table = capture_attribution(snapshot)
     except KitError as e:
-        return f"<p><b>capture attribution</b>: <i>{escape(str(e))}</i></p>"
+        return f"<p><b>capture attribution</b>: <i>{html_text(str(e))}</i></p>"
     if table.attrs["inferred"]:
         how = "capture windows inferred from the trace (the snapshot has no recorder windows)"
     elif snapshot.captures:
         how = "capture windows as the capture recorder wrote them"
     else:
         how = "no capture windows: the snapshot has no trace to infer them from"
-    head = f"<p><b>capture attribution</b>: {escape(how)}</p>"
+    head = f"<p><b>capture attribution</b>: {html_text(how)}</p>"
     if table.empty:
         return head + "<p><i>no capture added a segment</i></p>"
     table.attrs["byte_columns"] = ["bytes"]
@@ -171,21 +172,21 @@ def whatif_section(snapshot: Snapshot, source: str, target: str) -> tuple[str, W
     try:
         result = what_if(snapshot, {source: target})
     except KitError as e:
-        return f"<p><b>prediction</b>: <i>{escape(str(e))}</i></p>", None
+        return f"<p><b>prediction</b>: <i>{html_text(str(e))}</i></p>", None
     if source == target:
         head = (
-            f"identity map ({escape(source)} onto itself): the prediction must reproduce the recording, "
+            f"identity map ({html_text(source)} onto itself): the prediction must reproduce the recording, "
             "a self-check of the simulator"
         )
     else:
-        head = f"{escape(source)} onto {escape(target)}: what each pool would reserve had FROM allocated on TO"
-    corrections = "".join(f"<br>correction: {escape(c)}" for c in result.corrections)
+        head = f"{html_text(source)} onto {html_text(target)}: what each pool would reserve had FROM allocated on TO"
+    corrections = "".join(f"<br>correction: {html_text(c)}" for c in result.corrections)
     table = segment_columns(result.predicted).to_html()
     return f"<p><b>prediction</b>: {head}</p>{_items(result.summary())}{corrections}{table}", result
 
 
 def _items(lines: list[str]) -> str:
-    return "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
+    return "<ul>" + "".join(f"<li>{html_text(line)}</li>" for line in lines) + "</ul>"
 
 
 def uploaded_file(value) -> tuple[bytes, str] | None:
@@ -270,7 +271,7 @@ class SnapshotExplorer:
         return load_snapshot(self.shipped[choice])
 
     def show(self, snapshot: Snapshot) -> None:
-        self.status.value = f"data source: {escape(snapshot.data_source)}: {escape(snapshot.source_label)}"
+        self.status.value = f"data source: {html_text(snapshot.data_source)}: {html_text(snapshot.source_label)}"
         self.segments_html.value = segment_view(snapshot).to_html()
         self.reuse_html.value, self.verdicts_html.value = reuse_section(snapshot)
         self.check_html.value = check_section(snapshot)
@@ -305,7 +306,7 @@ class SnapshotExplorer:
         try:
             self.show(load())
         except KitError as e:
-            self.status.value = f"<b>kit: error:</b> {escape(str(e))}"
+            self.status.value = f"<b>kit: error:</b> {html_text(str(e))}"
 
     def on_main(self, change=None) -> None:
         if self.main.value in self.shipped:  # the path box names the file shown

@@ -6,7 +6,9 @@
   coloured by stream, grouped by pool, so a stranded stream's free blocks
   stand out next to the other stream's segments of the same pool.
 
-Every figure's title names its data source.
+Every figure's title names its data source. Plotly renders titles, trace
+names, category labels and hover text as HTML, so every label and source from
+the snapshot is escaped (`kit.markup`) before it goes into a figure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kit.analysis.names import pool_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.markup import html_text
 
 MIB = 1024 * 1024
 BAR_TOP_MARGIN = 120  # px above the bars: the two-line title, then the legend's row
@@ -32,14 +35,19 @@ STATE_STYLE = {  # block state -> (legend name, opacity, bar pattern)
 
 
 def _titled(title: str, source: str) -> str:
-    return f"{title}<br><sup>source: {source}</sup>"
+    return f"{title}<br><sup>source: {html_text(source)}</sup>"
+
+
+def segment_row(pool: str, address: int) -> str:
+    """A segment map's row: the pool's label (escaped: plotly renders it as HTML) and the segment's address."""
+    return f"{html_text(pool)} | {address:#x}"
 
 
 def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
     """Stacked bars of allocated, pending-free and free MiB per (pool, stream) group."""
     snapshot = load_snapshot(snapshot)
     table = segment_table(snapshot, **names)
-    groups = [f"{p} / {s}" for p, s in zip(table["pool_label"], table["stream_label"], strict=True)]
+    groups = [html_text(f"{p} / {s}") for p, s in zip(table["pool_label"], table["stream_label"], strict=True)]
     parts = {  # name -> (bytes per group, colour)
         "allocated": (table["allocated"], "#34495e"),
         "pending free": (table["active"] - table["allocated"], "#e67e22"),
@@ -139,7 +147,7 @@ def _bars(
     rows = []
     for i in order:
         address = address_of[i]
-        row = f"{pools.get(pool_of[i]) or pool_label(pool_of[i])} | {address:#x}"
+        row = segment_row(pools.get(pool_of[i]) or pool_label(pool_of[i]), address)
         rows.append(row)
         starts, sizes, states, counts = bars_of(c, i)
         for start, size, state, count in zip(starts, sizes, states, counts, strict=True):
@@ -161,7 +169,7 @@ def _add_bars(fig: go.Figure, bars: dict[tuple[int, str], dict[str, list]], labe
         name, opacity, pattern = STATE_STYLE[state]
         fig.add_bar(
             orientation="h",
-            name=f"{labels.get(sid, sid)}: {name}",
+            name=html_text(f"{labels.get(sid, sid)}: {name}"),
             legendgroup=labels.get(sid, str(sid)),
             y=bar["y"],
             x=bar["x"],

@@ -19,14 +19,15 @@ A snapshot without a trace gets one line in each trace section instead of
 the section, and an analysis that cannot run on the snapshot (a `KitError`)
 gets one line saying why; only a what-if the caller asked for (`stream_map`)
 raises it. Bytes are shown in binary units (MiB), exact bytes on hover of
-the figures and in `python -m kit ... --json`.
+the figures and in `python -m kit ... --json`. Labels, frames and source lines
+are the snapshot's own text: every one is escaped (`kit.markup`), in the page,
+its tables and its figures alike.
 
     write_report("snap.pickle", "report.html", stream_map={"stream B": "stream A"})
 """
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Callable, Mapping
 
@@ -41,6 +42,7 @@ from kit.analysis.whatif import WhatIf, what_if
 from kit.errors import KitError
 from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.markup import html_text
 from kit.show.pictures import group_bar_figure, segment_map_figure
 
 VERDICT_MIN_BYTES = 1 << 20  # groups that made less than this get no verdict on the page
@@ -85,8 +87,8 @@ def render_report(snapshot: Snapshot | str | dict, *, stream_map: Mapping[str, s
         _what_if_section(snapshot, stream_map),
     ]
     return _PAGE.format(
-        title=html.escape(f"Allocator snapshot: {snapshot.origin}"),
-        source=html.escape(snapshot.source_label),
+        title=html_text(f"Allocator snapshot: {snapshot.origin}"),
+        source=html_text(snapshot.source_label),
         plotlyjs=plotly.offline.get_plotlyjs(),
         sections="\n".join(sections),
     )
@@ -106,12 +108,12 @@ def write_report(
 
 def _section(title: str, computed_by: str, source: str, body: str) -> str:
     """A section: its heading, one line naming what computed it and its data source, then its body."""
-    line = f"data: {html.escape(computed_by)}; source: {html.escape(source)}"
-    return f'<h2>{html.escape(title)}</h2>\n<p class="source">{line}</p>\n{body}'
+    line = f"data: {html_text(computed_by)}; source: {html_text(source)}"
+    return f'<h2>{html_text(title)}</h2>\n<p class="source">{line}</p>\n{body}'
 
 
 def _note(text: str) -> str:
-    return f'<p class="note">{html.escape(text)}</p>'
+    return f'<p class="note">{html_text(text)}</p>'
 
 
 def _figure_html(fig) -> str:
@@ -189,9 +191,9 @@ def _verdicts_body(snapshot: Snapshot) -> tuple[str, str, str]:
     frames = report["frames"] if "frames" in report.columns else [None] * len(report)
     items = []
     for verdict, frame in zip(report["verdict"], frames, strict=True):
-        item = html.escape(str(verdict))
+        item = html_text(verdict)
         if isinstance(frame, str) and frame:
-            item += f"<br><small>first such allocation: {html.escape(frame)}</small>"
+            item += f"<br><small>first such allocation: {html_text(frame)}</small>"
         items.append(f"<li>{item}</li>")
     body = "<ul>\n" + "\n".join(items) + "\n</ul>"
     return _COMPUTED_BY["stranding verdicts"], source, body

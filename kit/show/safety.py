@@ -41,6 +41,7 @@ from kit.errors import KitError
 from kit.experiments import pairings, readwrite_run
 from kit.experiments.scenarios import summarize
 from kit.load.snapshot import Snapshot
+from kit.markup import html_text
 from kit.patch.policy import replay_stream
 from kit.recordings import LIVE, RECORDINGS, check_source
 from kit.show.pictures import show_in
@@ -328,6 +329,7 @@ class SafetyView:
         self.status.value = (
             f"<b>policy {self.policy.value}, early aux {'on' if self.early_aux.value else 'off'}</b>: the replay "
             f"graphs {decision}; capture <code>{self.scenario}</code>; graphs vs eager: "
-            f"{Equivalence.recorded_in(snapshot).summary()}<br>" + "<br>".join(liveness.verdicts())
+            f"{html_text(Equivalence.recorded_in(snapshot).summary())}<br>"
+            + "<br>".join(html_text(line) for line in liveness.verdicts())
         )
         self.blocks_html.value = SCROLL.format(liveness_view(liveness, snapshot.source_label).to_html())

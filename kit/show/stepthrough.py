@@ -13,7 +13,6 @@ against the recording, segment by segment and block by block;
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from kit.allocator.workload import DEFAULT, Op, parse_workload
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels, style_table
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
-from kit.show.pictures import segment_map_figure, show_in
+from kit.markup import html_text
+from kit.show.pictures import segment_map_figure, segment_row, show_in
 
 GRAPH_POOL = "global graph pool"
 TAKEN = "taken"
@@ -146,7 +146,7 @@ class StepThrough:
         """Blocks to outline on the pool's segment map after `step`: the one it took, those refused as other stream's.
 
         Each is `{"kind", "row", "base", "size"}` in the units and row labels of
-        `kit.segment_map_figure` (MiB, "pool | segment address").
+        `kit.segment_map_figure` (MiB, "pool | segment address", the pool's label escaped as there).
         """
         d = step.decision
         wanted = {d.block: "taken by this request"}
@@ -161,7 +161,7 @@ class StepThrough:
                     out.append(
                         {
                             "kind": wanted[b.address],
-                            "row": f"{pool_label(seg.segment_pool_id, state.pool_names)} | {seg.address:#x}",
+                            "row": segment_row(pool_label(seg.segment_pool_id, state.pool_names), seg.address),
                             "base": (b.address - seg.address) / 2**20,
                             "size": b.size / 2**20,
                         }
@@ -250,7 +250,7 @@ class StepView:
     def show(self, change=None) -> None:
         steps, current = self.steps, self.current
         after = steps.after(current)
-        self.request.value = f"<p>{html.escape(steps.describe(current))}</p>"
+        self.request.value = f"<p>{html_text(steps.describe(current))}</p>"
         blocks = steps.free_blocks(current)
         self.free_blocks.value = "<b>Free blocks of its pool, before the request</b>" + (
             style_table(blocks).to_html() if len(blocks) else "<p>none: the pool has no free block</p>"

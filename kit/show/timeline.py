@@ -19,7 +19,8 @@ the x axis names each capture (`capture_ticks`). On a held block's row,
 cross when that replay graph runs in the block's break, an open circle when
 it runs in another's. The replay graphs are captured after the model graphs,
 so a mark sits right of the bar it lands on: at run time that replay graph
-runs inside the block's break.
+runs inside the block's break. Capture names and sizes, frames and the source
+are the snapshot's own text, escaped (`kit.markup`): plotly renders them as HTML.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kit.analysis.frames import user_frame_line
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness
 from kit.analysis.tables import format_bytes
 from kit.load.snapshot import Snapshot
+from kit.markup import html_text
 
 BREAK_INPUT_RELEASED, BREAK_INPUT_BOUND = "break input, released by the break", "break input, kept bound"
 AUX_HIDDEN_STATE, HELD_AFTER = "aux hidden state", "held after the break"
@@ -173,7 +175,7 @@ def capture_ticks(snapshot: Snapshot) -> tuple[list[float], list[str]]:
         kind = "replay graph" if is_replay_capture(graphs[0].get("manager", "")) else "model graph"
         size = graphs[0].get("size")
         values.append((graphs[0]["trace_begin"] + graphs[-1]["trace_end"]) / 2)
-        texts.append(f"{kind}<br>{size}" if size is not None else name)
+        texts.append(f"{kind}<br>{html_text(size)}" if size is not None else html_text(name))
     return values, texts
 
 
@@ -199,10 +201,10 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
     """
     trace = _trace(snapshot)
     rows = liveness.rows.to_dict("records")
-    labels, roles = block_labels(liveness), block_roles(liveness)
+    labels, roles = [html_text(label) for label in block_labels(liveness)], block_roles(liveness)
     frees = liveness.rows["free_index"].fillna(len(trace)).astype(int).tolist()
     replays = replay_rows(snapshot, liveness)
-    replay_labels = [f"replay graph {r['size']}: {r['role'].removeprefix('replay ')}" for r in replays]
+    replay_labels = [html_text(f"replay graph {r['size']}: {r['role'].removeprefix('replay ')}") for r in replays]
     fig = go.Figure()
     for role in COLOURS:
         held = [
@@ -210,9 +212,9 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
                 label,
                 r["alloc_index"],
                 free,
-                f"{label}: {format_bytes(r['bytes'])} at {r['addr']:#x}, break {r['break']}<br>"
-                f"allocated at {user_frame_line(trace[r['alloc_index']].frames)} (trace {r['alloc_index']})<br>"
-                f"freed at {r['free_frame'] or 'never'} (trace {free})",
+                f"{label}: {format_bytes(r['bytes'])} at {r['addr']:#x}, break {html_text(r['break'])}<br>"
+                f"allocated at {html_text(user_frame_line(trace[r['alloc_index']].frames))} "
+                f"(trace {r['alloc_index']})<br>freed at {html_text(r['free_frame'] or 'never')} (trace {free})",
             )
             for label, r, free, mine in zip(labels, rows, frees, roles, strict=True)
             if mine == role
@@ -222,8 +224,8 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
                 label,
                 r["alloc_index"],
                 r["free_index"],
-                f"{label}: {format_bytes(r['bytes'])}<br>allocated at {r['alloc_frame']} (trace {r['alloc_index']})"
-                f"<br>freed at {r['free_frame']} (trace {r['free_index']})",
+                f"{label}: {format_bytes(r['bytes'])}<br>allocated at {html_text(r['alloc_frame'])} "
+                f"(trace {r['alloc_index']})<br>freed at {html_text(r['free_frame'])} (trace {r['free_index']})",
             )
             for label, r in zip(replay_labels, replays, strict=True)
             if r["role"] == role
@@ -247,7 +249,7 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
     order = labels + list(dict.fromkeys(replay_labels))
     tick_values, tick_texts = capture_ticks(snapshot)
     fig.update_layout(
-        title=f"{title}<br><sup>source: {source or liveness.source}</sup>",
+        title=f"{title}<br><sup>source: {html_text(source or liveness.source)}</sup>",
         shapes=break_bands(snapshot),
         barmode="overlay",
         xaxis=dict(

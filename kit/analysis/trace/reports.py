@@ -18,8 +18,16 @@ taken at the moment each new segment was made (never from the end of the run):
   `free_completed`), on any stream, its own included: memory the allocator
   could not hand out yet.
 
-Groups whose new segments of either kind are below `min_bytes` are left out;
-the largest come first.
+Groups whose new segments of either kind are below `min_bytes` are left out.
+Graph pools' verdicts come first, largest first, then the default pool's:
+a side stream's eager churn in the default pool is not what a graph capture
+keeps, however large.
+
+A verdict's figures are cumulative: the bytes cudaMalloc'ed in new segments
+over the whole trace (churn), then how many of those segments are still
+reserved at the end. Each verdict says why (a free block is handed only to
+requests on the stream its segment was allocated on; a block freed after
+`record_stream` waits for that stream's work) and what to do about it.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kit.allocator.rules import is_small_request, round_size, round_sizes
+from kit.allocator.rules import DEFAULT_POOL, is_small_request, round_size, round_sizes
 from kit.analysis.frames import user_frame_line
 from kit.analysis.names import generated_labels, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes
@@ -114,8 +122,9 @@ def stranding_report(
     `record_stream`), `pending_still_reserved`, `pending_streams` (the streams
     of the pending blocks); `frames` (the first stack frames of its first such
     allocation) and `verdict`, one line. Groups whose new segments of either
-    kind come to less than `min_bytes` are left out, and the others are
-    ordered by those bytes, largest first. `attrs["source"]` names the data source.
+    kind come to less than `min_bytes` are left out; graph pools come first,
+    each ordered by those bytes, largest first, then the default pool's
+    groups, ordered alike. `attrs["source"]` names the data source.
     """
     snap = load_snapshot(snapshot)
     replay = replay or replay_trace(snap)
@@ -149,9 +158,12 @@ def stranding_report(
         }
         row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
         if either >= min_bytes:
-            row["verdict"] = _verdict(row, [streams.get(s, str(s)) for s in row["pending_streams"]])
+            target = int(stranded["other_stream"].mode().min()) if not stranded.empty else None
+            row["verdict"] = _verdict(
+                row, [streams.get(s, str(s)) for s in row["pending_streams"]], target, streams.get(target, str(target))
+            )
             rows.append((either, row))
-    rows = [row for _, row in sorted(rows, key=lambda r: (-r[0], r[1]["pool"], r[1]["stream"]))]
+    rows = [row for _, row in sorted(rows, key=_verdict_order)]
     table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
     table = table.astype({c: "int64" for c in ("stream", *REPORT_BYTE_COLUMNS)})
     table.attrs["source"] = snap.source_label
@@ -160,27 +172,65 @@ def stranding_report(
 
 
 def stranding_verdicts(snapshot: Snapshot | str | dict, *, min_bytes: int = MIN_BYTES) -> list[str]:
-    """The one-line verdicts of `stranding_report`, largest first."""
+    """The one-line verdicts of `stranding_report`: graph pools first, largest first, then the default pool."""
     return list(stranding_report(snapshot, min_bytes=min_bytes)["verdict"])
 
 
-def _verdict(row: dict, pending_labels: list[str]) -> str:
-    """`graph pool 1, stream of f (x.py:3): 20.00 MiB of new segments were made while ...`."""
+def _verdict_order(item: tuple[int, dict]) -> tuple:
+    """Graph pools before the default pool; within each, the most bytes of new segments first."""
+    either, row = item
+    return (row["pool"] == DEFAULT_POOL, -either, row["pool"], row["stream"])
+
+
+WHY_STREAM = "a free block is handed only to requests on the stream its segment was allocated on"
+WHY_PENDING = (
+    "a block freed after record_stream is handed out only once the streams it was recorded on have reached its free"
+)
+
+
+def _verdict(row: dict, pending_labels: list[str], target: int | None, target_label: str) -> str:
+    """`graph pool 1, stream of f (x.py:3): 20.00 MiB of new segments were cudaMalloc'ed over the trace ...`.
+
+    The figures are cumulative (churn over the trace), then what is still
+    reserved of it; then why, and what to do. `target`: the stream whose free
+    blocks the group's stranded allocations would have fitted most often.
+    """
     head = f"{row['pool_label']}, {row['stream_label']}: "
     waited = f"a fitting block waited on record_stream (freed but pending) on {', '.join(pending_labels)}"
-    if row["stranded_bytes"]:
-        text = (
-            f"{format_bytes(row['stranded_bytes'])} of new segments were made while a fitting free block sat on "
-            f"{', '.join(row['other_labels'])} at that moment; "
-            f"{format_bytes(row['still_reserved'])} of them are still reserved at the end"
+    churn = "of new segments were cudaMalloc'ed over the trace (cumulative churn)"
+    if not row["stranded_bytes"]:
+        return head + (
+            f"{format_bytes(row['pending_bytes'])} {churn} while {waited}; "
+            f"{format_bytes(row['pending_still_reserved'])} of them are still reserved at the end. "
+            f"Why: {WHY_PENDING}. What to do: free the tensor once that stream's work is done (synchronize first) "
+            "instead of record_stream, or reuse it across the steps"
         )
-        if row["pending_bytes"]:
-            text += f"; {format_bytes(row['pending_bytes'])} of its new segments were made while {waited}"
-        return head + text
-    return head + (
-        f"{format_bytes(row['pending_bytes'])} of new segments were made while {waited}; "
-        f"{format_bytes(row['pending_still_reserved'])} of them are still reserved at the end"
+    text = (
+        f"{format_bytes(row['stranded_bytes'])} {churn} while a fitting free block of this pool sat on "
+        f"{', '.join(row['other_labels'])}; "
+        f"{format_bytes(row['still_reserved'])} of them are still reserved at the end"
     )
+    if row["pending_bytes"]:
+        text += f"; {format_bytes(row['pending_bytes'])} of its new segments were made while {waited}"
+    if row["pool"] == DEFAULT_POOL:
+        fix = (
+            f"only if this churn matters, run that eager work on {target_label}, whose free blocks would serve it; "
+            "it is not graph-pool memory (`check` counts the default pool only with --pools all)"
+        )
+    else:
+        move = _map_argument(row["stream_label"], row["stream"], target_label, target)
+        fix = (
+            f"capture on the stream that already holds the pool's free blocks, {target_label} (pass that stream to "
+            f"the graph capture); `python -m kit what-if SNAPSHOT --map {move}` predicts the saving"
+        )
+    return f"{head}{text}. Why: {WHY_STREAM}. What to do: {fix}"
+
+
+def _map_argument(source_label: str, source: int, target_label: str, target: int | None) -> str:
+    """`FROM=TO` for `what-if --map`: by label as `table` prints it, or by id where a label would not parse."""
+    if any(c in label for label in (source_label, target_label) for c in "='\"\\\n"):
+        return f"{source}={target}"
+    return f"'{source_label}={target_label}'"
 
 
 def _segments_of(tc: TraceColumns, allocs: pd.DataFrame, new_segments: pd.DataFrame) -> dict[int, list[int]]:
