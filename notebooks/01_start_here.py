@@ -66,6 +66,7 @@ from IPython.display import display
 import kit
 from kit.experiments.scenarios import replica_runs
 from kit.experiments.two_captures import two_captures
+from kit.markup import html_text
 from kit.recordings import RECORDED, default_source
 from kit.show.before_after import GRAPH_POOL, change_figure, replay_segment_bytes
 
@@ -163,7 +164,7 @@ CHANGE = ["stream_label", "status", "segments", "reserved_before", "reserved_aft
 
 def show(change=None):
     in_pool = diff[diff["pool_label"] == pool_choice.value]
-    summary.value = "".join(f"<p><b>{line}</b></p>" for line in kit.diff_summary(in_pool))
+    summary.value = "".join(f"<p><b>{html_text(line)}</b></p>" for line in kit.diff_summary(in_pool))
     rows.value = kit.style_table(in_pool[CHANGE]).to_html()
     kit.show_in(bars, change_figure(in_pool, "new stream", "shared stream"))
 

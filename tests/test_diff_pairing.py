@@ -59,11 +59,12 @@ def with_leftovers(
     """`raw` with graph pools left over from an earlier run of its process, made before its own, so numbered first.
 
     Each leftover is one pool of one segment of `size` bytes on a stream of its
-    own, holding one allocation of `used` bytes per stack given: the trace
-    shows each made (a segment_alloc, then the allocations) before anything
-    else; `streams` is the first one's stream id. `None` is a leftover older than the trace: in no entry, its blocks
-    without frames (history was off when it was made). The program's own pool
-    moves up to the id after the leftovers', as `graph_pool_handle()` counts.
+    own (`streams`, `streams + 1`, ...), holding one allocation of `used` bytes
+    per stack given: the trace shows each made (a segment_alloc, then the
+    allocations) before anything else. `None` is a leftover older than the
+    trace: in no entry, its blocks without frames (history was off when it was
+    made). The program's own pool moves up to the id after the leftovers', as
+    `graph_pool_handle()` counts.
     """
     raw = copy.deepcopy(raw)
     n = len(leftovers)

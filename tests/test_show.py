@@ -694,6 +694,11 @@ def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
     texts = " ".join(figure_texts(figure))
     assert not raw_markup(texts), raw_markup(texts)
     assert f"allocated at {html_text(SCRIPT_NAME)} (model.py:" in texts and html_text(GPU) in texts
+    unsized = copy.deepcopy(raw)  # a capture without a size is named on the x axis by its name
+    for window in unsized["kit"]["captures"]:
+        window.update(size=None, capture=SCRIPT_NAME + window.get("capture", window["graph"]))
+    ticks = capture_ticks(kit.Snapshot(unsized, origin="unsized"))[1]
+    assert ticks and all(t.startswith(html_text(SCRIPT_NAME)) for t in ticks), ticks
     view = SafetyView({**runs, "early_aux_shared": hostile}, replay_size_for=replay_rows)
     view.policy.value = "share"
     assert view.scenario == "early_aux_shared" and "CONFLICT" in view.status.value

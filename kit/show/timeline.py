@@ -19,8 +19,8 @@ the x axis names each capture (`capture_ticks`). On a held block's row,
 cross when that replay graph runs in the block's break, an open circle when
 it runs in another's. The replay graphs are captured after the model graphs,
 so a mark sits right of the bar it lands on: at run time that replay graph
-runs inside the block's break. Capture names and sizes, frames and the source
-are the snapshot's own text, escaped (`kit.markup`): plotly renders them as HTML.
+runs inside the block's break. Capture names, frames and the source are the
+snapshot's own text, escaped (`kit.markup`): plotly renders them as HTML.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def capture_ticks(snapshot: Snapshot) -> tuple[list[float], list[str]]:
         kind = "replay graph" if is_replay_capture(graphs[0].get("manager", "")) else "model graph"
         size = graphs[0].get("size")
         values.append((graphs[0]["trace_begin"] + graphs[-1]["trace_end"]) / 2)
-        texts.append(f"{kind}<br>{html_text(size)}" if size is not None else html_text(name))
+        texts.append(f"{kind}<br>{size}" if size is not None else html_text(name))
     return values, texts
 
 
@@ -201,10 +201,10 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
     """
     trace = _trace(snapshot)
     rows = liveness.rows.to_dict("records")
-    labels, roles = [html_text(label) for label in block_labels(liveness)], block_roles(liveness)
+    labels, roles = block_labels(liveness), block_roles(liveness)
     frees = liveness.rows["free_index"].fillna(len(trace)).astype(int).tolist()
     replays = replay_rows(snapshot, liveness)
-    replay_labels = [html_text(f"replay graph {r['size']}: {r['role'].removeprefix('replay ')}") for r in replays]
+    replay_labels = [f"replay graph {r['size']}: {r['role'].removeprefix('replay ')}" for r in replays]
     fig = go.Figure()
     for role in COLOURS:
         held = [
@@ -212,7 +212,7 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
                 label,
                 r["alloc_index"],
                 free,
-                f"{label}: {format_bytes(r['bytes'])} at {r['addr']:#x}, break {html_text(r['break'])}<br>"
+                f"{label}: {format_bytes(r['bytes'])} at {r['addr']:#x}, break {r['break']}<br>"
                 f"allocated at {html_text(user_frame_line(trace[r['alloc_index']].frames))} "
                 f"(trace {r['alloc_index']})<br>freed at {html_text(r['free_frame'] or 'never')} (trace {free})",
             )
