@@ -118,15 +118,15 @@ def test_the_generator_shows_its_phases(terminal, at_once, tmp_path, capsys):
         assert phase in shown
 
 
-def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, monkeypatch):
-    path = tmp_path / "scale.pickle"
-    write_scale_snapshot(path, seed=1, scale=0.002)
-    bars = []
+@pytest.fixture
+def bars(monkeypatch) -> list:
+    """The bars `kit.progress` opens, as recorders of their description, total, unit and count."""
+    opened = []
 
     class Recorder:
         def __init__(self, desc, total, unit):
             self.desc, self.total, self.unit, self.n = desc, total, unit, 0
-            bars.append(self)
+            opened.append(self)
 
         def update(self, n=1):
             self.n += n
@@ -136,6 +136,12 @@ def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, monkeypat
 
     monkeypatch.setattr(progress, "shown", lambda: True)
     monkeypatch.setattr(progress, "_tqdm", Recorder)
+    return opened
+
+
+def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, bars):
+    path = tmp_path / "scale.pickle"
+    write_scale_snapshot(path, seed=1, scale=0.002)
     kit.load.snapshot.load_snapshot(path, cache=False)
     (bar,) = bars
     assert bar.desc == "loading scale.pickle" and bar.unit == "B" and bar.total == path.stat().st_size
@@ -143,23 +149,8 @@ def test_the_load_bar_counts_every_byte_of_the_file(at_once, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("every", [1, 3, 4, 10, 11])
-def test_a_tracked_bar_ends_at_its_total(at_once, monkeypatch, every):
+def test_a_tracked_bar_ends_at_its_total(at_once, bars, every):
     """The last items, fewer than `every`, are counted too: the bar ends at 10 of 10, whatever `every` is."""
-    bars = []
-
-    class Recorder:
-        def __init__(self, desc, total, unit):
-            self.total, self.n = total, 0
-            bars.append(self)
-
-        def update(self, n=1):
-            self.n += n
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(progress, "shown", lambda: True)
-    monkeypatch.setattr(progress, "_tqdm", Recorder)
     assert list(progress.track(range(10), "counting", every=every)) == list(range(10))
     (bar,) = bars
     assert (bar.n, bar.total) == (10, 10)
