@@ -9,7 +9,7 @@ predicted reserved bytes beside what the merged run reserved on the GPU, and
 beside the kit's own simulator running `NAME_merged.json`. Exit 0 when every
 pool of every pair matches the GPU, 1 otherwise. With `--record N` (needs CUDA)
 it first records a generated workload of N ops and its merged twin into DIR,
-for traces too long to ship (the 300,000-op check in docs/whatif.md).
+for traces too long to ship (the 300,000-op check in docs/commands.md).
 """
 
 from __future__ import annotations
