@@ -123,10 +123,11 @@ def _stream_id(snap: Snapshot, ref: object, labels: Mapping[int, str]) -> int:
 def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, int], replay: TraceReplay) -> None:
     """A stream that captured graphs cannot move onto the default stream: CUDA refuses to capture there."""
     allocs = replay.allocs
+    in_graph_pool = allocs["pool"].map(lambda pool: tuple(pool) != DEFAULT_POOL)
     for source, target in moves.items():
         if target != DEFAULT_STREAM:
             continue
-        captured = allocs[(allocs["stream"] == source) & (allocs["pool"] != DEFAULT_POOL)]
+        captured = allocs[(allocs["stream"] == source) & in_graph_pool]
         if len(captured):
             raise KitError(
                 f"{snap.origin}: --map moves {stream_labels(snap)[source]!r} onto the default stream, but it "
