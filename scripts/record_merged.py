@@ -23,6 +23,7 @@ import argparse
 import concurrent.futures
 import hashlib
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kit.allocator.workload import generate_workload  # noqa: E402
+from kit.experiments.recorded import trim_frames  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
 
@@ -63,14 +65,7 @@ def record(name: str, out: Path) -> dict:
     if done.returncode:
         raise RuntimeError(f"{name}: run-workload failed: {done.stderr.strip()[-2000:]}")
     raw = safe_unpickle(pickle_path.read_bytes(), pickle_path.name)
-    for trace in raw["device_traces"]:
-        for entry in trace:
-            entry["frames"] = []
-    for seg in raw["segments"]:
-        seg["frames"] = []
-        for block in seg["blocks"]:
-            block["frames"] = []
-    import pickle
+    trim_frames(raw, keep=0)
 
     with atomic_write(pickle_path, "wb") as f:
         pickle.dump(raw, f)

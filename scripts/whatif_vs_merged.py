@@ -28,13 +28,9 @@ from record_merged import MOVED, ONTO, merged  # noqa: E402
 from kit.allocator.simulator import simulate  # noqa: E402
 from kit.allocator.workload import generate_workload, load_workload  # noqa: E402
 from kit.analysis.tables import segment_table  # noqa: E402
-from kit.analysis.whatif import what_if  # noqa: E402
+from kit.analysis.whatif import reserved_by_pool, what_if  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import Snapshot, load_snapshot  # noqa: E402
-
-
-def reserved_by_pool(table) -> dict[tuple[int, int], int]:
-    return {tuple(p): int(v) for p, v in table.groupby("pool")["reserved"].sum().items()}
 
 
 def compare(original: Path) -> list[dict]:

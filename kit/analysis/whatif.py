@@ -362,8 +362,11 @@ def _pool_of_next_alloc(entries, start: int, pool_of: Mapping[int, tuple]) -> tu
     return DEFAULT_POOL
 
 
-def _reserved_by_pool(table: pd.DataFrame) -> dict[tuple[int, int], int]:
-    return {tuple(p): int(v) for p, v in table.groupby("pool")["reserved"].sum().items()}
+def reserved_by_pool(table: pd.DataFrame) -> dict[tuple[int, int], int]:
+    """Reserved bytes per pool of a `segment_table` (prediction, baseline or recording)."""
+    if table.empty:
+        return {}
+    return {tuple(p): int(v) for p, v in table.groupby("pool", sort=True)["reserved"].sum().items()}
 
 
 def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
@@ -388,7 +391,7 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     simulated = simulate_trace(snap, moves, replay=replay)
     predicted = segment_table(simulated)
     recorded = segment_table(snap)
-    before, after = _reserved_by_pool(baseline), _reserved_by_pool(predicted)
+    before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
     saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
     corrections = _baseline_differences(recorded, baseline, replay.device)
     spread = placement_spread(snap, moves, replay, after)
@@ -412,7 +415,7 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
 def _baseline_differences(recorded: pd.DataFrame, baseline: pd.DataFrame, device: int) -> list[str]:
     """Per pool where replaying the trace as recorded does not end at the recording: one line."""
     recorded = recorded[recorded["device"] == device]
-    want, got = _reserved_by_pool(recorded), _reserved_by_pool(baseline)
+    want, got = reserved_by_pool(recorded), reserved_by_pool(baseline)
     labels = dict(zip(recorded["pool"], recorded["pool_label"], strict=True))
     lines = []
     for pool in sorted(want.keys() | got.keys()):
@@ -444,7 +447,7 @@ def placement_spread(
     if len(snap.require_trace(replay.device)) > SPREAD_EVENTS:
         return None
     tries = [predicted] + [
-        _reserved_by_pool(segment_table(simulate_trace(snap, moves, replay=replay, placement=placement)))
+        reserved_by_pool(segment_table(simulate_trace(snap, moves, replay=replay, placement=placement)))
         for placement in PLACEMENTS
     ]
     spread = {}

@@ -38,7 +38,7 @@ from kit.analysis.attribution import capture_attribution
 from kit.analysis.names import pool_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_report
-from kit.analysis.whatif import WhatIf, what_if
+from kit.analysis.whatif import WhatIf, reserved_by_pool, what_if
 from kit.errors import KitError
 from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -264,18 +264,12 @@ def _what_if_section(snapshot: Snapshot, stream_map: Mapping[str, str] | None) -
     return _section(title, _WHAT_IF, snapshot.source_label, hint + _self_check(snapshot, result))
 
 
-def _reserved_by_pool(table: pd.DataFrame) -> dict[tuple[int, int], int]:
-    if table.empty:
-        return {}
-    return {tuple(p): int(b) for p, b in table.groupby("pool", sort=True)["reserved"].sum().items()}
-
-
 def _prediction_body(snapshot: Snapshot, stream_map: Mapping[str, str], result: WhatIf) -> str:
     """The map, one row per pool (as recorded, predicted, saved), the predicted table, the corrections."""
     moves = "; ".join(f"{a} onto {b}" for a, b in stream_map.items())
     body = _note(f"map: {moves}")
     labels = pool_labels(snapshot)
-    before, after = _reserved_by_pool(result.baseline), _reserved_by_pool(result.predicted)
+    before, after = reserved_by_pool(result.baseline), reserved_by_pool(result.predicted)
     rows = [
         {
             "pool_label": labels.get(tuple(pool), str(tuple(pool))),
@@ -299,7 +293,7 @@ def _prediction_body(snapshot: Snapshot, stream_map: Mapping[str, str], result: 
 
 def _self_check(snapshot: Snapshot, result: WhatIf) -> str:
     """Whether the simulator, replaying the trace as recorded, ends with each pool's recorded reservation."""
-    recorded, replayed = _reserved_by_pool(segment_table(snapshot)), _reserved_by_pool(result.predicted)
+    recorded, replayed = reserved_by_pool(segment_table(snapshot)), reserved_by_pool(result.predicted)
     labels = pool_labels(snapshot)
     differ = [
         f"{labels.get(pool, str(pool))}: {format_bytes(replayed.get(pool, 0))} replayed, "
