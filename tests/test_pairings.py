@@ -25,8 +25,6 @@ from kit.experiments.pairings import (
     POLICIES,
     adversary,
     compare_outputs,
-    dispatch_replay_size,
-    dispatchable_replay_sizes,
     enumerate_pairs,
     load_pairs,
     output_names,
@@ -45,6 +43,10 @@ TINY = ReplicaConfig(
     aux_hidden_state_layers=(3,),
     vocab_size=97,
     cudagraph_capture_sizes=(8, 16),
+    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
+    window=2,
+    decoder_replay_trim_threshold=4,
+    replay_sizing="half",
 )
 PROVENANCE = {
     "gpu": "NVIDIA H200",
@@ -58,37 +60,7 @@ PROVENANCE = {
 # --- which pairs ----------------------------------------------------------------
 
 
-def test_dispatch_pads_rows_to_the_next_replay_size_and_runs_eagerly_above_the_largest():
-    sizes = [64, 128, 256]
-    assert [dispatch_replay_size(r, sizes) for r in (1, 64, 65, 128, 200, 256, 257)] == [
-        64,
-        64,
-        128,
-        128,
-        256,
-        256,
-        None,
-    ]
-
-
-def test_a_model_graph_can_dispatch_every_replay_size_its_rows_pad_to():
-    # Rows 1..replay_rows(N) = 1..N/2; padding can reach a size above N/2, and rows past the largest run eagerly.
-    assert dispatchable_replay_sizes(256, [64, 256]) == {64, 256}
-    assert dispatchable_replay_sizes(1024, [64]) == {64}
-    assert dispatchable_replay_sizes(128, [64, 128, 256]) == {64}
-    assert dispatchable_replay_sizes(256, [127, 128]) == {127, 128}  # up to replay_rows(256) = 128 rows
-
-
-@pytest.mark.parametrize("preset,pairs,dispatchable", [("small", 9, 6), ("large", 25, 15)])
-def test_every_pair_is_enumerated_and_those_with_r_at_most_n_over_2_are_dispatchable(preset, pairs, dispatchable):
-    config = PRESETS[preset]
-    found = enumerate_pairs(config)
-    assert len(found) == pairs and sum(d for *_, d in found) == dispatchable
-    assert {(n, r) for n, r, _ in found} == {
-        (n, r) for n in config.cudagraph_capture_sizes for r in config.decoder_replay_cudagraph_capture_sizes
-    }
-    assert all(d == (r <= n // 2) for n, r, d in found)
-    assert found[0][:2] == (min(config.cudagraph_capture_sizes), min(config.decoder_replay_cudagraph_capture_sizes))
+# vLLM's dispatch rule and the pairs it gives: tests/test_dispatch.py.
 
 
 # --- the adversary's hook, on the CPU ------------------------------------------------
@@ -99,6 +71,7 @@ class FakeReplayGraphs:
 
     def __init__(self, sizes=(4, 8)) -> None:
         self.input_buffers = [torch.zeros(max(sizes), 3), torch.zeros(max(sizes), 1)]
+        self.capture_sizes = sorted(sizes, reverse=True)
         self.graphs_captured = True
         self.log: list[tuple] = []
         log = self.log
@@ -112,6 +85,9 @@ class FakeReplayGraphs:
                 return inputs
 
         self.breakable_cg_runner = Runner()
+
+    def dispatch(self, num_rows):
+        return min((s for s in self.capture_sizes if s >= num_rows), default=None)
 
     def run(self, rows, inputs):
         self.log.append(("run", rows, inputs))
@@ -236,37 +212,37 @@ def recordings(tmp_path, monkeypatch):
 
 
 def test_verdicts_say_all_bit_exact_or_which_pairs_differ_and_by_how_much(recordings):
-    fake_recording(recordings, differing={(512, 128), (128, 256)}, alone_differing={512})
+    fake_recording(recordings, differing={(512, 96), (128, 288)}, alone_differing={512})
     df = load_pairs("small")
-    assert list(df["policy"].unique()) == list(POLICIES) and len(df) == 27
+    assert list(df["policy"].unique()) == list(POLICIES) and len(df) == 54
     assert df.attrs["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
     )
     assert pair_verdicts(df) == [
-        "pr: all 9 pairings bit-exact (6 dispatchable)",
-        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
-        "early_aux_shared: 2 of 9 pairings differ from eager (1 of them dispatchable): (128, 256), (512, 128) — "
+        "pr: all 18 pairings bit-exact (11 dispatchable)",
+        "unpatched: all 18 pairings bit-exact (11 dispatchable)",
+        "early_aux_shared: 2 of 18 pairings differ from eager (1 of them dispatchable): (128, 288), (512, 96) — "
         "largest difference 10; with only its own replay graph, model graph 512 differs too",
     ]
 
 
 def test_the_table_has_a_row_per_model_graph_and_marks_stress_only_pairs(recordings):
-    fake_recording(recordings, differing={(512, 128)})
+    fake_recording(recordings, differing={(512, 192)})
     table = pair_tables(load_pairs("small"))["early_aux_shared"]
-    assert list(table.columns) == ["N \\ R", "64", "128", "256", "own replay alone"]
-    assert table.set_index("N \\ R").loc[512].tolist() == ["bit-exact", "differs 10", "bit-exact", "bit-exact"]
-    assert table.set_index("N \\ R").loc[128].tolist() == ["bit-exact", "bit-exact *", "bit-exact *", "bit-exact"]
+    assert list(table.columns) == ["N \\ R", "96", "192", "288", "384", "480", "512", "own replay alone"]
+    assert table.set_index("N \\ R").loc[512].tolist() == ["bit-exact", "differs 10"] + ["bit-exact"] * 5
+    assert table.set_index("N \\ R").loc[128].tolist() == ["bit-exact"] * 2 + ["bit-exact *"] * 4 + ["bit-exact"]
 
 
 def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
-    fake_recording(recordings, differing={(256, 64)})
+    fake_recording(recordings, differing={(256, 96)})
     assert kit_main(["safety"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"source: {load_pairs('small').attrs['source']}"
     assert out[-3:] == [
-        "pr: all 9 pairings bit-exact (6 dispatchable)",
-        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
-        "early_aux_shared: 1 of 9 pairings differ from eager (1 of them dispatchable): (256, 64) — "
+        "pr: all 18 pairings bit-exact (11 dispatchable)",
+        "unpatched: all 18 pairings bit-exact (11 dispatchable)",
+        "early_aux_shared: 1 of 18 pairings differ from eager (1 of them dispatchable): (256, 96) — "
         "largest difference 5",
     ]
     headers = [f"{p} ({SCENARIOS[POLICIES[p]][2]})" for p in POLICIES]
@@ -275,15 +251,15 @@ def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
 
 
 def test_safety_json_is_the_contract(recordings, capsys):
-    fake_recording(recordings, differing={(512, 256)}, preset="large")
+    fake_recording(recordings, differing={(1024, 256)}, preset="large")
     assert kit_main(["safety", "--preset", "large", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"pairs", "source", "provenance"} <= set(out)
-    assert len(out["pairs"]) == 75 and out["provenance"] == PROVENANCE
+    assert len(out["pairs"]) == 3 * 4 * 32 and out["provenance"] == PROVENANCE  # model graph 512 does not break
     for pair in out["pairs"]:
         assert {"policy", "model_size", "replay_size", "bit_exact", "max_abs_diff"} <= set(pair)
     assert [p for p in out["pairs"] if not p["bit_exact"]] == [
-        p for p in out["pairs"] if (p["policy"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 512, 256)
+        p for p in out["pairs"] if (p["policy"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 1024, 256)
     ]
 
 
@@ -317,7 +293,9 @@ def test_a_recording_that_is_not_one_is_one_line(recordings, capsys):
 
 
 def test_an_unknown_preset_or_policy_is_one_line(recordings, capsys):
-    assert _one_line_error(capsys, ["safety", "--preset", "huge"]) == "unknown preset 'huge': one of small, large"
+    assert _one_line_error(capsys, ["safety", "--preset", "huge"]) == (
+        "unknown preset 'huge': one of small, large, small_half, large_half"
+    )
     with pytest.raises(KitError, match="unknown pairing policy 'share': one of pr, unpatched, early_aux_shared"):
         pairings.run_policy("share")
 

@@ -23,8 +23,10 @@ from kit.analysis.readwrite import (
     attach_break_reads,
     break_reads,
     carried_reads,
+    model_after_replay,
     model_break,
     model_outputs,
+    model_runs_replay,
     model_segment,
     obligation_summary,
     obligation_verdicts,
@@ -46,6 +48,10 @@ TINY = ReplicaConfig(
     aux_hidden_state_layers=(3,),
     vocab_size=97,
     cudagraph_capture_sizes=(8, 16),
+    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
+    window=2,
+    decoder_replay_trim_threshold=4,
+    replay_sizing="half",
     dtype="float32",
     hyper_connections=True,
 )
@@ -124,6 +130,56 @@ def test_a_replay_writing_elsewhere_or_over_the_breaks_input_holds():
     assert carried & Ranges([span(rw.aux)]) == Ranges([span(rw.aux)])
     (reads,) = break_reads(rw.recording()).values()
     assert reads == Ranges([span(rw.hidden)]) and not carried & reads  # what the break read, not what it wrote
+
+
+def _break_reading_after_the_replay(read_input_after: bool) -> ReadWriteRecorder:
+    """A model graph with an attention break, then the replay break: gather, replay layers, then (maybe) a read
+    of the break's input after them; a replay graph writes over that input."""
+    x = torch.randn(16, 8)
+    with ReadWriteRecorder() as rw:
+        with rw.phase(model_segment(16, 0)):
+            h = x * 2
+        with rw.phase(model_break(16, 0)):  # attention: no replay layers run here
+            attn = h * 1
+        with rw.phase(model_segment(16, 1)):
+            hidden = attn + h
+        with rw.phase(model_break(16, 1)):
+            gathered = hidden[8:].clone()  # the gather, before the replay layers start
+        with rw.phase(model_runs_replay(16, 1)):
+            rows_out = gathered * 3
+        with rw.phase(model_after_replay(16, 1)):
+            out = torch.zeros(16, 8)
+            out[8:] = rows_out
+            if read_input_after:
+                out.add_(hidden)  # a read of the break's input after R started
+        with rw.phase(model_segment(16, 2)):
+            final = out * 2
+        with rw.phase(model_outputs(16)):
+            rw.note_reads(final, "read after the forward")
+        with rw.phase(replay_graph(8)):
+            hidden.mul_(0)  # R allocates over, and writes, the break's input
+    rw.hidden = hidden
+    return rw
+
+
+def test_a_read_of_a_break_input_after_the_replay_layers_start_violates_the_obligation():
+    rw = _break_reading_after_the_replay(read_input_after=True)
+    recording = rw.recording()
+    assert recording.breaks(16) == [0, 1] and recording.replay_breaks(16) == [1]
+    (row,) = readwrite_table(recording).to_dict("records")  # only the replay break is paired
+    assert (row["break"], row["holds"], row["overlap_bytes"]) == (1, False, rw.hidden.numel() * 4)
+    assert row["reading_ops"] == ["aten.add_.Tensor"]
+    carried = Ranges((p.start, p.end) for p in carried_reads(recording, 16, 1))
+    assert carried & Ranges([span(rw.hidden)]) == Ranges([span(rw.hidden)])
+
+
+def test_the_gather_before_the_replay_layers_is_not_carried_and_the_pairing_holds():
+    rw = _break_reading_after_the_replay(read_input_after=False)
+    (row,) = readwrite_table(rw.recording()).to_dict("records")
+    assert row["holds"] and row["break"] == 1
+    parts = [model_segment(8, 0), model_break(8, 0), model_runs_replay(8, 0), model_after_replay(8, 0)]
+    orders = [p.order for p in [*parts, model_segment(8, 1), model_outputs(8)]]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
 
 
 def test_bytes_rewritten_after_the_break_are_not_carried_across_it():

@@ -36,6 +36,10 @@ TINY = ReplicaConfig(
     aux_hidden_state_layers=(3,),
     vocab_size=97,
     cudagraph_capture_sizes=(8, 16),
+    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
+    window=2,
+    decoder_replay_trim_threshold=4,
+    replay_sizing="half",
 )
 MIB = 1024 * 1024
 

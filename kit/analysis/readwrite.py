@@ -12,9 +12,14 @@ device byte ranges every aten op reads and writes, tagged with a `Phase`
 the forward, or replay graph R). Capture records what replay does: a graph
 replays the kernels and addresses it captured. Here:
 
-- `carried_reads`: per model graph and break, the bytes read after the break
-  whose last write came before it (a read's bytes that the break or a later
-  phase wrote first are left out: that value is made after R has run);
+- `carried_reads`: per model graph and replay break, the bytes read after the
+  replay layers start there (where R would run: `RUNS_REPLAY`; the rest of the
+  break, `AFTER_REPLAY`, later segments and breaks, the outputs) whose last
+  write came before that point (bytes written at or after it are left out:
+  that value is made after R has run). A model graph may have several breaks
+  (V4.1 breaks at every attention); R runs only in the one where the replay
+  layers ran (`ReadWriteRecording.replay_breaks`), and its own breaks' writes
+  count as its writes;
 - `readwrite_table`: per (model graph, break, replay graph) pairing, those
   bytes intersected with the bytes R writes, with the ops on both sides;
 - `obligation_verdicts`, `obligation_summary`: holds, or violated with the
@@ -68,8 +73,8 @@ from kit.errors import KitError
 
 OBLIGATION = (
     "For every model graph N and every replay graph R that can run in N's eager break, the bytes R writes "
-    "do not overlap the bytes N reads after the break (in its later segments or as its outputs) whose "
-    "values were written before the break."
+    "do not overlap the bytes read after R starts (by the rest of the break, N's later segments and breaks, "
+    "or the caller reading N's outputs) whose values were written before R started."
 )
 DRAFTER_OBLIGATION = (
     "For every model graph N and every drafter graph D that can run after it in a step, the bytes D writes do "
@@ -77,6 +82,10 @@ DRAFTER_OBLIGATION = (
 )
 MODEL, REPLAY, DRAFTER, STEP = "model", "replay", "drafter", "step"
 SEGMENT, BREAK, OUTPUT = "segment", "break", "output"
+# A model graph's replay break in three parts: BREAK up to where the replay layers start (the gather of their
+# inputs), RUNS_REPLAY while they run (where replay graph R runs), AFTER_REPLAY the rest of the break.
+RUNS_REPLAY, AFTER_REPLAY = "runs_replay", "after_replay"
+_PART_ORDER = {SEGMENT: 0.0, BREAK: 1.0, RUNS_REPLAY: 1.25, AFTER_REPLAY: 1.5}
 BEFORE, AFTER = "before", "after"  # a step's eager work before and after its drafter graph
 READ, WRITE = "read", "write"
 TABLE_COLUMNS = [
@@ -109,13 +118,18 @@ class Phase:
             return f"step of {self.size} tokens, {self.part} the drafter's graph"
         if self.graph == DRAFTER:
             return f"drafter graph {self.size}"
-        part = OUTPUT + "s read after the forward" if self.part == OUTPUT else f"{self.part} {self.index}"
+        part = {
+            OUTPUT: "outputs read after the forward",
+            RUNS_REPLAY: f"break {self.index} while the replay layers run",
+            AFTER_REPLAY: f"break {self.index} after the replay layers",
+        }.get(self.part, f"{self.part} {self.index}")
         return f"{self.graph} graph {self.size} {part}"
 
     @property
     def order(self) -> float:
-        """Position in the graph's forward: segment J at 2J, break J at 2J + 1, the outputs last."""
-        return float("inf") if self.part == OUTPUT else 2 * self.index + (self.part == BREAK)
+        """Position in the graph's forward: segment J at 2J, break J from 2J + 1 (its replay part at
+        2J + 1.25, the rest of it at 2J + 1.5), the outputs last."""
+        return float("inf") if self.part == OUTPUT else 2 * self.index + _PART_ORDER[self.part]
 
 
 def model_segment(size: int, index: int = 0) -> Phase:
@@ -124,6 +138,14 @@ def model_segment(size: int, index: int = 0) -> Phase:
 
 def model_break(size: int, index: int = 0) -> Phase:
     return Phase(MODEL, size, BREAK, index)
+
+
+def model_runs_replay(size: int, index: int = 0) -> Phase:
+    return Phase(MODEL, size, RUNS_REPLAY, index)
+
+
+def model_after_replay(size: int, index: int = 0) -> Phase:
+    return Phase(MODEL, size, AFTER_REPLAY, index)
 
 
 def model_outputs(size: int) -> Phase:
@@ -270,6 +292,20 @@ class ReadWriteRecording:
         """The eager breaks model graph `size` went through, by index."""
         return sorted({a.phase.index for a in self.of(MODEL, size) if a.phase.part == BREAK})
 
+    def replay_breaks(self, size: int) -> list[int]:
+        """The breaks of model graph `size` where the replay layers ran (where a replay graph can run).
+
+        A recording that marks no replay part anywhere (made before they were
+        recorded) has every break taken for one, with R starting at its end.
+        """
+        if not self.marks_replay:
+            return self.breaks(size)
+        return sorted({a.phase.index for a in self.of(MODEL, size) if a.phase.part == RUNS_REPLAY})
+
+    @property
+    def marks_replay(self) -> bool:
+        return any(a.phase.part == RUNS_REPLAY for a in self.accesses)
+
 
 def _recording(recording: ReadWriteRecording | Iterable) -> ReadWriteRecording:
     if isinstance(recording, ReadWriteRecording):
@@ -281,14 +317,18 @@ def _recording(recording: ReadWriteRecording | Iterable) -> ReadWriteRecording:
 
 
 def carried_reads(recording: ReadWriteRecording | Iterable, size: int, break_index: int = 0) -> list[Piece]:
-    """The bytes model graph `size` reads after break `break_index` whose last write came before the break.
+    """The bytes read after replay graph R starts in break `break_index` of model graph `size`, whose last write
+    came before R started.
 
-    Reads in the break itself are the break's own (its inputs, read before any
-    replay graph runs there), so they are left out; a read after the break of
-    bytes the break or a later phase wrote first is left out too.
+    R starts where the replay layers start (`RUNS_REPLAY`). The reads before
+    it (the gather of the layers' inputs) and the replay layers' own reads
+    are left out; every read after it counts: the rest of the break, the later
+    segments and breaks, the outputs the caller reads. A read of bytes written
+    at or after R's start is left out: that value is made after R ran. In a
+    recording without replay parts R starts at the break's end.
     """
     recording = _recording(recording)
-    boundary = model_break(size, break_index).order
+    boundary = (model_runs_replay if recording.marks_replay else model_break)(size, break_index).order
     rewritten, pieces = Ranges(), []
     for access in recording.of(MODEL, size):
         order = access.phase.order
@@ -327,7 +367,7 @@ def readwrite_table(
     written = {r: Ranges((p.start, p.end) for p in pieces) for r, pieces in replays.items()}
     rows = []
     for model_size in recording.sizes(MODEL):
-        for j in recording.breaks(model_size):
+        for j in recording.replay_breaks(model_size):
             carried_pieces = carried_reads(recording, model_size, j)
             carried = Ranges((p.start, p.end) for p in carried_pieces)
             for replay_size, writes in written.items():

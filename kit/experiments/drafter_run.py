@@ -224,7 +224,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     import torch
 
     from kit.experiments.alternatives import alternatives_config, build_runner, require_cuda, variant_patch
-    from kit.experiments.pairings import dispatchable_replay_sizes
+    from kit.experiments.dispatch import can_run
     from kit.experiments.readwrite_run import compare_analyses, replica_phases
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
@@ -249,11 +249,8 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     def drafter_can_run(model_size: int, drafter_size: int) -> bool:
         return runner.speculator.dispatch(model_size) == drafter_size
 
-    def replay_can_run(model_size: int, replay_size: int) -> bool:
-        return replay_size in dispatchable_replay_sizes(model_size, config.decoder_replay_cudagraph_capture_sizes)
-
     table = drafter_table(recording, can_run=drafter_can_run)
-    model_table = readwrite_table(recording, can_run=replay_can_run)
+    model_table = readwrite_table(recording, can_run=can_run(config))
     return {
         "variant": variant,
         "preset": preset,
@@ -268,7 +265,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
         ],
         "model_graphs": {
             "obligation": obligation_summary(model_table),
-            "pairs": compare_analyses(raw, recording, replay_can_run),
+            "pairs": compare_analyses(raw, recording, can_run(config)),
         },
         "capture_streams": _capture_streams(raw),
         "accesses": recording.to_records(),

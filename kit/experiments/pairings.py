@@ -1,42 +1,40 @@
-"""Adversarial pairings: every replay graph replayed inside every model graph's break, against eager.
+"""Pairings: every replay graph run in every model graph's break, against eager.
 
 The safety argument for sharing a stream is that, for every model graph N and
-every replay graph R that can run in N's eager break, the blocks R writes do
-not overlap the blocks N's post-break segment reads (what N made before the
-break and still needs after it). `check_equivalence` asks that only of the
-pair the replica dispatches, (N, `replay_rows(N)`). Here every pair is run:
-N on fresh random token ids, and inside N's break, before N's own replay
-graph, replay graph R on fresh random inputs (random values copied into the
-replay manager's static input buffers, then R replayed); N's outputs (hidden
-states and aux hidden states) are compared bit for bit with an eager run of
-the same ids.
+every replay graph R that can run in N's eager break, what R writes does not
+change what is read after R starts. Here every pairing is run, on fresh
+random token ids, and N's outputs (hidden states and aux hidden states) are
+compared bit for bit with an eager forward of the same ids and replay rows:
+
+- a pairing vLLM's dispatch can produce (`kit.experiments.dispatch`: N at or
+  above the trim threshold, R = dispatch(r) for some r in 1..N, R = N and
+  R > N included) runs as vLLM runs it: N's step is given `rows_for(N, R)`
+  replay rows, which the replica's dispatch pads to R, and nothing else is
+  added (`how`: `dispatched`);
+- any other pairing is stress: N runs its own replay batch, and inside N's
+  break, before N's own replay graph, replay graph R is replayed on random
+  inputs (`Adversary`: random values copied into the replay manager's static
+  input buffers, then R replayed; `how`: `adversary`). The break's inputs are
+  read first, as the real gather reads them before any replay graph runs.
+
+Model graphs below the trim threshold keep the replay layers inside the graph
+and have no break for R (`no_break`); they are listed, not paired.
 
 The hook leaves the replica's modules alone, so the PR's hunks still apply
 to them: `adversary()` shadows the model state's `prepare_replay_batch` on
 the instance, and wraps the `run_graph` of each replay batch it sets in
-`Adversary.then(real)`: the break's inputs read (as the real gather reads
-them before any replay graph runs), R replayed, then the real replay.
-
-Which pairs are `dispatchable` (`dispatchable_replay_sizes`): in vLLM a
-step's replay rows are each request's last `window` rows, so their count
-is not fixed by the step's token count (a decode request gives one row per
-token, a long prefill `window`): a step padded to model graph N has from 1
-up to as many rows as N allows, here `replay_rows(N)` (the replica's
-stand-in, N/2). vLLM's replay dispatch (`CudaGraphManager.dispatch`) pads a
-row count to the smallest replay capture size at least as large and runs
-eagerly above the largest (`dispatch_replay_size`). So R is dispatchable in
-N's break iff R = dispatch(r) for some r in 1..replay_rows(N); with the
-replica's sizes that is R <= N/2. The other pairs are stress only. (vLLM
-breaks only model graphs of `decoder_replay_trim_threshold` = 768 tokens or
-more; the replica breaks every one.)
+`Adversary.then(real)`.
 
 Policies, each captured in a fresh process (patches and the graph pool are
 per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
 `early_aux_shared` (an aux hidden state at layer 1, before the replay
 layers, with the replay graphs forced onto the model graphs' stream), the
-scenarios of `kit.experiments.scenarios`. `record(preset, out_dir)` writes
-`<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the shipped
-recordings are `safety/<preset>.json` under `kit/recordings/`:
+scenarios of `kit.experiments.scenarios`. The replica runs with V4.1's
+hyper-connection inputs to the break and an eager break at every layer's
+attention (`ReplicaConfig.attention_breaks`), so model graphs break several
+times and replay graphs have breaks of their own. `record(preset, out_dir)`
+writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the
+shipped recordings are `safety/<preset>.json` under `kit/recordings/`:
 
     python -m kit.experiments.pairings --preset small --out DIR   # the shipped: DIR = the recordings' safety/
     python -m kit.experiments.pairings --policy pr --preset small --out pr.json   # one policy, this process
@@ -59,6 +57,8 @@ import pandas as pd
 
 from kit.errors import KitError
 from kit.experiments import recorded
+from kit.experiments.dispatch import RULE as DISPATCH_RULE
+from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
 from kit.experiments.recorded import provenance as _provenance
 from kit.experiments.recorded import shown as _shown
 from kit.recordings import RECORDINGS
@@ -68,38 +68,31 @@ POLICIES = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "earl
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
-DISPATCH_RULE = (
-    "dispatchable: replay graph R can run in model graph N's break, i.e. R is the smallest replay "
-    "capture size >= r for some row count r in 1..replay_rows(N) (vLLM pads the rows, each request's "
-    "last window rows, to the next replay size); the others are stress only"
-)
 _MISSING = object()
 
 
 # --- which pairs ---------------------------------------------------------------
 
 
-def dispatch_replay_size(num_rows: int, replay_sizes: list[int]) -> int | None:
-    """The replay graph vLLM's dispatch runs `num_rows` rows in: the smallest size that fits; None (eager) above all."""
-    return min((s for s in replay_sizes if s >= num_rows), default=None)
-
-
-def dispatchable_replay_sizes(model_size: int, replay_sizes: list[int]) -> set[int]:
-    """The replay graphs a step padded to `model_size` tokens can run in its break."""
-    from kit.replica.model import replay_rows
-
-    sizes = {dispatch_replay_size(r, replay_sizes) for r in range(1, replay_rows(model_size) + 1)}
-    return sizes - {None}
-
-
 def enumerate_pairs(config) -> list[tuple[int, int, bool]]:
-    """Every (model graph size, replay graph size, dispatchable) of a replica config, small first."""
-    replay_sizes = config.decoder_replay_cudagraph_capture_sizes
+    """Every (model graph size, replay graph size, dispatchable) of a replica config, small first.
+
+    Model graphs below the trim threshold have no break for a replay graph and are left out (`no_break_sizes`).
+    """
+    replay_sizes, threshold = config_rule(config)
     pairs = []
     for model_size in sorted(config.cudagraph_capture_sizes):
-        reachable = dispatchable_replay_sizes(model_size, replay_sizes)
-        pairs += [(model_size, r, r in reachable) for r in sorted(replay_sizes)]
+        if not breaks_out(model_size, threshold):
+            continue
+        reachable = dispatchable_replay_sizes(model_size, replay_sizes, threshold)
+        pairs += [(model_size, r, r in reachable) for r in replay_sizes]
     return pairs
+
+
+def no_break_sizes(config) -> list[int]:
+    """The model graphs that keep the replay layers inside the graph (below the trim threshold)."""
+    _, threshold = config_rule(config)
+    return [n for n in sorted(config.cudagraph_capture_sizes) if not breaks_out(n, threshold)]
 
 
 # --- the adversary -------------------------------------------------------------
@@ -150,8 +143,8 @@ def adversary(model_state, replay_size: int, inputs: list) -> Iterator[Adversary
     saved = vars(model_state).get("prepare_replay_batch", _MISSING)
     prepare = model_state.prepare_replay_batch
 
-    def prepare_then_arm(num_tokens: int, use_replay_graphs: bool) -> None:
-        prepare(num_tokens, use_replay_graphs)
+    def prepare_then_arm(*args, **kwargs) -> None:
+        prepare(*args, **kwargs)
         batch = model_state.decoder_replay_layers.replay_batch
         if batch is not None and batch.run_graph is not None:
             batch.run_graph = hook.then(batch.run_graph)
@@ -194,15 +187,16 @@ def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
 
 
 def run_pairs(runner, seed: int = SEED) -> list[dict]:
-    """Every pair of a captured runner: the model graph with the adversary in its break, against eager.
+    """Every pair of a captured runner, against eager: dispatched where vLLM can run it, else the adversary.
 
     Each row also says how the model graph fares with its own replay graph
     alone (`alone_bit_exact`), so a difference can be told apart from one the
-    dispatched pair makes anyway.
+    model graph makes anyway.
     """
     import torch
 
     config = runner.config
+    replay_sizes, _ = config_rule(config)
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def fresh_ids(size: int):
@@ -216,26 +210,50 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
     graphs = runner.model_state.replay_cudagraphs
     for model_size, replay_size, dispatchable in enumerate_pairs(config):
         ids = fresh_ids(model_size)
-        noise = [
-            torch.randn((replay_size, *buf.shape[1:]), generator=generator).to(buf.device, buf.dtype)
-            for buf in graphs.input_buffers
-        ]
-        eager = runner.run(ids, use_cudagraph=False)
-        with adversary(runner.model_state, replay_size, noise) as hook:
-            graph = runner.run(ids)
-        if hook.replays != 1:
-            raise KitError(f"replay graph {replay_size} ran {hook.replays} times in model graph {model_size}, not once")
+        if dispatchable:
+            num_rows = rows_for(model_size, replay_size, replay_sizes)
+            eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
+            graph = runner.run(ids, num_replay_rows=num_rows)
+            ran = runner.model_state.decoder_replay_layers.replay_batch.forward_context.num_tokens
+            if ran != replay_size:
+                raise KitError(
+                    f"{num_rows} replay rows in model graph {model_size} ran replay graph {ran}, not {replay_size}"
+                )
+            how = "dispatched"
+        else:
+            num_rows = None
+            noise = [
+                torch.randn((replay_size, *buf.shape[1:]), generator=generator).to(buf.device, buf.dtype)
+                for buf in graphs.input_buffers
+            ]
+            eager = runner.run(ids, use_cudagraph=False)
+            with adversary(runner.model_state, replay_size, noise) as hook:
+                graph = runner.run(ids)
+            if hook.replays != 1:
+                raise KitError(
+                    f"replay graph {replay_size} ran {hook.replays} times in model graph {model_size}, not once"
+                )
+            how = "adversary"
         rows.append(
             {
                 "model_size": model_size,
                 "replay_size": replay_size,
                 "dispatchable": dispatchable,
+                "how": how,
+                "replay_rows": num_rows,
                 **compare_outputs(config, graph, eager),
                 "alone_bit_exact": alone[model_size]["bit_exact"],
                 "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
             }
         )
     return rows
+
+
+def safety_config(scenario: str, preset: str):
+    """The scenario's replica with V4.1's break inputs and an eager break at every attention."""
+    from kit.experiments.scenarios import scenario_config
+
+    return dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True, attention_breaks=True)
 
 
 def _shares_model_stream(runner) -> bool:
@@ -247,7 +265,7 @@ def _shares_model_stream(runner) -> bool:
 
 def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
     """Capture the replica under `policy` in this process and run every pair; its rows and metadata."""
-    from kit.experiments.scenarios import SCENARIOS, check_preset, scenario_config
+    from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
@@ -256,8 +274,7 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
     require_cuda()
     scenario = POLICIES[policy]
     patch_policy, _, description = SCENARIOS[scenario]
-    # The break gets V4.1's several inputs (hyper-connection state), the case the safety argument must meet.
-    config = dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True)
+    config = safety_config(scenario, preset)
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
@@ -272,6 +289,7 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
         "has_early_aux": replica_patch.has_early_aux(runner.model_state),
         "shares_model_stream": _shares_model_stream(runner),
         "outputs": output_names(config),
+        "no_break": no_break_sizes(config),
         "seed": seed,
         "pairs": pairs,
         "provenance": _provenance(command),
@@ -439,7 +457,12 @@ def safety_lines(data: dict) -> list[str]:
     for policy, table in pair_tables(df).items():
         about = described.get(policy, {}).get("description")
         lines += ["", f"{policy} ({about})" if about else policy, *table.to_string(index=False).splitlines()]
-    lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break", ""]
+    lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break"]
+    no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
+    if no_break:
+        sizes = ", ".join(map(str, no_break))
+        lines.append(f"model graph {sizes}: below the trim threshold, the replay layers stay in the graph (no break)")
+    lines.append("")
     return lines + pair_verdicts(df)
 
 

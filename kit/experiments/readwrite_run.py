@@ -18,7 +18,11 @@ by side for every (model graph, replay graph) pairing:
   the blocks involved.
 
 `dispatchable` marks the pairings vLLM's dispatch can produce
-(`kit.experiments.pairings.dispatchable_replay_sizes`); the rest are stress.
+(`kit.experiments.dispatch`); the rest are stress. Model graphs break at every
+attention (`ReplicaConfig.attention_breaks`) as V4.1's do, and R is paired
+with the break where the replay layers ran; the break is recorded in three
+parts (before the replay layers, while they run, after them), so reads after
+R starts, in the break too, are checked.
 `record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json`
 entry to `out_dir`; the shipped recordings are `readwrite/<preset>.json` in
 the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
@@ -40,11 +44,13 @@ import pandas as pd
 
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, liveness_table, liveness_verdicts
 from kit.analysis.readwrite import (
+    AFTER_REPLAY,
     BREAK,
     MODEL,
     OBLIGATION,
     OUTPUT,
     REPLAY,
+    RUNS_REPLAY,
     SEGMENT,
     Phase,
     Ranges,
@@ -77,15 +83,18 @@ def replica_phases(runner, recorder) -> Iterator[None]:
 
     Wraps `BreakableCUDAGraphWrapper._capture` (a capture of the model's
     wrapper is model graph N, whose outputs are read after the forward; of the
-    replay graphs' wrapper, replay graph R; any other is left unrecorded)
-    and `BreakableCUDAGraphCapture.add_eager` (the break between segments J
-    and J + 1). The replica's modules are put back as found.
+    replay graphs' wrapper, replay graph R; any other is left unrecorded),
+    `BreakableCUDAGraphCapture.add_eager` (the break between segments J
+    and J + 1) and, on the instance, the replay layers' `run_layers` as the
+    break calls it: from there to its return the break is `RUNS_REPLAY` (where
+    R runs), after it `AFTER_REPLAY`. The replica's modules are put back as found.
     """
     from kit.replica.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
 
     capture, add_eager = BreakableCUDAGraphWrapper._capture, BreakableCUDAGraphCapture.add_eager
     replay_graphs = runner.model_state.replay_cudagraphs
     graphs = {id(runner.model_runnable): MODEL, id(getattr(replay_graphs, "breakable_cg_runner", None)): REPLAY}
+    layers = runner.model_state.decoder_replay_layers
 
     def capture_by_phase(wrapper, num_tokens: int, args: tuple):
         graph = graphs.get(id(wrapper))
@@ -108,13 +117,26 @@ def replica_phases(runner, recorder) -> Iterator[None]:
         recorder.set_phase(dataclasses.replace(phase, part=SEGMENT, index=index + 1))
         return result
 
+    run_layers = layers.run_layers
+
+    def run_layers_by_phase(*inputs):
+        phase = recorder.current_phase
+        if phase is None or phase.graph != MODEL or phase.part != BREAK:
+            return run_layers(*inputs)
+        recorder.set_phase(dataclasses.replace(phase, part=RUNS_REPLAY))
+        outputs = run_layers(*inputs)
+        recorder.set_phase(dataclasses.replace(phase, part=AFTER_REPLAY))
+        return outputs
+
     BreakableCUDAGraphWrapper._capture = capture_by_phase
     BreakableCUDAGraphCapture.add_eager = break_by_phase
+    layers.run_layers = run_layers_by_phase
     try:
         yield
     finally:
         BreakableCUDAGraphWrapper._capture = capture
         BreakableCUDAGraphCapture.add_eager = add_eager
+        layers.run_layers = run_layers
 
 
 # --- the two analyses side by side ----------------------------------------------
@@ -257,9 +279,10 @@ def run_policy(policy: str, preset: str = "small") -> dict:
     import torch
 
     from kit.analysis.equivalence import check_equivalence
+    from kit.experiments.dispatch import can_run
     from kit.experiments.pairings import POLICIES as SCENARIO_OF
-    from kit.experiments.pairings import dispatchable_replay_sizes
-    from kit.experiments.scenarios import SCENARIOS, check_preset, scenario_config
+    from kit.experiments.pairings import safety_config
+    from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
@@ -270,8 +293,7 @@ def run_policy(policy: str, preset: str = "small") -> dict:
     require_cuda()
     scenario = SCENARIO_OF[policy]
     patch_policy, _, description = SCENARIOS[scenario]
-    # The break gets V4.1's several inputs (hyper-connection state), the case the safety argument must meet.
-    config = dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True)
+    config = safety_config(scenario, preset)  # V4.1's break inputs, and a break at every attention
     patch = replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext()
     # Recording from the first allocation, so the trace replays from an empty allocator.
     with patch, CaptureRecorder() as capture_recorder:
@@ -281,13 +303,8 @@ def run_policy(policy: str, preset: str = "small") -> dict:
             runner.capture_model()
     recording = rw.recording()
     raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
-    replay_sizes = config.decoder_replay_cudagraph_capture_sizes
-
-    def can_run(model_size: int, replay_size: int) -> bool:
-        return replay_size in dispatchable_replay_sizes(model_size, replay_sizes)
-
-    pairs = compare_analyses(raw, recording, can_run)
-    table = readwrite_table(recording, can_run=can_run)
+    pairs = compare_analyses(raw, recording, can_run(config))
+    table = readwrite_table(recording, can_run=can_run(config))
     command = f"python -m kit.experiments.readwrite_run --policy {policy} --preset {preset}"
     return {
         "policy": policy,

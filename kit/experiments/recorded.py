@@ -17,6 +17,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -133,7 +134,7 @@ def write_run(result: dict, out: str | Path) -> None:
 def run_in_subprocess(module: str, flag: str, name: str, preset: str, out: Path, failed: str) -> dict:
     """`python -m module --flag name --preset preset --out out` in a fresh process; what it wrote to `out`.
 
-    On failure, KitError `<failed> failed: <the child's last stderr line>`.
+    On failure, KitError `<failed> failed: <the child's error>` (`child_error`).
     """
     done = subprocess.run(
         [sys.executable, "-m", module, f"--{flag}", name, "--preset", preset, "--out", str(out)],
@@ -141,9 +142,29 @@ def run_in_subprocess(module: str, flag: str, name: str, preset: str, out: Path,
         text=True,
     )
     if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise KitError(f"{failed} failed: {lines[-1].removeprefix('kit: error: ')}")
+        raise KitError(f"{failed} failed: {child_error(done.stderr or done.stdout)}")
     return json.loads(out.read_text())
+
+
+def child_error(output: str) -> str:
+    """The error a failed child process printed, in one line.
+
+    The raised exception's own line (the last unindented `...Error: ...` or
+    `kit: error: ...`), not whatever came last: torch ends a CUDA error with
+    advice ("Compile with `TORCH_USE_CUDA_DSA`..."). A device-side assert's
+    first message (the kernel, the file and the failed condition) is added,
+    since the exception only says that one fired.
+    """
+    lines = [line.rstrip() for line in output.strip().splitlines()]
+    raised = [
+        line for line in lines
+        if line.startswith("kit: error: ") or re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", line)
+    ]  # fmt: skip
+    error = raised[-1].removeprefix("kit: error: ") if raised else (lines[-1] if lines else "no output")
+    asserted = next((line for line in lines if "Assertion `" in line and "failed" in line), None)
+    if asserted:
+        error += f" (first device-side assert: {asserted.strip()})"
+    return error
 
 
 def run_each(

@@ -45,6 +45,12 @@ class CudaGraphManager:
         self.pool = get_global_graph_pool() if torch.cuda.is_available() else None
         self.graphs_captured = False
 
+    def dispatch(self, num_tokens: int) -> int | None:
+        """The captured size a batch of `num_tokens` runs in: the smallest that fits; None (eager) above them all."""
+        if not self.graphs_captured:
+            return None
+        return min((s for s in self.capture_sizes if s >= num_tokens), default=None)
+
     def capture(
         self,
         create_forward_fn: CreateForwardFn,

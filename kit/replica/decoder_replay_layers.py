@@ -23,7 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from kit.replica.breakable_cudagraph import eager_break_during_capture
-from kit.replica.forward_context import ForwardContext, in_piecewise_cudagraph, override_forward_context
+from kit.replica.forward_context import (
+    ForwardContext,
+    get_forward_context,
+    in_piecewise_cudagraph,
+    override_forward_context,
+)
 
 
 @dataclass
@@ -44,12 +49,18 @@ class DecoderReplayLayers:
         self.run_layers = run_layers
         self.merge_inputs = merge_inputs
         self.replay_batch: ReplayBatch | None = None  # set by the model state every step
+        # Set by the model state: PIECEWISE model graphs of this many tokens or more break out to the replay batch.
+        self.trim_threshold: int | None = None
         self._break_outputs: list[torch.Tensor] | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if in_piecewise_cudagraph():
+        if in_piecewise_cudagraph() and self.graph_uses_replay_batch(get_forward_context().num_tokens):
             return self._run_in_graph_break(*inputs)
         return self._run(*inputs)
+
+    def graph_uses_replay_batch(self, num_tokens: int) -> bool:
+        """Whether a PIECEWISE graph of `num_tokens` breaks out to the replay batch (smaller ones keep the layers)."""
+        return self.trim_threshold is not None and num_tokens >= self.trim_threshold
 
     @eager_break_during_capture
     def _run_in_graph_break(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

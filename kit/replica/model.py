@@ -23,6 +23,7 @@ over the ranks and its output all-reduced, inside the graphs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kit.errors import KitError
+from kit.replica.breakable_cudagraph import eager_break_during_capture
 from kit.replica.decoder_replay_layers import DecoderReplayLayers
+from kit.replica.forward_context import in_piecewise_cudagraph
 from kit.replica.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -45,6 +48,14 @@ class ReplicaConfig:
     decoder_replay_start: int = 3
     aux_hidden_state_layers: tuple[int, ...] = (4,)
     cudagraph_capture_sizes: tuple[int, ...] = (128, 256, 512)
+    # vLLM's replay sizing and dispatch (kit/replica/decoder_replay_cudagraph.py, model_state.py): the replay
+    # window (V4.1's sliding window), the scheduler's max_num_seqs, and the trim threshold at or above which a
+    # PIECEWISE model graph breaks out to the replay batch. `replay_sizing="half"` is the kit's earlier sizing,
+    # one replay graph of N/2 rows per model graph N.
+    window: int = 96
+    max_num_seqs: int = 128
+    decoder_replay_trim_threshold: int = 128
+    replay_sizing: str = "vllm"
     vocab_size: int = 4096
     dtype: str = "bfloat16"
     seed: int = 0
@@ -53,6 +64,9 @@ class ReplicaConfig:
     # use it; the recorded scenarios predate it and keep one break input).
     hyper_connections: bool = False
     speculator: bool = False  # a DSpark drafter reading the aux hidden states, its graphs captured last (speculator.py)
+    # V4.1 breaks its PIECEWISE graphs at every attention: with this, each layer ends in an eager break of its own
+    # (model graphs and replay graphs alike), as the safety experiments need.
+    attention_breaks: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -63,6 +77,11 @@ class ReplicaConfig:
             raise KitError("cudagraph_capture_sizes must be even sizes of at least 2")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise KitError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
+        if self.replay_sizing not in ("vllm", "half"):
+            raise KitError(f"replay_sizing must be 'vllm' or 'half', not {self.replay_sizing!r}")
+        if self.decoder_replay_trim_threshold <= self.window:
+            # vLLM's DeepseekV41ModelState refuses the same: smaller graphs have nothing to trim.
+            raise KitError(f"decoder_replay_trim_threshold must exceed the replay window of {self.window} tokens")
 
     @property
     def ffn_size(self) -> int:
@@ -74,26 +93,85 @@ class ReplicaConfig:
 
     @property
     def decoder_replay_cudagraph_capture_sizes(self) -> list[int]:
-        """One replay graph per model graph: half its rows."""
-        return sorted({replay_rows(n) for n in self.cudagraph_capture_sizes})
+        """vLLM's default replay sizes (`default_replay_capture_sizes`), or with `replay_sizing="half"` N/2 per N."""
+        if self.replay_sizing == "half":
+            return sorted({replay_rows(n) for n in self.cudagraph_capture_sizes})
+        return default_replay_capture_sizes(max(self.cudagraph_capture_sizes), self.max_num_seqs, self.window)
 
 
+def default_replay_capture_sizes(max_capture_size: int, max_num_seqs: int, window: int) -> list[int]:
+    """vLLM 0.33's replay sizes when `decoder_replay_cudagraph_capture_sizes` is empty.
+
+    As `DecoderReplayCudaGraphManager.__init__` (vllm/models/deepseek_v41/nvidia/decoder_replay_cudagraph.py)
+    makes them: multiples of `window` up to min(max_cudagraph_capture_size, max_num_seqs * window), stepping
+    by 1/8 of the power-of-two interval once that is wider than the window.
+    """
+    bound = min(max_capture_size, max_num_seqs * window)
+    sizes, s = [bound], window
+    while s < bound:
+        sizes.append(s)
+        s += max(window, 1 << max(s.bit_length() - 4, 0))
+    return sorted(set(sizes))
+
+
+_LARGE = ReplicaConfig(
+    hidden_size=7168,
+    num_layers=8,
+    decoder_replay_start=4,
+    aux_hidden_state_layers=(6,),
+    cudagraph_capture_sizes=(512, 1024, 2048, 4096, 8192),
+    window=128,  # V4.1's sliding window
+    decoder_replay_trim_threshold=768,  # vLLM's default: model graph 512 keeps the replay layers inside it
+    vocab_size=16384,
+)
 PRESETS = {
+    # Replay sizes 96, 192, ..., 480, 512: model graphs 128 and 256 can dispatch a replay graph larger than
+    # themselves (R > N), 512 one of its own size (R = N).
     "small": ReplicaConfig(),
     # DeepSeek-V3's hidden size, standing in for V4.1's; capture sizes up to 8192 tokens.
-    "large": ReplicaConfig(
-        hidden_size=7168,
-        num_layers=8,
-        decoder_replay_start=4,
-        aux_hidden_state_layers=(6,),
-        cudagraph_capture_sizes=(512, 1024, 2048, 4096, 8192),
-        vocab_size=16384,
-    ),
+    "large": _LARGE,
+    # The kit's earlier sizing: one replay graph of N/2 rows per model graph N.
+    "small_half": ReplicaConfig(replay_sizing="half"),
+    "large_half": dataclasses.replace(_LARGE, replay_sizing="half"),
 }
 
 
 def replay_rows(num_tokens: int) -> int:
+    """The replay rows of the replica's default step of `num_tokens` tokens: the last half (requests' windows)."""
     return num_tokens // 2
+
+
+class Attention(nn.Module):
+    """Where V4.1's attention sits for the graphs: an eager break, its output in a fixed buffer.
+
+    In a PIECEWISE graph the attention kernels run in an eager break and write a
+    buffer that lives outside the graph pool, which the next segment reads. The
+    stand-in's arithmetic is row-wise (each row scaled by its mean's sigmoid);
+    what matters is the break: it reads the segment's output and writes a fixed
+    buffer, in model graphs and replay graphs alike.
+    """
+
+    def __init__(self, max_tokens: int) -> None:
+        super().__init__()
+        self.max_tokens = max_tokens
+        self._break_output: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if in_piecewise_cudagraph():
+            return self._run_in_graph_break(hidden_states)
+        return self._run(hidden_states)
+
+    @eager_break_during_capture
+    def _run_in_graph_break(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = self._run(hidden_states)
+        if self._break_output is None:
+            # Allocated at the first break, outside any capture: outside the graph pool, for every size.
+            self._break_output = out.new_empty((self.max_tokens, *out.shape[1:]))
+        return self._break_output[: out.shape[0]].copy_(out)
+
+    @staticmethod
+    def _run(hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states * torch.sigmoid(hidden_states.float().mean(-1, keepdim=True)).to(hidden_states.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -113,8 +191,12 @@ class DecoderLayer(nn.Module):
             rows = slice(rank * shard, (rank + 1) * shard)
             self.up_proj.weight = nn.Parameter(self.up_proj.weight[rows].clone())
             self.down_proj.weight = nn.Parameter(self.down_proj.weight[:, rows].clone())
+        max_tokens = max(config.cudagraph_capture_sizes + tuple(config.decoder_replay_cudagraph_capture_sizes))
+        self.attention = Attention(max_tokens) if config.attention_breaks else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.attention is not None:
+            hidden_states = hidden_states + self.attention(self.norm(hidden_states))
         partial = self.down_proj(F.silu(self.up_proj(self.norm(hidden_states))))
         return hidden_states + tensor_model_parallel_all_reduce(partial)
 

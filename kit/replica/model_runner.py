@@ -75,13 +75,17 @@ class GPUModelRunner:
         self.model_state.capture_inner_cudagraphs()
         if self.speculator is not None:
             self.speculator.capture()
+        # The capture streams may still be running the last warm-ups, which write persistent buffers (the
+        # replay rows) that the first forward, on this stream, writes and reads too. Unordered, the H200 ran
+        # a gather on a later capture's rows at the large preset (a device-side assert).
+        torch.cuda.synchronize(self.device)
         return start_free_gpu_memory - free_device_memory(self.device, empty_cache=False) if profile_only else 0
 
     def profile_cudagraph_memory(self) -> int:
         return profile_cudagraph_memory(self)
 
     def _create_forward_fn(self, num_tokens: int, warmup: bool):
-        self.model_state.prepare_replay_batch(num_tokens, use_replay_graphs=False)
+        self.model_state.prepare_replay_batch(num_tokens, use_replay_graphs=False, piecewise=True)
         input_ids = self.input_ids[:num_tokens]
 
         def forward_fn(cg_mode: CUDAGraphMode) -> None:
@@ -92,7 +96,7 @@ class GPUModelRunner:
 
     @torch.inference_mode()
     def execute_model(
-        self, input_ids: torch.Tensor, use_cudagraph: bool = True
+        self, input_ids: torch.Tensor, use_cudagraph: bool = True, num_replay_rows: int | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The final and aux hidden states where the forward left them.
 
@@ -105,16 +109,24 @@ class GPUModelRunner:
         if use_cudagraph and not self.cudagraph_manager.graphs_captured:
             raise KitError("no graphs captured yet: call capture_model() first, or run with use_cudagraph=False")
         self.input_ids[:num_tokens].copy_(input_ids)
-        self.model_state.prepare_replay_batch(num_tokens, use_replay_graphs=use_cudagraph)
+        self.model_state.prepare_replay_batch(
+            num_tokens, use_replay_graphs=use_cudagraph, piecewise=use_cudagraph, num_rows=num_replay_rows
+        )
         mode = CUDAGraphMode.PIECEWISE if use_cudagraph else CUDAGraphMode.NONE
         with set_forward_context(num_tokens, mode):
             hidden_states, aux = self.model_runnable(self.input_ids[:num_tokens])
         return hidden_states, tuple(aux)
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, use_cudagraph: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The final hidden states and the aux hidden states, copied out of the graphs' memory."""
-        hidden_states, aux = self.execute_model(input_ids, use_cudagraph)
+    def run(
+        self, input_ids: torch.Tensor, use_cudagraph: bool = True, num_replay_rows: int | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The final hidden states and the aux hidden states, copied out of the graphs' memory.
+
+        `num_replay_rows` sets how many of the step's last rows form its replay batch (default
+        `replay_rows`); vLLM's steps make any count from 1 to the step's tokens.
+        """
+        hidden_states, aux = self.execute_model(input_ids, use_cudagraph, num_replay_rows)
         return hidden_states.clone(), tuple(a.clone() for a in aux)
 
     @torch.inference_mode()

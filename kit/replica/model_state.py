@@ -2,8 +2,13 @@
 
 vLLM's `vllm/models/deepseek_v41/nvidia/model_state.py` in miniature. The
 state holds the model's `decoder_replay_layers` and, on CUDA, their graph
-manager; `prepare_replay_batch` picks a step's replay rows (the last half of
-its tokens) and says whether they run in a replay graph.
+manager; `prepare_replay_batch` sets a step's replay batch as vLLM's
+`_prepare_replay_batch` does: none for a PIECEWISE model graph below the trim
+threshold (the layers stay inside the graph), else the step's replay rows
+(the last half of its tokens by default, standing in for each request's last
+`window` rows; any count from 1 to the step's tokens can occur in vLLM),
+padded to the smallest replay graph that fits them (`dispatch`), eager above
+the largest.
 `capture_inner_cudagraphs()` captures the replay graphs after the model
 graphs, on a stream of their own in vLLM 0.33; PR 63155 hands them the model
 graphs' stream, unless aux hidden states are made before the replay layers
@@ -36,25 +41,40 @@ class DeepseekV41ModelState:
                 config.hidden_size,
                 config.torch_dtype,
             )
+        self.decoder_replay_layers.trim_threshold = config.decoder_replay_trim_threshold
         # Persistent, like vLLM's replay batch metadata: allocated before any capture.
-        self._replay_rows = torch.zeros(max(config.cudagraph_capture_sizes), dtype=torch.int64, device=device)
+        max_rows = max(config.cudagraph_capture_sizes + tuple(config.decoder_replay_cudagraph_capture_sizes))
+        self._replay_rows = torch.zeros(max_rows, dtype=torch.int64, device=device)
 
-    def prepare_replay_batch(self, num_tokens: int, use_replay_graphs: bool) -> None:
-        """Pick the step's replay rows: the last half of its tokens."""
-        num_rows = replay_rows(num_tokens)
+    def prepare_replay_batch(
+        self, num_tokens: int, use_replay_graphs: bool, *, piecewise: bool = False, num_rows: int | None = None
+    ) -> None:
+        """Set the step's replay batch: its last `num_rows` rows (default `replay_rows`), or none.
+
+        A PIECEWISE model graph (`piecewise`) below the trim threshold keeps the
+        whole batch. Otherwise the rows run in the replay graph vLLM's dispatch
+        pads them to, when `use_replay_graphs` and one fits, else eagerly.
+        """
+        layers = self.decoder_replay_layers
+        layers.replay_batch = None
+        if piecewise and not layers.graph_uses_replay_batch(num_tokens):
+            return
+        num_rows = replay_rows(num_tokens) if num_rows is None else num_rows
         rows = self._replay_rows[:num_rows]
         torch.arange(num_tokens - num_rows, num_tokens, out=rows)
         graphs = self.replay_cudagraphs
-        run_graph = graphs.run if use_replay_graphs and graphs is not None and graphs.graphs_captured else None
-        mode = CUDAGraphMode.PIECEWISE if run_graph is not None else CUDAGraphMode.NONE
-        self.decoder_replay_layers.replay_batch = ReplayBatch(rows, ForwardContext(num_rows, mode), run_graph)
+        size = graphs.dispatch(num_rows) if use_replay_graphs and graphs is not None else None
+        if size is None:
+            layers.replay_batch = ReplayBatch(rows, ForwardContext(num_rows, CUDAGraphMode.NONE))
+        else:
+            layers.replay_batch = ReplayBatch(rows, ForwardContext(size, CUDAGraphMode.PIECEWISE), graphs.run)
 
     def capture_inner_cudagraphs(self) -> None:
         """Capture the replay graphs, after the model graphs, on the replay batch `prepare` sets."""
 
         def prepare(num_rows: int) -> None:
-            # Capture reuses the runtime path on a dummy batch of twice the rows.
-            self.prepare_replay_batch(2 * num_rows, use_replay_graphs=False)
+            # Capture reuses the runtime path on a dummy batch whose every row is replayed.
+            self.prepare_replay_batch(num_rows, use_replay_graphs=False, num_rows=num_rows)
 
         if self.replay_cudagraphs is not None:
             self.replay_cudagraphs.capture_replay_graphs(prepare)

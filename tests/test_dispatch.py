@@ -1,0 +1,123 @@
+"""vLLM 0.33's dispatch rule (kit.experiments.dispatch) and the replica's sizing and dispatch that follow it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kit import KitError
+from kit.experiments.dispatch import (
+    can_run,
+    dispatch_replay_size,
+    dispatchable_replay_sizes,
+    rows_for,
+)
+from kit.experiments.pairings import enumerate_pairs, no_break_sizes
+from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
+from kit.replica.model_runner import GPUModelRunner
+
+
+def test_dispatch_pads_rows_to_the_next_replay_size_and_runs_eagerly_above_the_largest():
+    sizes = [64, 128, 256]
+    padded = [dispatch_replay_size(r, sizes) for r in (1, 64, 65, 128, 200, 256, 257)]
+    assert padded == [64, 64, 128, 128, 256, 256, None]
+
+
+def test_a_model_graph_at_the_threshold_can_dispatch_every_replay_size_up_to_the_one_its_own_size_pads_to():
+    sizes = [96, 192, 288, 384, 480, 512]
+    assert dispatchable_replay_sizes(128, sizes, 128) == {96, 192}  # R > N: 128 rows pad to 192
+    assert dispatchable_replay_sizes(512, sizes, 128) == set(sizes)  # R = N
+    assert dispatchable_replay_sizes(1024, [64], 0) == {64}  # rows past the largest run eagerly
+    assert dispatchable_replay_sizes(127, sizes, 128) == set()  # below the threshold: no break, no replay graph
+
+
+def test_rows_for_gives_a_row_count_a_step_can_hold_that_dispatches_to_the_replay_size():
+    sizes = [96, 192, 288]
+    assert rows_for(128, 96, sizes) == 96 and rows_for(128, 192, sizes) == 128
+    assert rows_for(128, 288, sizes) is None  # no count of at most 128 rows pads to 288
+    for n in (128, 256):
+        for r in dispatchable_replay_sizes(n, sizes, 128):
+            rows = rows_for(n, r, sizes)
+            assert rows is not None and 1 <= rows <= n and dispatch_replay_size(rows, sizes) == r
+
+
+def test_vllm_default_replay_sizes_step_by_the_window_then_by_an_eighth_of_the_power_of_two_interval():
+    # vLLM's own words: "step by window, or by 1/8 of the power-of-two interval once wider (256 in [2048, 4096))".
+    sizes = default_replay_capture_sizes(8192, 128, 128)
+    assert sizes[:16] == list(range(128, 2049, 128))
+    assert sizes[15:24] == list(range(2048, 4097, 256)) and sizes[23:] == list(range(4096, 8193, 512))
+    assert default_replay_capture_sizes(8192, 4, 128) == [128, 256, 384, 512]  # bounded by max_num_seqs * window
+    assert default_replay_capture_sizes(512, 128, 96) == [96, 192, 288, 384, 480, 512]  # the bound itself is a size
+
+
+def test_presets_use_vllms_sizing_and_keep_n_over_2_as_a_variant():
+    assert PRESETS["small"].decoder_replay_cudagraph_capture_sizes == [96, 192, 288, 384, 480, 512]
+    assert PRESETS["small_half"].decoder_replay_cudagraph_capture_sizes == [64, 128, 256]
+    assert PRESETS["large"].decoder_replay_cudagraph_capture_sizes[-1] == 8192
+    assert PRESETS["large_half"].decoder_replay_cudagraph_capture_sizes == [256, 512, 1024, 2048, 4096]
+    with pytest.raises(KitError, match="must exceed the replay window"):
+        ReplicaConfig(window=128, decoder_replay_trim_threshold=128)
+    with pytest.raises(KitError, match="replay_sizing"):
+        ReplicaConfig(replay_sizing="third")
+
+
+@pytest.mark.parametrize("preset", ["small", "large"])
+def test_every_pair_of_a_breaking_model_graph_is_enumerated_with_vllms_rule(preset):
+    config = PRESETS[preset]
+    found = enumerate_pairs(config)
+    check = can_run(config)
+    replay_sizes = config.decoder_replay_cudagraph_capture_sizes
+    breaking = [n for n in config.cudagraph_capture_sizes if n >= config.decoder_replay_trim_threshold]
+    assert {(n, r) for n, r, _ in found} == {(n, r) for n in breaking for r in replay_sizes}
+    assert all(d == check(n, r) for n, r, d in found)
+    assert any(d and r == n for n, r, d in found)  # R = N can run
+    assert no_break_sizes(config) == [n for n in sorted(config.cudagraph_capture_sizes) if n not in breaking]
+
+
+def test_small_preset_dispatches_a_replay_graph_larger_than_its_model_graph():
+    assert any(d and r > n for n, r, d in enumerate_pairs(PRESETS["small"]))
+    assert no_break_sizes(PRESETS["large"]) == [512]  # vLLM's threshold of 768 keeps 512 whole
+
+
+# --- the replica follows the rule ------------------------------------------------------------
+
+
+class LoggingReplayGraphs:
+    """The replay manager's dispatch over fixed sizes, captured; `run` logs the padded size and the rows."""
+
+    def __init__(self, sizes) -> None:
+        self.capture_sizes = sorted(sizes, reverse=True)
+        self.graphs_captured = True
+        self.log: list[tuple[int, int]] = []
+
+    def dispatch(self, num_rows):
+        from kit.replica.cudagraph_utils import CudaGraphManager
+
+        return CudaGraphManager.dispatch(self, num_rows)
+
+    def run(self, rows, inputs):
+        from kit.replica.forward_context import get_forward_context
+
+        self.log.append((get_forward_context().num_tokens, rows.numel()))
+        (hidden,) = inputs
+        return (hidden.index_select(0, rows) * 0,)
+
+
+def test_the_replica_pads_replay_rows_to_the_dispatched_graph_and_keeps_small_graphs_whole():
+    config = ReplicaConfig(
+        hidden_size=16, num_layers=2, decoder_replay_start=1, aux_hidden_state_layers=(),
+        cudagraph_capture_sizes=(8, 16), window=2, decoder_replay_trim_threshold=16, vocab_size=11,
+    )  # fmt: skip
+    runner = GPUModelRunner(config, device="cpu")
+    state = runner.model_state
+    state.replay_cudagraphs = graphs = LoggingReplayGraphs([6, 10])
+    state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=7)
+    batch = state.decoder_replay_layers.replay_batch
+    assert (batch.forward_context.num_tokens, batch.rows.tolist()) == (10, list(range(9, 16)))
+    state.prepare_replay_batch(8, use_replay_graphs=True, piecewise=True)  # below the threshold: no replay batch
+    assert state.decoder_replay_layers.replay_batch is None
+    state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=11)  # above 10: eager
+    assert state.decoder_replay_layers.replay_batch.run_graph is None
+    state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=5)
+    state.decoder_replay_layers(torch.zeros(16, 16))
+    assert graphs.log == [(6, 5)]
