@@ -464,3 +464,18 @@ def test_the_experiment_refuses_an_unknown_policy_and_a_machine_without_cuda(tmp
         return
     assert readwrite_run.main(["--preset", "small", "--out", str(tmp_path / "out")]) == 2
     assert "needs CUDA" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_with_attention_breaks_the_replay_layers_run_in_one_break_of_several(monkeypatch):
+    config = dataclasses.replace(TINY, attention_breaks=True)
+    runner, recording = _captured(monkeypatch, config)
+    start = config.decoder_replay_start
+    for size in (8, 16):
+        # a break per layer before the replay layers, the replay break, one per layer after it (in the graph)
+        assert recording.breaks(size) == list(range(start + 1)) and recording.replay_breaks(size) == [start]
+        labels = {a.phase.label for a in recording.of("model", size)}
+        assert {f"model graph {size} break {start} while the replay layers run",
+                f"model graph {size} break {start} after the replay layers"} <= labels  # fmt: skip
+    # the replay graphs break at their own attentions: their breaks' writes are theirs
+    assert {a.phase.part for a in recording.of("replay", 4)} == {"segment", "break"}
+    assert runner.model_state.decoder_replay_layers.run_layers.__name__ != "run_layers_by_phase"  # put back

@@ -20,7 +20,7 @@ read/write analysis checks the inference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -130,7 +130,7 @@ def _in_windows(index: int, graphs: list[dict]) -> bool:
 def liveness_table(
     snapshot: Snapshot | str | dict,
     *,
-    replay_size_for: Callable[[int], int] | None = None,
+    replay_size_for: Callable[[int], int | Collection[int]] | None = None,
     break_reads: Mapping[tuple[str, int], Iterable[tuple[int, int]]] | None = None,
     device: int = 0,
 ) -> Liveness:
@@ -170,10 +170,13 @@ def liveness_table(
     allocations, inside their windows, over each block's bytes
     (`overlapping_replay`, `replay_overlaps` as (capture, trace index)). Any
     replay graph may run in any break (vLLM picks it by the step's replay
-    rows); `replay_size_for(model capture size)` names the one that does, when
-    known (the replica: `kit.replica.model.replay_rows`). `conflict`: a block
-    held after the break that a replay graph that may run in the break writes
-    over.
+    rows); `replay_size_for(model capture size)` names the one that does, or
+    the set that can (vLLM's rule: `kit.experiments.dispatch`), when known.
+    With several breaks per model graph (V4.1 breaks at every attention),
+    only those where the replay layers ran (`kit["replay_breaks"]`, written
+    by `attach_break_reads`) are checked; without it every break is.
+    `conflict`: a block held after the break that a replay graph that may run
+    in the break writes over.
     """
     snap = load_snapshot(snapshot)
     captures = _captures(snap)
@@ -182,6 +185,10 @@ def liveness_table(
     if break_reads is None and snap.kit.get("break_reads") is not None:
         break_reads = read_break_reads(snap.kit["break_reads"])
     reads = {key: Ranges(spans) for key, spans in (break_reads or {}).items()}
+    # Which breaks the replay layers ran in, where the recording says (`attach_break_reads`); else every break.
+    replay_breaks = None
+    if snap.kit.get("replay_breaks") is not None:
+        replay_breaks = {e["capture"]: {int(j) for j in e["breaks"]} for e in snap.kit["replay_breaks"]}
 
     def writes_over(gs: list[dict]) -> bool:
         # Inferred windows have no roles: any other capture into the pool may run in a break.
@@ -196,7 +203,7 @@ def liveness_table(
     models = [name for name, gs in captures.items() if (inferred or not writes_over(gs)) and len(gs) > 1]
     for name in models:
         others = {r: lives_ for r, lives_ in replays.items() if r != name}
-        rows += _breaks_of(name, captures[name], captures, lives, others, replay_size_for, reads)
+        rows += _breaks_of(name, captures[name], captures, lives, others, replay_size_for, reads, replay_breaks)
     table = pd.DataFrame(rows, columns=LIVENESS_COLUMNS)
     source = snap.source_label + (", capture windows and eager breaks inferred from the trace" if inferred else "")
     table.attrs["source"] = source
@@ -224,15 +231,19 @@ def _classify(held: list[_Life], next_first: int, read: Ranges | None) -> dict[i
     return classes
 
 
-def _breaks_of(name, graphs, captures, lives, replays, replay_size_for, reads) -> list[dict]:
+def _breaks_of(name, graphs, captures, lives, replays, replay_size_for, reads, replay_breaks=None) -> list[dict]:
     pool = tuple(graphs[0]["pool"])
     mine = [life for life in lives if life.pool == pool and _in_windows(life.index, graphs)]
     size = graphs[0].get("size")
     running = set(replays)
     if replay_size_for is not None and size is not None:
-        running = {r for r in replays if captures[r][0].get("size") == replay_size_for(size)}
+        sizes = replay_size_for(size)
+        sizes = set(sizes) if isinstance(sizes, set | frozenset | list | tuple) else {sizes}
+        running = {r for r in replays if captures[r][0].get("size") in sizes}
     rows = []
     for j, (before, after) in enumerate(zip(graphs, graphs[1:], strict=False)):
+        if replay_breaks is not None and j not in replay_breaks.get(name, ()):
+            continue  # a break where the replay layers do not run (an attention break): no replay graph runs there
         begin, end = before["trace_end"], after["trace_begin"]
         firsts = [life.index for life in mine if after["trace_begin"] <= life.index < after["trace_end"]]
         next_first = min(firsts, default=after["trace_end"])

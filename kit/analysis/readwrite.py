@@ -459,8 +459,11 @@ def attach_break_reads(raw: dict, recording: ReadWriteRecording | Iterable) -> d
     """Write what each break read into a recorded snapshot's `kit` key (`break_reads`), for the liveness analysis.
 
     `raw` is a snapshot dict with the capture recorder's windows; each model
-    graph's size names its capture there (`capture_names`). Returns `raw`.
+    graph's size names its capture there (`capture_names`). Where the
+    recording marks the replay layers' part of a break, `replay_breaks` says
+    which breaks those were. Returns `raw`.
     """
+    recording = _recording(recording)
     names = capture_names(raw.get("kit", {}).get("captures") or [])
     entries = []
     for (size, j), ranges in sorted(break_reads(recording).items()):
@@ -468,6 +471,13 @@ def attach_break_reads(raw: dict, recording: ReadWriteRecording | Iterable) -> d
             raise KitError(f"the snapshot has no model graph of size {size} to attach its break's reads to")
         entries.append({"capture": names[(MODEL, size)], "break": j, "ranges": [list(span) for span in ranges]})
     raw.setdefault("kit", {})["break_reads"] = entries
+    if recording.marks_replay:
+        # Which breaks the replay layers ran in: the lifetime analysis checks only those.
+        raw["kit"]["replay_breaks"] = [
+            {"capture": names[(MODEL, size)], "breaks": recording.replay_breaks(size)}
+            for size in recording.sizes(MODEL)
+            if (MODEL, size) in names
+        ]
     return raw
 
 

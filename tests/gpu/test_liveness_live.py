@@ -12,14 +12,17 @@ pytestmark = pytest.mark.gpu
 
 def test_live_captures_the_trace_predicts_which_sizes_differ_from_eager(tmp_path):
     from kit import Snapshot, load_snapshot
+    from kit.experiments.dispatch import dispatch_replay_size
     from kit.experiments.scenarios import run_all
-    from kit.replica.model import replay_rows
+    from kit.replica.model import PRESETS, replay_rows
+
+    sizes = PRESETS["small"].decoder_replay_cudagraph_capture_sizes
 
     names = ("patched", "early_aux_shared")
     run_all("small", tmp_path, names=names)
     for name in names:
         snap = Snapshot(load_snapshot(tmp_path / f"small_{name}.pickle").raw, origin=name, live=True)
-        table = liveness_table(snap, replay_size_for=replay_rows).rows
+        table = liveness_table(snap, replay_size_for=lambda n: dispatch_replay_size(replay_rows(n), sizes)).rows
         equivalence = Equivalence(pd.DataFrame(snap.kit["equivalence"]))
         differs = set(equivalence.rows[~equivalence.rows["bit_exact"]]["size"])
         assert set(table[table["conflict"]]["capture_size"]) == differs

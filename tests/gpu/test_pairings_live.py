@@ -8,8 +8,15 @@ import sys
 
 import pytest
 
-from kit.experiments.pairings import POLICIES, enumerate_pairs, load_recording, pair_verdicts, pairs_frame, record
-from kit.experiments.scenarios import scenario_config
+from kit.experiments.pairings import (
+    POLICIES,
+    enumerate_pairs,
+    load_recording,
+    pair_verdicts,
+    pairs_frame,
+    record,
+    safety_config,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +31,8 @@ def test_every_pair_ran_under_every_policy(small):
     assert list(df["policy"].unique()) == list(POLICIES)
     for policy, rows in df.groupby("policy"):
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
-        assert ran == enumerate_pairs(scenario_config(POLICIES[policy], "small")), policy
+        assert ran == enumerate_pairs(safety_config(POLICIES[policy], "small")), policy
+        assert set(rows.loc[rows["dispatchable"], "how"]) == {"dispatched"}  # run as vLLM runs them
         assert (rows["outputs"] == len(small["policies"][policy]["outputs"])).all()
 
 
@@ -40,9 +48,10 @@ def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
         rows = df[df["policy"] == policy]
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), rows[~rows["bit_exact"]]
         assert rows["alone_bit_exact"].all()
+    n, dispatchable = len(df) // len(POLICIES), int(df["dispatchable"].sum()) // len(POLICIES)
     assert pair_verdicts(df)[:2] == [
-        "pr: all 9 pairings bit-exact (6 dispatchable)",
-        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
+        f"pr: all {n} pairings bit-exact ({dispatchable} dispatchable)",
+        f"unpatched: all {n} pairings bit-exact ({dispatchable} dispatchable)",
     ]
 
 
@@ -51,6 +60,7 @@ def test_early_aux_forced_to_share_differs_from_eager_on_some_pairing(small):
     rows = df[df["policy"] == "early_aux_shared"]
     bad = rows[~rows["bit_exact"]]
     assert len(bad) >= 1 and (bad["max_abs_diff"] > 0).all()
+    assert bad["dispatchable"].any(), "a pairing vLLM runs must show the early aux overwritten"
     assert all(out.startswith("aux_hidden_state[1]") for outs in bad["differing_outputs"] for out in outs), (
         "only the early aux hidden state, held across the break, can be overwritten"
     )

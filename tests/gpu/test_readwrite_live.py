@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kit.experiments.dispatch import dispatch_replay_size
 from kit.experiments.readwrite_run import OUTPUTS_READ
+from kit.replica.model import ReplicaConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -48,8 +50,12 @@ def test_with_early_aux_shared_the_obligation_fails_where_the_lifetime_analysis_
     assert flagged and violated == flagged
     assert any(p["dispatchable"] for p in pairs if not p["readwrite_holds"])
     assert all(p["reading_ops"] == [OUTPUTS_READ] for p in pairs if not p["readwrite_holds"])  # the early aux
-    # the replica's own pairing (N, N/2) differs from eager exactly where the obligation fails
-    assert _paired(small, "early_aux_shared") == {n for n, r in violated if r == n // 2}
+    # the replica's own pairing (N, the replay graph N/2 rows pad to) differs from eager exactly where it fails
+    config = small["policies"]["early_aux_shared"]["config"]
+    replay_sizes = ReplicaConfig(**{**config, "cudagraph_capture_sizes": tuple(config["cudagraph_capture_sizes"]),
+                                    "aux_hidden_state_layers": tuple(config["aux_hidden_state_layers"])})
+    own = {n: dispatch_replay_size(n // 2, replay_sizes.decoder_replay_cudagraph_capture_sizes) for n, _ in violated}
+    assert _paired(small, "early_aux_shared") == {n for n, r in violated if r == own[n]}
 
 
 def test_unpatched_replay_graphs_write_nothing_a_model_graph_carries(small):
