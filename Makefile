@@ -9,7 +9,7 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots vllm-bundle vllm-recordings
-.PHONY: boundary-recordings mutations merged-recordings
+.PHONY: boundary-recordings mutations merged-recordings safety-recordings
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -64,13 +64,16 @@ recordings:
 	$(PYTHON) scripts/record_corpus.py --out kit/recordings/corpus
 	$(PYTHON) scripts/record_replica.py --out kit/recordings/replica
 
-# Re-record the replica's safety and alternatives experiments (kit/recordings/{safety,readwrite,alternatives}; needs CUDA).
-# The alternatives run alone: its profile_only estimate reads the device's free memory.
+# Re-record the replica's safety and alternatives experiments at both presets
+# (kit/recordings/{safety,readwrite,drafter,alternatives}; needs CUDA). The alternatives run alone:
+# its profile_only estimate reads the device's free memory.
 safety-recordings:
-	$(PYTHON) -m kit.experiments.pairings --preset small --out kit/recordings/safety
-	$(PYTHON) -m kit.experiments.readwrite_run --preset small --out kit/recordings/readwrite
-	$(PYTHON) -m kit.experiments.alternatives --preset small --out kit/recordings/alternatives
-	$(PYTHON) -m kit.experiments.drafter_run --preset small --out kit/recordings/drafter
+	for preset in small large; do \
+	  $(PYTHON) -m kit.experiments.pairings --preset $$preset --out kit/recordings/safety && \
+	  $(PYTHON) -m kit.experiments.readwrite_run --preset $$preset --out kit/recordings/readwrite && \
+	  $(PYTHON) -m kit.experiments.drafter_run --preset $$preset --out kit/recordings/drafter && \
+	  $(PYTHON) -m kit.experiments.alternatives --preset $$preset --out kit/recordings/alternatives || exit 1; \
+	done
 
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).
 plain-recordings:

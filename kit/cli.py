@@ -129,14 +129,20 @@ def _byte_count(text: str) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kit.analysis.check import check_snapshot
+    from kit.analysis.check import DEFAULT_OWN_STREAM, check_snapshot
 
-    result = check_snapshot(args.snapshot, pools=args.pools, max_stranded=args.max_stranded)
+    own_stream = tuple(args.own_stream) if args.own_stream is not None else DEFAULT_OWN_STREAM
+    if any(p.strip().casefold() == "none" for p in own_stream):
+        if len(own_stream) > 1:
+            others = ", ".join(repr(p) for p in own_stream)
+            raise KitError(f"--own-stream none allows nothing: it cannot be given with other patterns ({others})")
+        own_stream = ()
+    result = check_snapshot(args.snapshot, pools=args.pools, max_stranded=args.max_stranded, own_stream=own_stream)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        for line in result.lines():
+        for line in result.lines() + result.allowed_lines():  # offending groups first, then the allowed ones
             print(line)
         print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
     return 0 if result.ok else 1  # a snapshot it cannot judge (a trace that does not replay) raised: exit 2
@@ -382,7 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="fail only for groups that stranded more than this many bytes (default 0)",
     )
-    p.add_argument("--json", action="store_true", help='{"ok", "offending", "source"} as JSON, bytes exact')
+    p.add_argument(
+        "--own-stream",
+        action="append",
+        metavar="PATTERN",
+        help="captures that may keep a stream of their own: PATTERN, case-insensitive, is part of a recorded "
+        "capture's manager name or of the stream's label the snapshot gives; their groups are listed as allowed, "
+        "not failed. Repeat for more; 'none' allows nothing (default: the speculator's, as PR 63155 argues: "
+        "speculator, drafter)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='{"ok", "offending", "source", "allowed", "own_stream"} as JSON, bytes exact',
+    )
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("what-if", help="predict the table had some streams been others (any snapshot with a trace)")

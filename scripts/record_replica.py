@@ -3,7 +3,9 @@
     python scripts/record_replica.py --out kit/recordings/replica
 
 Runs every scenario of `kit.experiments.scenarios` at the small preset and the
-unpatched and patched ones at the large preset, each in a fresh process.
+unpatched and patched ones at the large preset, each in a fresh process; then
+the small unpatched and patched ones again with the DSpark drafter on
+(`<preset>_<name>_drafter.pickle`: the PR's configuration for `kit check`).
 Stack frames are cut to the innermost few per entry to keep the files small;
 everything else is the allocator's snapshot as torch returned it, with the
 capture windows, the scenario and the graph-versus-eager check in its `kit`
@@ -16,18 +18,40 @@ import argparse
 import hashlib
 import json
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kit.experiments.recorded import trim_frames  # noqa: E402
+from kit.experiments.recorded import child_error, trim_frames  # noqa: E402
 from kit.experiments.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
 
 RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
+DRAFTER_RUNS = {"small": ("unpatched", "patched")}
 COMMAND = "python scripts/record_replica.py --out kit/recordings/replica"
+
+
+def ship(path: Path, summary: dict, command: str) -> dict:
+    """Trim the recording at `path` in place, check it still loads and gives `summary`; its manifest entry."""
+    raw = safe_unpickle(path.read_bytes(), str(path))
+    trim_frames(raw)
+    raw["kit"]["provenance"]["command"] = command
+    data = pickle.dumps(raw)
+    load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+    again = summarize(raw)
+    assert again == summary | {"source": again["source"]}, "trimming frames changed the figures"
+    print("\n".join(describe(summary)), flush=True)
+    return {
+        **raw["kit"]["provenance"],
+        "scenario": raw["kit"]["scenario"],
+        "figures": summary,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def main() -> int:
@@ -39,22 +63,16 @@ def main() -> int:
     for preset in args.preset or RUNS:
         for name, summary in run_all(preset, args.out, RUNS[preset]).items():
             path = args.out / f"{preset}_{name}.pickle"
-            raw = safe_unpickle(path.read_bytes(), str(path))
-            trim_frames(raw)
-            raw["kit"]["provenance"]["command"] = COMMAND
-            data = pickle.dumps(raw)
-            load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
-            with atomic_write(path, "wb") as f:
-                f.write(data)
-            again = summarize(raw)
-            assert again == summary | {"source": again["source"]}, "trimming frames changed the figures"
-            print("\n".join(describe(summary)), flush=True)
-            manifest[path.name] = {
-                **raw["kit"]["provenance"],
-                "scenario": raw["kit"]["scenario"],
-                "figures": summary,
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
+            manifest[path.name] = ship(path, summary, COMMAND)
+    for preset in args.preset or DRAFTER_RUNS:
+        for name in DRAFTER_RUNS.get(preset, ()):
+            path = args.out / f"{preset}_{name}_drafter.pickle"
+            command = [sys.executable, "-m", "kit.experiments.scenarios", name, "--preset", preset, "--speculator"]
+            done = subprocess.run([*command, "-o", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{path.name}: {child_error(done.stderr or done.stdout)}")
+            summary = json.loads(done.stdout.strip().splitlines()[-1])
+            manifest[path.name] = ship(path, summary, f"{COMMAND} (with --speculator: {' '.join(command[1:])})")
     out = args.out / "PROVENANCE.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
     with atomic_write(out) as f:

@@ -96,7 +96,9 @@ def test_check_json():
     done = run_kit("check", str(REPLICA["small_unpatched"]), "--json")
     assert done.returncode == 1
     out = json.loads(done.stdout)
-    assert set(out) == {"ok", "offending", "source"} and out["ok"] is False
+    # issue 28 added "allowed" and "own_stream" (tests/test_check_own_stream.py); the first three keep their meaning
+    assert set(out) == {"ok", "offending", "source", "allowed", "own_stream"} and out["ok"] is False
+    assert out["allowed"] == [] and out["own_stream"] == ["speculator", "drafter"]
     assert "small_unpatched.pickle" in out["source"]
     (group,) = out["offending"]
     snap = kit.load_snapshot(REPLICA["small_unpatched"])

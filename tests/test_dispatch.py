@@ -121,3 +121,10 @@ def test_the_replica_pads_replay_rows_to_the_dispatched_graph_and_keeps_small_gr
     state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=5)
     state.decoder_replay_layers(torch.zeros(16, 16))
     assert graphs.log == [(6, 5)]
+    # eagerly, the same rows padded to the graph's 6 (the graph's GEMM shapes), the padding's outputs dropped
+    state.prepare_replay_batch(16, use_replay_graphs=False, num_rows=5)
+    assert state.decoder_replay_layers.replay_batch.num_padded == 6
+    seen = []
+    state.decoder_replay_layers.run_layers = lambda x: seen.append(x.shape[0]) or (x,)
+    (out,) = state.decoder_replay_layers(torch.ones(16, 16))
+    assert seen == [6] and out[11:].eq(1).all() and out[:11].eq(0).all()

@@ -18,8 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from kit.experiments.pairings import POLICIES, enumerate_pairs, load_recording, pair_verdicts, pairs_frame, safety_lines
-from kit.experiments.scenarios import scenario_config
+from kit.experiments.pairings import (
+    POLICIES,
+    enumerate_pairs,
+    load_recording,
+    pair_verdicts,
+    pairs_frame,
+    safety_config,
+    safety_lines,
+)
 from tests.test_pairings import fake_recording
 
 
@@ -33,11 +40,13 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     assert list(df["policy"].unique()) == list(POLICIES)
     for policy, rows in df.groupby("policy", sort=False):
         meta = data["policies"][policy]
-        config = dataclasses.replace(scenario_config(POLICIES[policy], preset), hyper_connections=True)
+        config = safety_config(POLICIES[policy], preset)
         assert meta["config"] == json.loads(json.dumps(dataclasses.asdict(config))), f"{policy}: the preset changed"
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
         assert ran == enumerate_pairs(config), f"{policy}: not every pair ran, or the dispatch rule changed"
         assert (rows["outputs"] == len(meta["outputs"])).all()
+        dispatched = rows[rows["dispatchable"]]
+        assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
     took_effect = [(data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in POLICIES]
     assert took_effect == [(True, False), (False, False), (True, True)], "a policy did not take effect"
     for policy in ("pr", "unpatched"):
@@ -69,7 +78,7 @@ def _edited(path: Path, edit) -> Path:
 
 
 def test_a_recording_as_the_acceptance_wants_it_passes(tmp_path):
-    check_safety_recording(_recorded(tmp_path, differing={(512, 128)}, alone_differing={128}))
+    check_safety_recording(_recorded(tmp_path, differing={(512, 96)}, alone_differing={128}))
 
 
 def _pr_differs(data):
@@ -89,7 +98,7 @@ def _not_shared(data):
     [(_pr_differs, "pr differs from eager"), (_a_pair_missing, "not every pair ran"), (_not_shared, "did not take")],
 )
 def test_a_recording_that_breaks_the_acceptance_fails(tmp_path, edit, why):
-    path = _edited(_recorded(tmp_path, differing={(512, 128)}), edit)
+    path = _edited(_recorded(tmp_path, differing={(512, 96)}), edit)
     with pytest.raises(AssertionError, match=why):
         check_safety_recording(path)
 
@@ -100,7 +109,7 @@ def test_a_recording_where_forced_sharing_never_differs_fails(tmp_path):
 
 
 def test_a_file_its_provenance_does_not_describe_fails(tmp_path):
-    path = _recorded(tmp_path, differing={(512, 128)})
+    path = _recorded(tmp_path, differing={(512, 96)})
     path.write_text(path.read_text() + " ")
     with pytest.raises(AssertionError, match="describes another file"):
         check_safety_recording(path)

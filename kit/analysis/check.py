@@ -24,11 +24,35 @@ trace, or a trace and segments of different moments), the stranded figures
 come from a history that did not happen, so no verdict is given.
 `assert_no_stranding` raises the same `KitError`, not `AssertionError`: a
 pytest test errors with the cause instead of failing as if memory stranded.
+
+Captures allowed a stream of their own (`own_stream`, `--own-stream`): PR
+63155 moves only the decoder replay graphs onto the model graphs' stream; the
+speculator's (drafter's) graphs keep their own, because "it needs its own
+lifetime argument" (`kit.experiments.drafter_run` makes it). So with a drafter
+on, the PR's own configuration strands in the global graph pool on the
+drafter's stream, by design. `own_stream` is a tuple of patterns; a pattern
+matches a capture when it is a case-insensitive substring of the capture's
+manager (a recorded window's `manager` in the `kit` key, e.g. "DFlash
+speculator graphs") or of the label the snapshot itself gives the capture's
+stream (`kit["streams"]`: the recorder's "DFlash speculator graphs stream", a
+workload's stream name). A graph-pool (pool, stream) group whose captures in
+that pool are all matched (or, with no recorded window of that group, whose
+stream's given label is matched) is not offending: it is listed in
+`allowed`, with the patterns that allowed it and what they matched, and
+printed on a line of its own, so nothing is hidden. The default,
+`DEFAULT_OWN_STREAM`, is what the PR argues: the speculator's captures, by
+`kit.analysis.liveness.is_drafter_capture`'s words ("speculator",
+"drafter"), in a manager or a given stream label. An empty tuple (`--own-stream
+none`) allows nothing. Labels the kit makes up for streams a snapshot does
+not name ("stream of f (x.py:3)", "stream A") are never matched, and the
+default pool is never allowed: a plain torch snapshot (no `kit` key, so no
+capture metadata) is judged exactly as without an allowlist, whatever its
+functions are called.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.attribution import checked_capture_windows
@@ -39,33 +63,49 @@ from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 
 POOLS = ("graph", "all")
+# What PR 63155 argues may keep a stream of its own: the speculator's captures (`is_drafter_capture`'s words).
+DEFAULT_OWN_STREAM: tuple[str, ...] = ("speculator", "drafter")
 
 
 @dataclass
 class CheckResult:
-    """What `check_snapshot` found: `ok`, the offending groups (dicts, exact bytes), and the data source."""
+    """What `check_snapshot` found: `ok`, the offending groups (dicts, exact bytes), the data source, and the
+    groups that would have offended on a stream `own_stream` allows (`allowed`, each with `patterns` and `matched`)."""
 
     ok: bool
     offending: list[dict]
     source: str
     pools: str = "graph"
     max_stranded: int = 0
+    allowed: list[dict] = field(default_factory=list)  # groups that would offend, on a stream `own_stream` allows
+    own_stream: tuple[str, ...] = DEFAULT_OWN_STREAM
 
     def lines(self) -> list[str]:
         """One line per offending group: pool, stream, stranded bytes, the first stack frames."""
         return [offending_line(group) for group in self.offending]
 
+    def allowed_lines(self) -> list[str]:
+        """One line per allowed group: the pattern that allowed it and what it matched, then as `lines()`."""
+        return [allowed_line(group) for group in self.allowed]
+
     def summary(self) -> str:
-        """One line: passed, or how many groups offended."""
+        """One line: passed, or how many groups offended (and how many allowed groups were not counted)."""
         which = "no graph pool" if self.pools == "graph" else "no pool"
         limit = format_bytes(self.max_stranded)
+        allowed = f" ({len(self.allowed)} allowed group(s) on their own stream not counted)" if self.allowed else ""
         if self.ok:
-            return f"ok: {which} stranded more than {limit} ({self.source})"
-        return f"failed: {len(self.offending)} group(s) stranded more than {limit} ({self.source})"
+            return f"ok: {which} stranded more than {limit}{allowed} ({self.source})"
+        return f"failed: {len(self.offending)} group(s) stranded more than {limit}{allowed} ({self.source})"
 
     def to_json(self) -> dict:
-        """`{"ok", "offending", "source"}`, as `python -m kit check --json` prints it."""
-        return {"ok": self.ok, "offending": self.offending, "source": self.source}
+        """`{"ok", "offending", "source", "allowed", "own_stream"}`, as `python -m kit check --json` prints it."""
+        return {
+            "ok": self.ok,
+            "offending": self.offending,
+            "source": self.source,
+            "allowed": self.allowed,
+            "own_stream": list(self.own_stream),
+        }
 
 
 def offending_line(group: dict) -> str:
@@ -79,19 +119,91 @@ def offending_line(group: dict) -> str:
     return line + (f"; first stranded allocation: {group['frames']}" if group["frames"] else "")
 
 
-def check_snapshot(snapshot: Snapshot | str | dict, *, pools: str = "graph", max_stranded: int = 0) -> CheckResult:
+def allowed_line(group: dict) -> str:
+    """`allowed by --own-stream 'speculator' (manager 'DFlash speculator graphs'): global graph pool (0, 1), ...`."""
+    patterns = ", ".join(repr(p) for p in group["patterns"])
+    return f"allowed by --own-stream {patterns} ({'; '.join(group['matched'])}): {offending_line(group)}"
+
+
+def own_stream_patterns(own_stream: tuple[str, ...] | list[str] | str) -> tuple[str, ...]:
+    """The patterns, checked: each a non-empty string (an empty one would match every name); a string is one."""
+    if isinstance(own_stream, str):
+        own_stream = (own_stream,)
+    if not isinstance(own_stream, tuple | list):
+        raise KitError(f"own_stream {own_stream!r}: expected a tuple of patterns (names, or parts of them)")
+    for pattern in own_stream:
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise KitError(
+                f"--own-stream {pattern!r}: expected a part of a capture's manager name or of its stream's label "
+                "(an empty pattern would allow every stream; `none` allows none)"
+            )
+    return tuple(dict.fromkeys(p.strip() for p in own_stream))
+
+
+def _matching(patterns: tuple[str, ...], name: str | None) -> str | None:
+    """The first pattern that is a case-insensitive substring of `name`."""
+    if not name:
+        return None
+    folded = name.casefold()
+    return next((p for p in patterns if p.casefold() in folded), None)
+
+
+def _allowance(snap: Snapshot, windows: list[dict], group: dict, patterns: tuple[str, ...]) -> dict | None:
+    """Why `group` may keep its own stream (`{"patterns", "matched"}`), or None when it may not.
+
+    Only a graph pool's group, and only by names the snapshot gives: each of
+    the group's recorded windows (same pool and stream) by its manager or by
+    the stream's label from the `kit` key; with no recorded window, by that
+    label alone.
+    """
+    pool = tuple(group["pool"])
+    if not patterns or pool == DEFAULT_POOL:
+        return None
+    label = snap.stream_names.get(group["stream"])  # None for a label the kit made up
+    by_label = _matching(patterns, label)
+    found: dict[str, str] = {}  # what matched ("manager 'X'", "stream label 'Y'") -> the pattern that matched it
+    for window in windows:
+        if tuple(window["pool"]) != pool or window["stream"] != group["stream"]:
+            continue
+        manager = window.get("manager", window["graph"])
+        by_manager = _matching(patterns, manager)
+        if by_manager is not None:
+            found.setdefault(f"manager {manager!r}", by_manager)
+        elif by_label is not None:
+            found.setdefault(f"stream label {label!r}", by_label)
+        else:
+            return None  # one capture of the group is not allowed: neither is the group
+    if not found:  # no recorded window of the group: its stream's given label, if any
+        if by_label is None:
+            return None
+        found[f"stream label {label!r}"] = by_label
+    return {"patterns": list(dict.fromkeys(found.values())), "matched": list(found)}
+
+
+def check_snapshot(
+    snapshot: Snapshot | str | dict,
+    *,
+    pools: str = "graph",
+    max_stranded: int = 0,
+    own_stream: tuple[str, ...] = DEFAULT_OWN_STREAM,
+) -> CheckResult:
     """Whether no graph pool (`pools="all"`: no pool) stranded more than `max_stranded` bytes on any stream.
 
-    Walks every device that has a trace. Raises `KitError` without a trace
-    (memory history recorded with enabled="all"), with `pools` or
-    `max_stranded` out of range, with a malformed capture window, and when a
-    device's trace does not replay to the snapshot (the verdict could not be
-    trusted).
+    Walks every device that has a trace. A group over `max_stranded` on a
+    stream `own_stream` allows (case-insensitive substrings of a recorded
+    capture's manager or of the stream's label the snapshot gives; default
+    `DEFAULT_OWN_STREAM`, the speculator's; `()` allows nothing) goes to
+    `allowed` instead of `offending` (module docstring). Raises `KitError`
+    without a trace (memory history recorded with enabled="all"), with
+    `pools`, `max_stranded` or `own_stream` out of range, with a malformed
+    capture window, and when a device's trace does not replay to the snapshot
+    (the verdict could not be trusted).
     """
     if pools not in POOLS:
         raise KitError(f"--pools {pools!r}: expected one of {', '.join(POOLS)}")
     if isinstance(max_stranded, bool) or not isinstance(max_stranded, int) or max_stranded < 0:
         raise KitError(f"--max-stranded {max_stranded!r}: expected a number of bytes, 0 or more")
+    patterns = own_stream_patterns(own_stream)
     snap = load_snapshot(snapshot)
     devices = [d for d, columns in sorted(snap.trace_columns.items()) if len(columns) >= 2]
     if not snap.has_trace or not devices:
@@ -99,8 +211,8 @@ def check_snapshot(snapshot: Snapshot | str | dict, *, pools: str = "graph", max
             f"{snap.origin}: `check` needs a trace, and this snapshot has none: record it with "
             "torch.cuda.memory._record_memory_history() on before the graphs are captured"
         )
-    checked_capture_windows(snap)
-    offending = []
+    windows = checked_capture_windows(snap)
+    offending, allowed = [], []
     for device in devices:
         replay = replay_trace(snap, device)
         if replay.mismatches:
@@ -110,9 +222,15 @@ def check_snapshot(snapshot: Snapshot | str | dict, *, pools: str = "graph", max
             if pools == "graph" and tuple(row["pool"]) == DEFAULT_POOL:
                 continue
             if row["stranded_bytes"] > max_stranded:
-                offending.append(_group(row, device))
-    offending.sort(key=lambda g: (tuple(g["pool"]) == DEFAULT_POOL, -g["stranded_bytes"]))  # as the verdicts
-    return CheckResult(not offending, offending, snap.source_label, pools, max_stranded)
+                group = _group(row, device)
+                allowance = _allowance(snap, windows, group, patterns)
+                if allowance is None:
+                    offending.append(group)
+                else:
+                    allowed.append({**group, **allowance})
+    for groups in (offending, allowed):
+        groups.sort(key=lambda g: (tuple(g["pool"]) == DEFAULT_POOL, -g["stranded_bytes"]))  # as the verdicts
+    return CheckResult(not offending, offending, snap.source_label, pools, max_stranded, allowed, patterns)
 
 
 def _no_replay(snap: Snapshot, device: int, mismatches: list[str]) -> str:
@@ -137,16 +255,24 @@ def _group(row: dict, device: int) -> dict:
     }
 
 
-def assert_no_stranding(snapshot: Snapshot | str | dict, *, pools: str = "graph", max_stranded: int = 0) -> CheckResult:
+def assert_no_stranding(
+    snapshot: Snapshot | str | dict,
+    *,
+    pools: str = "graph",
+    max_stranded: int = 0,
+    own_stream: tuple[str, ...] = DEFAULT_OWN_STREAM,
+) -> CheckResult:
     """Raise `AssertionError`, one line per offending group, if a graph pool stranded more than `max_stranded` bytes.
 
     For a pytest test of a capture path: record the capture with memory history
     on, then `kit.assert_no_stranding(snapshot)`. Returns the `CheckResult`
-    when it passes. A snapshot `check_snapshot` cannot judge (no trace, a
-    malformed capture window, a trace that does not replay) raises its
-    `KitError`, not `AssertionError`: the test errors, naming the cause.
+    when it passes. `own_stream` as `check_snapshot`'s; the allowed groups'
+    lines follow the offending ones in the message. A snapshot
+    `check_snapshot` cannot judge (no trace, a malformed capture window, a
+    trace that does not replay) raises its `KitError`, not `AssertionError`:
+    the test errors, naming the cause.
     """
-    result = check_snapshot(snapshot, pools=pools, max_stranded=max_stranded)
+    result = check_snapshot(snapshot, pools=pools, max_stranded=max_stranded, own_stream=own_stream)
     if not result.ok:
-        raise AssertionError("\n".join([result.summary(), *result.lines()]))
+        raise AssertionError("\n".join([result.summary(), *result.lines(), *result.allowed_lines()]))
     return result

@@ -76,14 +76,19 @@ def scenario_config(name: str, preset: str):
     return config
 
 
-def run_scenario(name: str, preset: str = "small") -> dict:
-    """Build the replica, capture it under the scenario's patch, check it; the snapshot dict."""
+def run_scenario(name: str, preset: str = "small", speculator: bool = False) -> dict:
+    """Build the replica, capture it under the scenario's patch, check it; the snapshot dict.
+
+    `speculator`: with the DSpark drafter on (`ReplicaConfig(speculator=True)`), its graphs captured last.
+    """
     import torch
 
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
     config = scenario_config(name, preset)
+    if speculator:
+        config = dataclasses.replace(config, speculator=True)
     policy, _, description = SCENARIOS[name]
     patch = replica_patch.patched(policy) if policy else contextlib.nullcontext()
     # Recording from the first allocation, so the trace replays from an empty allocator (what-if needs that).
@@ -102,7 +107,9 @@ def run_scenario(name: str, preset: str = "small") -> dict:
         "has_early_aux": replica_patch.has_early_aux(runner.model_state),
     }
     raw["kit"]["equivalence"] = equivalence.to_records()
-    raw["kit"]["provenance"]["command"] = f"python -m kit.experiments.scenarios {name} --preset {preset}"
+    raw["kit"]["provenance"]["command"] = f"python -m kit.experiments.scenarios {name} --preset {preset}" + (
+        " --speculator" if speculator else ""
+    )
     return raw
 
 
@@ -218,9 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--preset", default="small")
     parser.add_argument("-o", "--output", required=True, help="snapshot pickle to write")
+    parser.add_argument(
+        "--speculator", action="store_true", help="with the DSpark drafter on (ReplicaConfig(speculator=True))"
+    )
     args = parser.parse_args(argv)
     try:
-        raw = run_scenario(args.scenario, args.preset)
+        raw = run_scenario(args.scenario, args.preset, speculator=args.speculator)
     except KitError as e:
         print(f"kit: error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,8 @@ class ReplayBatch:
     rows: torch.Tensor
     forward_context: ForwardContext
     run_graph: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    # Eagerly, the rows padded with zero rows to this many (vLLM pads so under context parallelism).
+    num_padded: int | None = None
 
 
 class DecoderReplayLayers:
@@ -81,7 +83,11 @@ class DecoderReplayLayers:
             if replay_batch.run_graph is not None:
                 row_outputs = replay_batch.run_graph(rows, (hidden_states,))
             else:
-                row_outputs = self.run_layers(hidden_states.index_select(0, rows))
+                row_inputs = hidden_states.index_select(0, rows)
+                if replay_batch.num_padded is not None:
+                    padding = replay_batch.num_padded - rows.numel()
+                    row_inputs = torch.cat((row_inputs, row_inputs.new_zeros((padding, *row_inputs.shape[1:]))))
+                row_outputs = self.run_layers(row_inputs)
         # The other rows' outputs stay zero; nothing reads them.
         num_tokens = hidden_states.shape[0]
         return tuple(

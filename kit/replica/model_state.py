@@ -63,11 +63,13 @@ class DeepseekV41ModelState:
         rows = self._replay_rows[:num_rows]
         torch.arange(num_tokens - num_rows, num_tokens, out=rows)
         graphs = self.replay_cudagraphs
-        size = graphs.dispatch(num_rows) if use_replay_graphs and graphs is not None else None
-        if size is None:
-            layers.replay_batch = ReplayBatch(rows, ForwardContext(num_rows, CUDAGraphMode.NONE))
-        else:
+        size = graphs.dispatch(num_rows) if graphs is not None else None
+        if use_replay_graphs and size is not None:
             layers.replay_batch = ReplayBatch(rows, ForwardContext(size, CUDAGraphMode.PIECEWISE), graphs.run)
+        else:
+            # Eagerly the rows are padded to the replay graph's size, so an eager forward multiplies matrices of
+            # the graph's shapes: a GEMM's rounding depends on its shape, not on the other rows' values.
+            layers.replay_batch = ReplayBatch(rows, ForwardContext(num_rows, CUDAGraphMode.NONE), num_padded=size)
 
     def capture_inner_cudagraphs(self) -> None:
         """Capture the replay graphs, after the model graphs, on the replay batch `prepare` sets."""
