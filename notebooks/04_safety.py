@@ -30,13 +30,23 @@
 # free was pending (`record_stream`) or made on another stream. `kit/analysis/readwrite.py`
 # cites the PyTorch and CUDA sources.
 #
-# **Three checks** on the replica (vLLM's capture path in miniature, `kit.replica`):
+# **Three checks** on the replica (vLLM's capture path in miniature, `kit/replica`):
 # 1. *outputs*: every replay graph replayed inside every model graph's break, against eager;
 # 2. *bytes*: the obligation itself, from the bytes each op reads and writes during capture;
 # 3. *lifetimes*: the analysis a plain allocator trace allows, beside check 2.
+#
+# **Where it is shown.** Every check in this notebook runs on the **replica**, not on vLLM's
+# own code. **vLLM's own code** (`kit.experiments.vllm_capture`: vLLM 0.33's
+# `GPUModelRunner.capture_model`, `DecoderReplayLayers` and `DecoderReplayCudaGraphManager`
+# around a stand-in model, on the H200) is notebook 07's: there it shows which stream the
+# replay graphs capture on, the graph pool, graphs against eager, and the early-aux case,
+# unpatched and under the PR. The pairings, the obligation and the lifetime analysis shown
+# here are the replica's. What is taken from vLLM's code here is the rule for which replay
+# graph can run in which break (section 1), cited by file and function.
 
 # %%
 import inspect
+import re
 
 import plotly.io as pio
 from IPython.display import display
@@ -44,6 +54,7 @@ from IPython.display import display
 import kit
 import kit.patch.replica
 from kit.analysis.readwrite import OBLIGATION
+from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.pairings import pair_verdicts
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
@@ -83,47 +94,80 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # `pr` (PR 63155), `unpatched` (vLLM 0.33) and `early_aux_shared` (an aux hidden state at
 # layer 1, the replay graphs forced onto the shared stream anyway). The break gets V4.1's
 # several inputs: the hidden states and the hyper-connection state `residual`, `post_mix` and
-# `res_mix`. Then, for every model graph N and replay graph R, N runs on fresh token ids, R is
-# replayed on random inputs inside N's break before N's own replay graph, and N's outputs are
-# compared bit for bit with eager. A pairing vLLM's dispatch can produce is *dispatchable*
-# (R is at most N/2 here); the others (`*`) are stress only.
+# `res_mix`.
+#
+# **Which replay graph can run in which break** is vLLM 0.33's rule (`kit.experiments.dispatch`
+# prints it below). `_prepare_replay_batch` (`vllm/models/deepseek_v41/nvidia/model_state.py`)
+# breaks a PIECEWISE model graph of N tokens out to a replay batch only when
+# `graph_uses_replay_batch` (`vllm/models/deepseek_v41/decoder_replay_layers.py`) finds N at or
+# above `decoder_replay_trim_threshold`. The batch holds each request's rows, decode rows
+# never trimmed and prefill rows trimmed to the last `window`, so a step padded to N tokens
+# can hold any count from 1 to N rows. The replay manager's `dispatch` (`CudaGraphManager.dispatch`,
+# `vllm/v1/worker/gpu/cudagraph_utils.py`) pads them to the smallest replay capture size that
+# fits, eagerly above the largest. So a pairing (N, R) is *dispatchable* when R is any replay
+# size up to the one N rows are padded to: R = N included, and R > N when N is not itself a
+# replay size (vLLM's default replay sizes, `DecoderReplayCudaGraphManager.__init__` in
+# `vllm/models/deepseek_v41/nvidia/decoder_replay_cudagraph.py`, are multiples of the window).
+#
+# For every dispatchable (N, R), N runs on fresh token ids with a replay batch that vLLM's
+# dispatch pads to R, as a vLLM step would, and N's outputs are compared bit for bit with
+# eager. A pairing vLLM's dispatch cannot produce is marked `*` (stress): it is run anyway, as
+# an adversary, R replayed on random inputs inside N's break before N's own replay graph.
 
 # %%
 records = load_safety(PRESET, SOURCE)
+print(f"dispatchable: {DISPATCH_RULE}")
 print(f"data source: {SOURCE}: {records.pairs.attrs['source']}")
 for line in pair_verdicts(records.pairs):
     print(line)
 pairings_table(records.pairs)
 
 # %% [markdown]
-# Under the PR and unpatched every pairing is bit-exact. Unpatched that proves little: there no
-# replay graph allocates over a block a model graph holds, and equal outputs cannot say which
-# bytes were at risk. That is check 2's question. With early aux forced to share, some
-# pairings differ, and in the H200 recording model graph 256 differs even with only its own
-# replay graph (the last column).
+# The lines above say, per policy, which pairings equal eager. Unpatched, equal outputs prove
+# little: there no replay graph allocates over a block a model graph holds, and equal outputs
+# cannot say which bytes were at risk. That is check 2's question.
+#
+# **Replay graphs in eager forwards.** vLLM also dispatches replay graphs inside eager
+# (NONE-mode) forwards: `_prepare_replay_batch` gives an eager step that trims a prefill a
+# replay batch, and `dispatch` may run it in a replay graph. That is safe for the reason the
+# shared pool already relies on: in an eager forward no model graph is running, so no
+# graph-pool value of a model graph is live across the replay graph, except the outputs of an
+# earlier step, which the runner consumes before the next forward (the same assumption every
+# model graph already makes of the others in the shared pool). The eager forward's own tensors
+# are allocated outside the graph pool, where no replay graph writes.
 #
 # ## 2. The obligation, from what is read and written
 #
 # `kit.experiments.readwrite_run` captures the same three policies under a
 # `kit.ReadWriteRecorder`, a `TorchDispatchMode` that logs the device bytes every aten op reads
-# and writes, by phase: N's segments, N's break, N's outputs (read by the caller), replay graph
-# R. A graph replays the kernels and addresses it captured, so capture shows what replay does.
-# Per pairing, `kit.readwrite_table` intersects what R writes with what N *carries*: bytes
-# read after the break whose last write came before it.
+# and writes, by phase: N's segments and breaks (each layer's stand-in attention is a break of
+# its own, as V4.1 breaks at every attention, and the break where the replay layers run is split
+# where they start), N's outputs (read by the caller), replay graph R. A graph replays the
+# kernels and addresses it captured, so capture shows what replay does. Per pairing,
+# `kit.readwrite_table` intersects what R writes with what is *carried* across R: bytes read
+# after R starts (by the rest of the break, N's later segments and breaks, or the caller
+# reading N's outputs) whose last write came before R started.
 
 # %%
 print(f"data source: {SOURCE}: {records.readwrite['source']}")
+stated = set()
 for policy, run in records.readwrite["policies"].items():
-    print(f"obligation under {policy}: {run['obligation'].removeprefix(OBLIGATION).strip()}")
+    verdict = re.search(r"\s(Holds|Violated)\b", run["obligation"])  # the obligation as recorded, then its verdict
+    cut = verdict.start() if verdict else len(run["obligation"])
+    stated.add(run["obligation"][:cut].strip())
+    print(f"obligation under {policy}: {run['obligation'][cut:].strip()}")
+for wording in stated - {OBLIGATION}:
+    print(f"  (recorded against an earlier wording of the obligation: {wording})")
 for line in records.readwrite["policies"]["early_aux_shared"]["verdicts"]:
     if "VIOLATED" in line:
         print(f"  {line}")
 
 # %% [markdown]
-# Where it fails, the bytes carried across the break are the aux hidden state at layer 1:
-# written before the break, read after the forward by its caller, and written by the replay
-# graph's kernels in the break. The break's own inputs are not carried: the break reads them
-# before any replay graph runs, and nothing reads them after it.
+# Where it fails, the lines name the bytes and who reads them. The value at stake with early
+# aux forced to share is the aux hidden state at layer 1: written before the break, read after
+# the forward by its caller, so a replay graph whose kernels write its bytes changes what the
+# caller reads. A break input counts only where something reads it after R starts; read only
+# before R (the gather of the replay layers' inputs), it is not carried.
 #
 # ## 3. The lifetime analysis beside it
 #
@@ -145,9 +189,9 @@ for line in disagreement_lines(records):
     print(line)
 
 # %% [markdown]
-# With the breaks' reads the lifetime analysis flags exactly the pairings that fail the
-# obligation, and those are exactly the pairings whose outputs differ. From the trace alone it
-# also flags PR pairings. Each such flag is over `residual`, `post_mix` and `res_mix`. The
+# The table says, per policy, which pairings each check flags, and the lines under it where the
+# lifetime analysis and the obligation disagree. From the trace alone the lifetime analysis
+# can flag pairings the obligation clears, over `residual`, `post_mix` and `res_mix`: the
 # forward keeps them bound to its end, as an aux hidden state is kept, but nothing reads them
 # after the break. A trace cannot tell the two apart, and the analysis errs on the safe side.
 # On a plain snapshot of real vLLM, where V4.1 keeps the same three tensors, expect the same
@@ -167,8 +211,8 @@ print(f"data source: {SOURCE}: {snapshots['patched'].source_label}")
 kit.style_table(overview_table(snapshots))
 
 # %% [markdown]
-# Under the PR's rule (`early_aux_pr`) the aux hidden state is held after the break, but no
-# replay graph is captured over it, and the graphs equal eager.
+# Under the PR's rule (`early_aux_pr`) the aux hidden state is held after the break; its row
+# says whether a replay graph was captured over it and whether the graphs equal eager.
 #
 # ## Look for yourself: the blocks across the break
 #
@@ -179,7 +223,9 @@ kit.style_table(overview_table(snapshots))
 # *aux hidden state* it returns, and the replay graphs' *outputs* and *activations* over them.
 # A bar runs from allocation to free in capture order: the model graphs first, then the
 # replay graphs, so a replay graph's mark sits right of the block it lands on. A cross marks
-# a replay graph that runs in that block's break, a circle one that runs in another's.
+# the replay graph the replica's default step runs in that block's break (its last N/2 rows,
+# `replay_rows`), a circle one that runs in another's; vLLM's dispatch can run others there too
+# (section 1).
 
 # %%
 display(SafetyView(snapshots, replay_size_for=replay_rows).widget)
@@ -191,12 +237,27 @@ display(SafetyView(snapshots, replay_size_for=replay_rows).widget)
 # (`kit/record/recorder.py`). On Python 3.12 and older, reading a frame's locals keeps them
 # alive until the forward returns.
 #
-# **What it shows.** The obligation holds on every pairing under the PR. It fails only where
-# early aux is forced to share, on exactly the pairings whose outputs differ from eager, and
-# those are the ones the lifetime analysis flags when it knows what the breaks read. From the
-# trace alone, the lifetime analysis also flags the break's kept-bound inputs, which nothing
-# reads after the break. The PR's `has_early_aux()` rule keeps the one unsafe case off the
-# shared stream.
+# **What it shows**, computed from the recordings:
+
+# %%
+print(f"data source: {SOURCE}")
+for policy, mine in records.checks.groupby("policy", sort=False):
+    can_run = mine[mine["dispatchable"]]
+    violated = int(can_run["violated"].sum())
+    obligation = "holds on every one" if not violated else f"fails on {violated}"
+    agree = bool((mine["differs"] == mine["violated"]).all() and (mine["lifetime"] == mine["violated"]).all())
+    print(
+        f"{policy}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; over "
+        f"all {len(mine)}, the pairings that differ from eager and those the lifetime analysis flags with the "
+        f"breaks' reads are {'exactly' if agree else 'not exactly'} the pairings that fail it"
+    )
+
+# %% [markdown]
+# The PR's `has_early_aux()` (printed at the top) keeps an aux hidden state made before the
+# replay layers, the case `early_aux_shared` forces onto the shared stream, off it. From the
+# trace alone, the lifetime analysis can also flag the break's kept-bound inputs, which nothing
+# reads after the break (section 3). All of it on the replica; notebook 07 runs vLLM 0.33's own
+# capture code (the replay graphs' stream, the graph pool, graphs against eager, early aux).
 #
 # **Next question.** The PR names two alternatives. One is a single `graph_capture()` for
 # every capture, which would put the speculator on the shared stream too. The other is fewer

@@ -22,13 +22,19 @@
 # - **(a)** enter one `graph_capture()` for every capture. That would also move the
 #   speculator's capture onto the model graphs' stream, and the speculator runs after the
 #   target forward and reads what it produced: that needs a lifetime argument of its own;
-# - **(b)** capture fewer decoder replay graphs (`decoder_replay_cudagraph_capture_sizes`):
-#   the replay stream's group shrinks, but replay batches above the largest captured size
-#   run eagerly.
+# - **(b)** capture fewer decoder replay graphs (`decoder_replay_cudagraph_capture_sizes`),
+#   which the PR says saves memory "proportionally". Two ways to have fewer: cap the sizes
+#   (replay batches above the cap run eagerly), or drop the sizes between the smallest and
+#   the largest (a replay batch then runs in the next kept size, padded further).
 #
 # What would each save, is (a) safe, and what does a saving buy once vLLM sizes its KV cache?
-# Measured on the replica with its speculator (`kit.experiments.alternatives`), each variant
-# captured in a fresh process.
+#
+# **Where it is shown.** Everything measured here runs on the **replica** (`kit/replica`,
+# vLLM's capture path in miniature, here with a DSpark speculator:
+# `kit.experiments.alternatives`), each variant captured in a fresh process. None of it runs
+# on **vLLM's own code**: `kit.experiments.vllm_capture` (notebook 07) runs vLLM 0.33's
+# capture code with a stand-in model and no speculator, unpatched, under the PR and with
+# early aux; neither alternative.
 
 # %%
 import inspect
@@ -36,14 +42,20 @@ import inspect
 from IPython.display import display
 
 import kit
-from kit.experiments.alternatives import SHARE_ALL, recording_path
+from kit.experiments.alternatives import (
+    SAFE_IN_THE_REPLICAS_STEP,
+    SHARE_ALL,
+    fewer_sizes_lines,
+    recording_path,
+    replay_group_lines,
+    steps_with_eager_replay,
+)
 from kit.experiments.drafter_run import load_alternatives, run_alternatives_live
 from kit.recordings import LIVE, default_source
-from kit.replica.model import replay_rows
 from kit.replica.speculator import DSparkSpeculator
 from kit.show.alternatives import (
     AlternativesView,
-    cap_line,
+    cap_name,
     deepseek_table,
     drafter_table,
     estimate_table,
@@ -54,7 +66,7 @@ from kit.show.alternatives import (
     variant_table,
 )
 
-SOURCE = default_source()  # live on a GPU (five fresh processes, a few minutes), else the H200 recording
+SOURCE = default_source()  # live on a GPU (a fresh process per variant, some minutes), else the H200 recording
 PRESET = "small"  # the only preset recorded; `python -m kit alternatives --live --preset large` on a GPU
 data = run_alternatives_live(PRESET) if SOURCE == LIVE else load_alternatives(PRESET)
 table = variant_table(data)
@@ -110,13 +122,13 @@ print(f"share_all over the PR: {kit.format_bytes(beyond)} more ({beyond:,} bytes
 shown_table(table[table["variant"].isin(["unpatched", "pr", "share_all"])])
 
 # %% [markdown]
-# Over the PR, (a) saves the speculator's own group: on the model graphs' stream its graphs
-# fit in the blocks the model graphs left free.
+# What (a) saves over the PR (the line above) is the speculator's own group: on the model
+# graphs' stream its graphs can take the blocks the model graphs left free.
 #
 # ### Is (a) safe?
 #
 # Those free blocks include the ones holding the target's outputs of the last graph step. So
-# the drafter's graph may write over them, and the evidence says it does. Each variant ran
+# the drafter's graph may write over them; the evidence says whether it does. Each variant ran
 # every capture size after a graph step of every size, as vLLM orders a step (forward, the
 # sampler's read, `propose`), and compared the target's outputs and the draft bit for bit with
 # an eager step; each step also says whether the drafter's graph overwrote the target's outputs
@@ -156,10 +168,12 @@ if drafter:
     print(f"share_all: {drafter['evidence']}")
     print(f"share_all safe by graphs vs eager and both analyses: {data['share_all']['safe']}")
     display(kit.style_table(drafter_table(data)))
+print(SAFE_IN_THE_REPLICAS_STEP)
 
 # %% [markdown]
-# Safe, and why: under share_all the drafter's graphs do overwrite the target's outputs (under
-# the PR, on a stream of their own, they never do), but every read of those outputs, the
+# What the verdict covers, and why: under share_all the drafter's graphs may overwrite the
+# target's outputs (under the PR, on a stream of their own, they never do; the lines above
+# count how often they did), and the argument is that every read of those outputs, the
 # sampler's and `propose`'s staging copies, comes before the drafter's graph replays, and
 # nothing in the step reads them after it. From the trace alone the lifetime analysis cannot
 # see that order: it flags every overwritten output (the capture drops its outputs for weak
@@ -167,25 +181,60 @@ if drafter:
 # argument rests on that order of a step: a consumer that read the target's pool outputs after
 # the drafter's graph would read the drafter's writes.
 #
-# ## Alternative (b): cap the replay capture sizes
+# So (a) is at most **safe in the replica's step**, the step the replica models: forward, the
+# sampler's read, `propose`. vLLM's step has one more consumer it does not model:
+# `sample_tokens` (`vllm/v1/worker/gpu/model_runner.py`) starts asynchronous output copies on
+# a side stream (`AsyncOutput` on `output_copy_stream`) before `propose`, to overlap with it.
+# Whether those copies read anything the drafter's graphs write under (a) is not shown here.
 #
-# vLLM 0.33 as it is, with `decoder_replay_cudagraph_capture_sizes` capped. The replay
-# stream keeps a group of its own, only smaller; a replay batch above the cap finds no graph
-# and runs eagerly (in the replica a step of N tokens replays N/2 rows, `replay_rows`):
+# ## Alternative (b): fewer replay capture sizes
+#
+# vLLM 0.33 as it is (the replay graphs on a stream of their own), capturing fewer replay
+# sizes. First, capped: `decoder_replay_cudagraph_capture_sizes` up to a cap. A replay batch
+# above the cap finds no graph and runs eagerly. Which steps can make one follows vLLM's rule
+# (`_prepare_replay_batch` in `vllm/models/deepseek_v41/nvidia/model_state.py`): a PIECEWISE
+# step padded to N tokens at or above `decoder_replay_trim_threshold` breaks out to a replay
+# batch of each request's rows (decode rows kept, prefill rows trimmed to the last `window`),
+# so it can hold any count from 1 to N rows. The sweep is a handful of caps, not every replay
+# size (`kit.experiments.alternatives.cap_sweep` says which):
 
 # %%
 print(f"data source: {SOURCE}")
 caps = [name for name in table["variant"] if name.startswith("cap ")]
-for variant in caps:
-    print(cap_line(table, variant, config["cudagraph_capture_sizes"], replay_rows))
+for row in data["cap_replay_sizes"]:
+    cap, dropped = row["max_replay_size"], row["eager_replay_sizes"]
+    if cap is None or not dropped:
+        continue
+    steps = ", ".join(map(str, steps_with_eager_replay(config, cap))) or "none"
+    sizes = f"size{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))}"
+    print(
+        f"{saving_line(table, cap_name(cap))}; replay batches of more than {cap} rows run eagerly ({sizes} not "
+        f"captured), possible in steps padded to {steps} tokens"
+    )
 by_variant = table.set_index("variant")
 less = all(by_variant.loc[c, "saved_bytes"] < by_variant.loc["pr", "saved_bytes"] for c in caps)
 print(f"every cap saves less than the PR: {less}")
 shown_table(table[table["variant"].isin(["unpatched", *caps])])
 
 # %% [markdown]
-# A cap saves less than the PR at every size here and gives up graphs for the larger replay
-# batches; capturing every size costs the replay stream a whole group again.
+# Whether a cap saves as much as the PR is the line above; every cap gives up graphs for the
+# larger replay batches. Second, the PR's "proportionally": keep the largest replay size (or
+# the smallest and the largest) and drop the sizes in between. No replay batch runs eagerly
+# then: each runs in the smallest kept size that fits it, padded further. If the replay
+# graphs' group shrank in proportion to the sizes dropped, this would save about as much as
+# the proportional figure printed beside each row. The last line is computed from the
+# figures: whether dropping intermediate sizes shrank the graph pool, or only capping the
+# largest did.
+
+# %%
+print(f"data source: {SOURCE}")
+print("\n".join(fewer_sizes_lines(data)))
+
+# %% [markdown]
+# Why the largest size could decide it: the replay graphs are captured largest first, one
+# after another on their stream, and each smaller capture can take the blocks the larger ones
+# freed on that same stream. What the group needs is then about what the largest capture needs,
+# however many smaller sizes follow it; capping the largest is what removes that.
 #
 # ## Look for yourself
 #
@@ -221,11 +270,10 @@ print(f"replica layout: {layout['bytes_per_token']:,} B/token, blocks of {layout
 kit.style_table(estimate_table(data))
 
 # %% [markdown]
-# The estimate falls by more than the graph pool under (a) and the PR: it is a drop in free
-# memory, so it also counts the default-pool blocks each capture stream keeps cached (its
-# warm-up's activations, notebook 03). The part outside the graph pool shrinks with every
-# capture stream that goes; under a cap the replay stream stays, and the estimate falls by the
-# graph pool's saving alone.
+# The estimate is a drop in free memory, so besides the graph pool it counts the default-pool
+# blocks each capture stream keeps cached (its warm-up's activations, notebook 03): the
+# "outside it" figures above. That part can shrink only where a capture stream goes, under (a)
+# and the PR; under a cap the replay stream stays.
 #
 # ### On DeepSeek-V4.1-Flash
 #
@@ -236,20 +284,51 @@ kit.style_table(estimate_table(data))
 
 # %%
 print("data source: PR 63155's stated figure, priced with the layouts below (no GPU run)")
-flash = data["kv_cache"]["deepseek_v41_flash"]
+flash, v3 = data["kv_cache"]["deepseek_v41_flash"], data["kv_cache"]["deepseek_v3_mla"]
 print(
     f"{flash['layout']['name']}: {flash['blocks']:,} blocks of {flash['layout']['block_size']}, "
     f"{flash['tokens']:,} tokens, or the sliding windows of {flash['or_swa_requests']:,} more requests"
 )
+for entry in (flash, v3):
+    lay = entry["layout"]
+    print(
+        f"  {lay['name']} assumes: the PR's {entry['saved_bytes'] / 2**30:.2f} GiB per GPU all goes to KV blocks; "
+        f"{lay['num_layers']} layers owning a cache x {lay['bytes_per_token_per_layer']:,} B per token = "
+        f"{lay['bytes_per_token']:,} B per token, blocks of {lay['block_size']} tokens; {lay['source']}"
+    )
 kit.style_table(deepseek_table(data)).format("{:,}".format, subset=["bytes per token", "blocks", "tokens"])
 
+# %%
+print(f"data source: {SOURCE}: {data['source']}")
+best_cap = max(caps, key=lambda c: by_variant.loc[c, "saved_bytes"], default=None)
+pr_kv = data["kv_cache"]["replica"]["freed"]["pr"]
+verdict = replay_group_lines(data)
+print(
+    f"(a) saves {kit.format_bytes(beyond)} over the PR, {kit.format_bytes(data['share_all']['saved_bytes'])} "
+    f"in all; safe in the replica's step: {data['share_all']['safe']}"
+)
+if best_cap is not None:
+    print(
+        f"(b) capped: the most a cap saves is {kit.format_bytes(by_variant.loc[best_cap, 'saved_bytes'])} "
+        f"({best_cap}), the PR {kit.format_bytes(data['pr']['saved_bytes'])}"
+    )
+print(f"(b) fewer sizes: {verdict[-1].strip() if verdict else 'not measured in this recording'}")
+print(f"the replica's KV cache under the PR: {pr_kv['blocks']:,} more blocks, {pr_kv['tokens']:,} tokens")
+print(
+    f"the PR's 5.18 GiB: {flash['tokens'] / 1e6:.1f} million tokens under the assumed V4.1-Flash layout "
+    f"({flash['layout']['bytes_per_token']:,} B/token, sliding-window caches left out), {v3['tokens']:,} under "
+    f"DeepSeek-V3's MLA ({v3['layout']['bytes_per_token']:,} B/token)"
+)
+
 # %% [markdown]
-# **What it shows.** On the H200 recording, (a) saves the speculator's group on top of the
-# PR's saving (24 MiB more, 48 MiB in all) and stays bit-exact: the drafter's graph does overwrite the
-# target's outputs in the pool, but only after `propose` has copied them out. (b) saves less
-# than the PR and runs the larger replay batches eagerly. Each saving is KV cache: 112 blocks
-# (1,792 tokens) in the replica under the PR; the PR's 5.18 GiB is about 2.1 million tokens
-# under the assumed V4.1-Flash layout, 79,104 under DeepSeek-V3's MLA.
+# **What it shows**, in the lines above, printed from the recording: (a) saves the speculator's
+# group on top of the PR's saving, and its safety verdict covers the replica's step only:
+# the drafter's graph may overwrite the target's outputs in the pool, after `propose` has
+# copied them out, and vLLM's side-stream output copies are not modelled. (b): the second and
+# third lines say what a cap saves beside the PR, and whether dropping intermediate sizes
+# saved anything or the replay graphs' group follows the largest captured size. Each saving
+# is KV cache, in the replica and, for the PR's stated 5.18 GiB, on DeepSeek under the
+# layouts and assumptions printed with the figures.
 #
 # **Next question.** These are the replica's captures. What does your own snapshot show?
 # `06_your_snapshot` runs the kit's tables and figures on any `_dump_snapshot` pickle.

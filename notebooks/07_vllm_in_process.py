@@ -24,6 +24,16 @@
 # reads each function's source, changes the lines the PR changes, and keeps every other
 # line as installed. Nothing is rebuilt and nothing on disk changes; `revert()` puts the
 # originals back.
+#
+# **Where it is shown.** Everything here is **vLLM's own code**, not the replica
+# (`kit/replica`, the miniature notebooks 02 to 05 run): sections 1 to 3 patch the installed
+# vLLM's functions in this process (no GPU needed); section 4 captures with vLLM's own capture
+# path, live where a GPU, vLLM and a DeepSeek-V4.1 checkpoint are at hand, else from the H200
+# recording of `kit.experiments.vllm_capture` (vLLM 0.33's `GPUModelRunner.capture_model`,
+# `DecoderReplayLayers`, `DecoderReplayCudaGraphManager` and the rest of its capture path,
+# around a stand-in model: section 4b says what was stood in). What it shows on vLLM's code:
+# which stream each capture got, the graph pool, graphs against eager, and the early-aux case.
+# The safety checks on every pairing and the alternatives are the replica's (notebooks 04, 05).
 
 # %%
 import importlib.util
@@ -173,7 +183,8 @@ print(f"data source: {snapshot.data_source} ({snapshot.source_label})")
 # **What was stood in:** the model (a DeepSeek-V4.1-shaped stand-in: 6 MLP layers, replay start 3,
 # V4.1's seven break inputs and its outputs, no attention, hidden size 1024); the model config
 # (hidden size, `hc_mult`, dtype); the attention metadata, the replay batch's row selection
-# (vLLM's Triton kernels: here the last half of the rows), the KV writes and block tables (no KV
+# (vLLM's Triton kernels: here the last half of the rows, one of the 1 to N row counts vLLM's
+# rule allows a step of N tokens, notebook 04), the KV writes and block tables (no KV
 # cache); process groups (one GPU); `vllm._C`'s `weak_ref_tensor` op (the same op, from Python);
 # and stub modules for packages the imports touch but this path never calls (servers, grammars,
 # tokenizers' helpers, CUTLASS kernels), listed in each recording's provenance.
@@ -252,12 +263,13 @@ if llm is not None:
 # **What it shows.** The PR's change is a handful of lines in seven functions, and it
 # applies to the installed vLLM without a rebuild: the stream the model graphs captured on
 # is handed down to the replay graphs, and to nothing else. On the H200, vLLM 0.33's own
-# capture code with real CUDA graphs shows what the replica showed: unpatched, the replay
-# graphs add 26 MiB of graph-pool segments on a stream `graph_capture()` made for them;
-# under the PR they add none (the global graph pool goes from 52 to 26 MiB), graphs equal
-# eager, and the early-aux case keeps its own stream. The model there was a stand-in; a real
+# capture code with real CUDA graphs gives the figures section 4b prints from the recording:
+# the graph-pool segments the replay graphs add unpatched, on a stream `graph_capture()` made
+# for them while the model graphs' free blocks sit on another (what `kit check` calls
+# stranding), and under the PR; the global graph pool both ways; whether graphs equal eager;
+# and which stream the early-aux case keeps. The model there was a stand-in; a real
 # DeepSeek-V4.1 checkpoint is the one thing not run.
 #
 # **Next question.** Is it safe for the replay graphs to run on that stream? That is the
-# PR's safety argument: no model graph block in the pool may be live across the eager break
-# in which a replay graph runs.
+# PR's safety argument: no value a model graph wrote into the pool before a replay graph runs
+# in its break may be read after it. Notebook 04 checks it on the replica, pairing by pairing.

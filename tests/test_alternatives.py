@@ -3,8 +3,11 @@
 The variants run on a GPU (tests/gpu/test_alternatives_live.py); here the
 speculator runs eagerly against a reference computed by hand, the capture path
 runs on tests/test_faults.py's `FakeCuda`, the KV-cache figures are checked
-against numbers worked out by hand, and a recording assembled from fake runs
-in tmp_path stands in for the shipped one. The last section reads the shipped
+against numbers worked out by hand, the sweep of alternative (b) (caps and kept
+sets) is derived from configs with their sizing stated (the N/2 sizing and vLLM's
+default), the text that says whether dropping intermediate sizes saved anything is
+read from recordings assembled from fake runs, and such a recording in tmp_path
+stands in for the shipped one. The last section reads the shipped
 H200 recordings themselves (`kit/recordings/` `alternatives/<preset>.json`).
 """
 
@@ -17,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,19 +45,45 @@ from kit.experiments.alternatives import (
     cap_sweep,
     cap_variant,
     capped_replay_sizes,
+    dropped_replay_sizes,
     eager_replay_sizes,
+    keep_sweep,
+    keep_variant,
+    kept_eager_replay_sizes,
+    padded_replay_sizes,
     parse_variant,
     pool_figures,
+    replay_group_lines,
     safety_verdict,
+    steps_with_eager_replay,
+    variant_replay_sizes,
     variants_to_run,
 )
 from kit.replica import model_runner, speculator
-from kit.replica.model import ReplicaConfig
+from kit.replica.model import PRESETS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 from kit.replica.speculator import DFlashCudaGraphManager, speculator_capture_sizes
-from tests.test_pairings import _one_line_error
 
 MIB = 1 << 20
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert kit_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("kit: error: ")
+    return captured.err.removeprefix("kit: error: ").strip()
+
+
+def sized(replay_sizes, model_sizes=(128, 256, 512), **fields):
+    """A stand-in config for the sweep: the sizes the alternatives read, nothing else (the presets' sizing changes)."""
+    return SimpleNamespace(
+        decoder_replay_cudagraph_capture_sizes=list(replay_sizes), cudagraph_capture_sizes=tuple(model_sizes), **fields
+    )
+
+
+# vLLM's default replay sizing for the small preset's shape (window 96, model graphs up to 512), and the old N/2 one.
+VLLM_SMALL = sized([96, 192, 288, 384, 480, 512])
+HALF_SMALL = sized([64, 128, 256])
 TINY = ReplicaConfig(
     hidden_size=64,
     num_layers=4,
@@ -61,6 +91,10 @@ TINY = ReplicaConfig(
     aux_hidden_state_layers=(3,),
     vocab_size=97,
     cudagraph_capture_sizes=(8, 16),
+    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
+    window=2,
+    decoder_replay_trim_threshold=4,
+    replay_sizing="half",
     dtype="float32",
     speculator=True,
 )
@@ -141,31 +175,92 @@ def test_the_kv_cache_section_frees_the_drop_in_each_estimate():
         kv_cache_section({"pr": 1}, layout)
 
 
-# --- alternative (b): the cap sweep, from the config ---------------------------------------------
+# --- alternative (b): the caps and the kept sets, from the config --------------------------------
+
+# Replica configs with explicit sizing (not the presets, whose sizing may change): the N/2 sizing and vLLM's default.
+HALF = ReplicaConfig(cudagraph_capture_sizes=(128, 256, 512), replay_sizing="half", speculator=True)
+VLLM = ReplicaConfig(
+    cudagraph_capture_sizes=(128, 256, 512), window=96, max_num_seqs=128, decoder_replay_trim_threshold=128
+)
+LARGE_VLLM = ReplicaConfig(
+    cudagraph_capture_sizes=(512, 1024, 2048, 4096, 8192), window=128, decoder_replay_trim_threshold=768
+)
 
 
 def test_caps_leave_the_sizes_up_to_them_and_run_the_rest_eagerly():
-    small = alternatives.alternatives_config("small")
-    assert small.decoder_replay_cudagraph_capture_sizes == [64, 128, 256]
-    assert cap_sweep(small) == [64, 128, 256, None]
-    assert [eager_replay_sizes(small, cap) for cap in cap_sweep(small)] == [[128, 256], [256], [], []]
-    assert [capped_replay_sizes(small, cap) for cap in cap_sweep(small)] == [[64], [64, 128], [64, 128, 256]] + [
+    assert HALF.decoder_replay_cudagraph_capture_sizes == [64, 128, 256]
+    assert cap_sweep(HALF) == [64, 128, 256, None]
+    assert [eager_replay_sizes(HALF, cap) for cap in cap_sweep(HALF)] == [[128, 256], [256], [], []]
+    assert [capped_replay_sizes(HALF, cap) for cap in cap_sweep(HALF)] == [[64], [64, 128], [64, 128, 256]] + [
         [64, 128, 256]  # no cap
     ]
-    assert eager_replay_sizes(small, 100) == [128, 256] and capped_replay_sizes(small, 100) == [64]
+    assert eager_replay_sizes(HALF, 100) == [128, 256] and capped_replay_sizes(HALF, 100) == [64]
     # A cap that leaves every size is vLLM 0.33 as it is: measured once, as unpatched.
-    assert [cap_variant(small, cap) for cap in cap_sweep(small)] == ["cap_64", "cap_128", "unpatched", "unpatched"]
-    assert variants_to_run(small) == ["unpatched", "pr", "share_all", "cap_64", "cap_128"]
-    large = alternatives.alternatives_config("large")
-    assert eager_replay_sizes(large, 1024) == [2048, 4096]
-    assert variants_to_run(large)[3:] == ["cap_256", "cap_512", "cap_1024", "cap_2048"]
+    assert [cap_variant(HALF, cap) for cap in cap_sweep(HALF)] == ["cap_64", "cap_128", "unpatched", "unpatched"]
+    assert variants_to_run(HALF) == ["unpatched", "pr", "share_all", "cap_64", "cap_128", "keep_256", "keep_64_256"]
+
+
+def test_the_sweep_is_a_handful_of_processes_however_many_replay_sizes():
+    # vLLM's sizing: multiples of the window; the caps are the smallest size and the largest at or below each model
+    # capture size (512 is both a model and a replay size: every size, so unpatched).
+    assert VLLM.decoder_replay_cudagraph_capture_sizes == [96, 192, 288, 384, 480, 512]
+    assert cap_sweep(VLLM) == [96, 192, 512, None]
+    assert [cap_variant(VLLM, cap) for cap in cap_sweep(VLLM)] == ["cap_96", "cap_192", "unpatched", "unpatched"]
+    assert keep_sweep(VLLM) == [[512], [96, 512], [96, 192, 288, 384, 480, 512]]
+    assert [keep_variant(VLLM, kept) for kept in keep_sweep(VLLM)] == ["keep_512", "keep_96_512", "unpatched"]
+    assert variants_to_run(VLLM) == ["unpatched", "pr", "share_all", "cap_96", "cap_192", "keep_512", "keep_96_512"]
+    # The large shape: about 30 replay sizes, still ten processes in all, not one per size.
+    sizes = LARGE_VLLM.decoder_replay_cudagraph_capture_sizes
+    assert len(sizes) > 25 and (sizes[0], sizes[-1]) == (128, 8192)
+    assert cap_sweep(LARGE_VLLM) == [128, 512, 1024, 2048, 4096, 8192, None]
+    assert variants_to_run(LARGE_VLLM)[3:] == [
+        *("cap_128", "cap_512", "cap_1024", "cap_2048", "cap_4096"),
+        *("keep_8192", "keep_128_8192"),
+    ]
+    assert eager_replay_sizes(LARGE_VLLM, 4096) == [s for s in sizes if s > 4096]
+    # One replay size: nothing to drop or cap below it; two: the largest alone, then both.
+    assert variants_to_run(sized([256])) == ["unpatched", "pr", "share_all"]
+    assert keep_sweep(sized([128, 256])) == [[256], [128, 256]]
+
+
+def test_kept_sets_run_a_dropped_size_in_the_next_kept_one_and_eagerly_above_the_largest():
+    assert dropped_replay_sizes(VLLM_SMALL, [96, 512]) == [192, 288, 384, 480]
+    assert padded_replay_sizes(VLLM_SMALL, [96, 512]) == [[192, 512], [288, 512], [384, 512], [480, 512]]
+    assert kept_eager_replay_sizes(VLLM_SMALL, [96, 512]) == [] == kept_eager_replay_sizes(VLLM_SMALL, [512])
+    assert padded_replay_sizes(VLLM_SMALL, [96, 288]) == [[192, 288]]
+    assert kept_eager_replay_sizes(VLLM_SMALL, [96, 288]) == [384, 480, 512]
 
 
 def test_variant_names():
     assert parse_variant("share_all") == ("share_all", None) and parse_variant("cap_128") == ("cap", 128)
-    for bad in ("cap_0", "cap_x", "cap", "share"):
+    assert parse_variant("keep_512") == ("keep", (512,)) and parse_variant("keep_96_512") == ("keep", (96, 512))
+    for bad in ("cap_0", "cap_x", "cap", "share", "cap_96_512", "keep", "keep_", "keep_512_96", "keep_96_96"):
         with pytest.raises(KitError, match="unknown variant"):
             parse_variant(bad)
+    for bad in ("keep_0_512", "keep_96__512", "drop_512", "keep_96_x"):
+        with pytest.raises(KitError, match="unknown variant"):
+            parse_variant(bad)
+    assert variant_replay_sizes(VLLM_SMALL, "pr") is None
+    assert variant_replay_sizes(VLLM_SMALL, "cap_200") == [96, 192]
+    assert variant_replay_sizes(VLLM_SMALL, "keep_96_512") == [96, 512]
+    with pytest.raises(KitError, match=r"^keep_100_512: 100 not among the config's replay capture sizes \(96, "):
+        variant_replay_sizes(VLLM_SMALL, "keep_100_512")
+    with pytest.raises(KitError, match="^cap_50 leaves no replay size: the smallest is 96$"):
+        variant_replay_sizes(VLLM_SMALL, "cap_50")
+    # Every name the sweep makes reads back as the sizes it measures.
+    for config in (HALF, VLLM, LARGE_VLLM):
+        for variant in variants_to_run(config)[3:]:
+            sizes = variant_replay_sizes(config, variant)
+            assert sizes and set(sizes) < set(config.decoder_replay_cudagraph_capture_sizes), variant
+
+
+def test_steps_that_can_make_a_replay_batch_above_a_cap():
+    config = {"cudagraph_capture_sizes": [512, 1024, 2048], "decoder_replay_trim_threshold": 768}
+    assert steps_with_eager_replay(config, 128) == [1024, 2048]  # 512 keeps the replay layers inside its graph
+    assert steps_with_eager_replay(config, 1024) == [2048]
+    assert steps_with_eager_replay(config, 2048) == []
+    # A step padded to N holds 1 up to N replay rows: a cap below N can send it eager, even N = 128 under cap 96.
+    assert steps_with_eager_replay({"cudagraph_capture_sizes": [128, 256, 512]}, 96) == [128, 256, 512]
 
 
 # --- the speculator ----------------------------------------------------------------------------
@@ -315,6 +410,18 @@ def test_the_speculator_is_captured_last_on_the_stream_the_variant_gives(
     assert not replica_patch.is_applied() and not SHARE_ALL.is_applied()
 
 
+def test_a_kept_set_captures_only_its_replay_sizes_and_the_dispatch_pads_to_them(fake_cuda, monkeypatch):
+    runner = cpu_runner_with_graph_managers(monkeypatch)
+    assert TINY.decoder_replay_cudagraph_capture_sizes == [4, 8]
+    alternatives.set_replay_capture_sizes(runner, alternatives.variant_replay_sizes(TINY, "keep_8"))
+    with CaptureRecorder() as rec:
+        runner.capture_model()
+    assert {r.size for r in rec.records if r.manager == "replay graphs"} == {8}
+    assert {r.size for r in rec.records if r.manager == "model graphs"} == {8, 16}  # the model graphs as they were
+    replay = runner.model_state.replay_cudagraphs
+    assert [replay.dispatch(rows) for rows in (1, 4, 5, 8, 9)] == [8, 8, 8, 8, None]  # padded to 8; eager above it
+
+
 def test_share_all_applies_as_one_patch_and_refuses_on_top_of_the_pr():
     before = (GPUModelRunner.capture_model, speculator.DSparkSpeculator.capture, DFlashCudaGraphManager.capture)
     with SHARE_ALL.patched("share") as patch:
@@ -373,27 +480,30 @@ def fake_run(variant: str, pool: int, estimate: int, streams: dict, *, differ=()
         "graph_pool_by_stream": {label: pool // len(labels) for label in labels},
         "capture_streams": streams,
         "replay_decisions": [],
-        "checks": checks if not variant.startswith("cap_") else [],
+        "checks": checks if variant in alternatives.MAIN_VARIANTS else [],
         "profile_estimate_bytes": estimate,
         "capture_free_memory_delta": estimate,
         "provenance": {**PROVENANCE, "command": f"python -m kit.experiments.alternatives --variant {variant}"},
     }
 
 
-def fake_runs(share_all_differs=()) -> dict[str, dict]:
+def fake_runs(share_all_differs=(), keep=(56, 56), caps=(40, 48)) -> dict[str, dict]:
+    """Runs for `HALF` (replay sizes 64, 128, 256); `keep`: the graph pool in MiB keeping 256 alone and 64 with 256;
+    `caps`: capped at 64 and at 128 (unpatched's is 56 MiB, the PR's 32)."""
     own = {"model graphs": "model graphs stream", "replay graphs": "replay graphs stream"}
     one = dict.fromkeys(("model graphs", "replay graphs", alternatives.DRAFTER), "model graphs stream")
     return {
         "unpatched": fake_run("unpatched", 56 * MIB, 120 * MIB, {**own, alternatives.DRAFTER: "DFlash stream"}),
         "pr": fake_run("pr", 32 * MIB, 96 * MIB, {**one, alternatives.DRAFTER: "DFlash stream"}),
         "share_all": fake_run("share_all", 24 * MIB, 88 * MIB, one, differ=share_all_differs, overwritten=True),
-        "cap_64": fake_run("cap_64", 40 * MIB, 104 * MIB, own),
-        "cap_128": fake_run("cap_128", 48 * MIB, 112 * MIB, own),
+        "cap_64": fake_run("cap_64", caps[0] * MIB, 104 * MIB, own),
+        "cap_128": fake_run("cap_128", caps[1] * MIB, 112 * MIB, own),
+        "keep_256": fake_run("keep_256", keep[0] * MIB, 120 * MIB, own),
+        "keep_64_256": fake_run("keep_64_256", keep[1] * MIB, 120 * MIB, own),
     }
 
 
-def write_recording(folder, runs=None, preset="small"):
-    config = alternatives.alternatives_config(preset)
+def write_recording(folder, runs=None, preset="small", config=HALF):
     data = assemble(preset, config, runs or fake_runs(), PROVENANCE)
     path = folder / f"{preset}.json"
     path.write_text(json.dumps(data))
@@ -407,7 +517,7 @@ def recordings(tmp_path, monkeypatch):
 
 
 def test_assemble_makes_the_contract_from_the_runs():
-    data = assemble("small", alternatives.alternatives_config("small"), fake_runs(), PROVENANCE)
+    data = assemble("small", HALF, fake_runs(keep=(56, 54)), PROVENANCE)
     assert [data[v]["saved_bytes"] for v in ("unpatched", "pr", "share_all")] == [0, 24 * MIB, 32 * MIB]
     assert all(data[v]["safe"] for v in ("unpatched", "pr", "share_all"))
     assert [
@@ -418,13 +528,69 @@ def test_assemble_makes_the_contract_from_the_runs():
         (256, 56, []),
         (None, 56, []),
     ]
+    assert data["replay_capture_sizes"] == [64, 128, 256]
+    assert [
+        (r["kept_replay_sizes"], r["graph_pool_bytes"] // MIB, r["saved_bytes"] // MIB, r["eager_replay_sizes"])
+        for r in data["drop_intermediate_sizes"]
+    ] == [([256], 56, 0, []), ([64, 256], 54, 2, []), ([64, 128, 256], 56, 0, [])]
+    assert [(r["measured_in"], r["dropped_replay_sizes"], r["padded_to"]) for r in data["drop_intermediate_sizes"]] == [
+        ("keep_256", [64, 128], [[64, 256], [128, 256]]),
+        ("keep_64_256", [128], [[128, 256]]),
+        ("unpatched", [], []),
+    ]
     assert data["kv_cache"]["replica"]["freed"]["pr"] == {"bytes": 24 * MIB, "blocks": 48, "tokens": 768}
     assert data["kv_cache"]["replica"]["freed"]["share_all"]["blocks"] == 64
     assert data["speculator"]["capture_sizes"] == [512, 256, 128]
     runs = fake_runs()
-    del runs["cap_64"]
-    with pytest.raises(KitError, match="no run of cap_64"):
-        assemble("small", alternatives.alternatives_config("small"), runs, PROVENANCE)
+    del runs["cap_64"], runs["keep_64_256"]
+    with pytest.raises(KitError, match="no run of cap_64, keep_64_256"):
+        assemble("small", HALF, runs, PROVENANCE)
+
+
+def group_lines(**runs) -> list[str]:
+    """`replay_group_lines` of a recording assembled from fake runs for HALF (replay sizes 64, 128, 256)."""
+    return replay_group_lines(assemble("small", HALF, fake_runs(**runs), PROVENANCE))
+
+
+def test_where_dropping_intermediate_sizes_saves_nothing_the_lines_say_so_and_name_the_cap_that_did():
+    lines = group_lines(keep=(56, 56), caps=(40, 48))
+    assert lines == [
+        "  the replay graphs' own group, every size captured: 24.0 MiB (what the PR saves)",
+        "  keeping 256 (1 of 3 sizes) saves 0.0 MiB; in proportion to the sizes dropped it would save 16.0 MiB",
+        "  keeping 64, 256 (2 of 3 sizes) saves 0.0 MiB; in proportion to the sizes dropped it would save 8.0 MiB",
+        "  so: dropping intermediate sizes did not shrink the graph pool (it saved at most 0.0 MiB): the replay "
+        "graphs' group follows the largest captured replay size (256), not the number of sizes; only capping the "
+        "largest shrank it (cap 64 saves 16.0 MiB, cap 128 saves 8.0 MiB; batches above the cap run eagerly)",
+    ]
+    # Dropping sizes that makes the pool grow saves nothing either; no cap that saves: said too.
+    assert group_lines(keep=(58, 56), caps=(56, 56))[-1] == (
+        "  so: dropping intermediate sizes did not shrink the graph pool (it saved at most 0.0 MiB): the replay "
+        "graphs' group follows the largest captured replay size (256), not the number of sizes; no cap shrank it "
+        "either (cap 64 saves 0.0 MiB, cap 128 saves 0.0 MiB)"
+    )
+
+
+def test_where_dropping_intermediate_sizes_saves_the_lines_say_that():
+    lines = group_lines(keep=(40, 48), caps=(40, 48))
+    assert lines[1] == (
+        "  keeping 256 (1 of 3 sizes) saves 16.0 MiB; in proportion to the sizes dropped it would save 16.0 MiB"
+    )
+    assert lines[-1] == (
+        "  so: dropping intermediate sizes did shrink the graph pool, by up to 16.0 MiB: the replay graphs' group "
+        "does not follow the largest captured size alone; capping the largest: cap 64 saves 16.0 MiB, cap 128 saves "
+        "8.0 MiB"
+    )
+    assert group_lines(keep=(56, 54))[-1].startswith(
+        "  so: dropping intermediate sizes did shrink the graph pool, by up to 2.0 MiB"
+    )
+
+
+def test_with_one_replay_size_there_is_nothing_to_drop():
+    data = assemble("small", HALF, fake_runs(), PROVENANCE)
+    data["drop_intermediate_sizes"] = data["drop_intermediate_sizes"][-1:]
+    data["replay_capture_sizes"] = [256]
+    data["drop_intermediate_sizes"][0]["kept_replay_sizes"] = [256]
+    assert replay_group_lines(data) == ["  only 1 replay size(s): no size below the largest to drop"]
 
 
 def test_the_verdict_says_bit_exact_or_where_it_differs():
@@ -479,6 +645,8 @@ def test_alternatives_json_is_the_contract(recordings, capsys):
         assert isinstance(out[variant]["safe"], bool) and "\n" not in out[variant]["evidence"]
     assert out["pr"]["saved_bytes"] == 24 * MIB
     assert all({"max_replay_size", "graph_pool_bytes", "eager_replay_sizes"} <= set(r) for r in out["cap_replay_sizes"])
+    drops = out["drop_intermediate_sizes"]
+    assert drops and all({"kept_replay_sizes", "graph_pool_bytes", "eager_replay_sizes"} <= set(r) for r in drops)
     assert {"replica", "deepseek_v41_flash", "deepseek_v3_mla"} <= set(out["kv_cache"])
     assert out["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
@@ -495,6 +663,9 @@ def test_alternatives_prints_the_source_the_variants_the_caps_and_the_kv_cache(r
     assert any(line.split()[:5] == ["share_all", "24.0", "MiB", "32.0", "MiB"] for line in lines)
     assert any(line.split()[:6] == ["64", "40.0", "MiB", "16.0", "MiB", "128,"] for line in lines)
     assert "  pr frees 24.0 MiB of KV budget: 48 blocks, 768 tokens" in lines
+    assert f"  {alternatives.SAFE_IN_THE_REPLICAS_STEP}" in lines  # (a)'s "safe" is the replica's step only
+    assert any(line.split() == ["64,", "256", "56.0", "MiB", "0.0", "MiB", "none"] for line in lines)  # kept sets
+    assert any(line.startswith("  so: dropping intermediate sizes did not shrink the graph pool") for line in lines)
     write_recording(recordings, fake_runs(share_all_differs={(512, 512)}))
     assert kit_main(["alternatives"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -517,6 +688,7 @@ def test_a_missing_or_broken_recording_is_one_line(recordings, capsys):
     )
     path = write_recording(recordings)
     data = json.loads(path.read_text())
+    good = copy.deepcopy(data)
     broken = copy.deepcopy(data)
     del broken["share_all"]["safe"]
     path.write_text(json.dumps(broken))
@@ -528,7 +700,30 @@ def test_a_missing_or_broken_recording_is_one_line(recordings, capsys):
     assert _one_line_error(capsys, ["alternatives"]) == (
         f"{path}: not an alternatives recording (a cap_replay_sizes row lacks eager_replay_sizes)"
     )
-    assert _one_line_error(capsys, ["alternatives", "--preset", "huge"]) == "unknown preset 'huge': one of small, large"
+    path.write_text(json.dumps({**good, "drop_intermediate_sizes": [{"graph_pool_bytes": 1}]}))
+    assert _one_line_error(capsys, ["alternatives"]) == (
+        f"{path}: not an alternatives recording (a drop_intermediate_sizes row lacks kept_replay_sizes, "
+        "eager_replay_sizes)"
+    )
+    path.write_text(json.dumps({**good, "drop_intermediate_sizes": {}}))
+    assert _one_line_error(capsys, ["alternatives"]) == (
+        f"{path}: not an alternatives recording ('drop_intermediate_sizes' is not a list of rows)"
+    )
+    assert _one_line_error(capsys, ["alternatives", "--preset", "huge"]) == (
+        f"unknown preset 'huge': one of {', '.join(PRESETS)}"
+    )
+
+
+def test_a_recording_made_before_the_kept_sets_still_reads_and_says_they_were_not_measured(recordings, capsys):
+    path = write_recording(recordings)
+    data = json.loads(path.read_text())
+    del data["drop_intermediate_sizes"], data["replay_capture_sizes"]
+    path.write_text(json.dumps(data))
+    assert kit_main(["alternatives"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  not measured: this recording predates the measurement (python -m kit alternatives --live)" in lines
+    assert not any(line.startswith("  so: ") for line in lines)
+    assert replay_group_lines(alternatives.load_recording("small")) == []
 
 
 NO_CUDA = (
@@ -572,3 +767,9 @@ def test_the_shipped_recording_makes_sense(preset):
     pools = [row["graph_pool_bytes"] for row in caps]
     assert pools == sorted(pools)  # a lower cap never reserves more
     assert data["kv_cache"]["replica"]["freed"]["pr"]["blocks"] > 0
+    drops = data.get("drop_intermediate_sizes")  # absent from a recording made before the kept sets were measured
+    if drops is not None:
+        every = data["replay_capture_sizes"]
+        assert drops[-1]["kept_replay_sizes"] == every and drops[-1]["measured_in"] == "unpatched"
+        assert all(row["kept_replay_sizes"][-1] == every[-1] and not row["eager_replay_sizes"] for row in drops)
+        assert replay_group_lines(data)[-1].startswith("  so: dropping intermediate sizes did")

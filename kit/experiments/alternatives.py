@@ -9,10 +9,23 @@ graph-pool group of their own:
   the model graphs' stream (policy `share`), and the speculator's `capture()` handed the same
   stream (two more hunks, on `DSparkSpeculator.capture` and `DFlashCudaGraphManager.capture`,
   and one on `GPUModelRunner.capture_model`). `kit.patch.policy.POLICIES` is left as it is.
-- (b) shrinking `decoder_replay_cudagraph_capture_sizes`: vLLM 0.33 (unpatched) with the replay
-  capture sizes capped at `max_replay_size`. Replay batches above the cap run eagerly
-  (vLLM's dispatch finds no graph for them); which ones is a property of the config
-  (`eager_replay_sizes`), the graph pool each cap leaves is measured.
+- (b) shrinking `decoder_replay_cudagraph_capture_sizes`, which the PR says saves
+  "proportionally": vLLM 0.33 (unpatched) capturing fewer replay sizes, two ways. `cap_<N>`
+  caps them at N: every replay batch of more than N rows runs eagerly (vLLM's dispatch finds
+  no graph), which under vLLM's rule any step padded to a model graph above N and at or over
+  the trim threshold can make (its replay batch holds 1 up to all of its rows). `keep_<a>_<b>...`
+  keeps only the sizes named and drops the ones in between: a replay batch runs in the
+  smallest kept size that fits it (padded further), eagerly only above the largest kept.
+  Which sizes each leaves to eager is a property of the config (`eager_replay_sizes`); the
+  graph pool each leaves is measured, and from the figures the text says whether dropping
+  intermediate sizes shrank the replay graphs' group or only capping the largest did
+  (`replay_group_lines`).
+
+  The sweep is a handful of fresh processes, not one per replay size: with vLLM's default
+  sizing the large preset has about 30 replay sizes. Caps (`cap_sweep`): the smallest replay
+  size, and for each model capture size the largest replay size at or below it (the model
+  capture sizes that are replay sizes), then none. Kept sets (`keep_sweep`): the largest
+  alone, the smallest and the largest, then every size (vLLM as it is, `unpatched`).
 
 Every variant runs the replica with its speculator (`ReplicaConfig.speculator`, a DSpark
 drafter whose FULL graphs are captured last, `kit/replica/speculator.py`), each in a fresh
@@ -23,9 +36,13 @@ process (patches and the graph pool are per process):
   size, the target's outputs as the sampler reads them and the drafter's output (run on the
   target's real outputs, as they are left in the graph pool after a graph forward) compared bit
   for bit with an eager step (`safe`, `evidence`). Each step also says whether the drafter's
-  graph overwrote the target's outputs in the pool (it may: `propose` copies them out first);
-- `cap_<N>`: the graph pool with the replay capture sizes capped at N (no graphs-vs-eager run:
-  the replica's replay dispatch has no eager fallback for an uncaptured size);
+  graph overwrote the target's outputs in the pool (it may: `propose` copies them out first).
+  `safe` is safe in the replica's step only (`SAFE_IN_THE_REPLICAS_STEP`): vLLM's
+  `sample_tokens` also starts asynchronous output copies on a side stream before `propose`,
+  which the replica does not model;
+- `cap_<N>`, `keep_<sizes>`: the graph pool with fewer replay capture sizes (no graphs-vs-eager
+  run: neither moves a capture to another stream, so their streams, and what is at risk, are
+  `unpatched`'s; they change only which replay batches have a graph);
 - every variant: `capture_model(profile_only=True)`'s estimate (`profile_cudagraph_memory`,
   as vLLM sizes the KV cache), and from the estimates the KV cache each variant frees
   (`kit.analysis.kv_cache`), and what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash.
@@ -65,6 +82,14 @@ MAIN_VARIANTS = ("unpatched", "pr", "share_all")
 DRAFTER = "DFlash speculator graphs"  # the speculator manager's name, as the capture recorder labels it
 VARIANT_KEYS = ("graph_pool_bytes", "saved_bytes", "safe", "evidence")
 CAP_KEYS = ("max_replay_size", "graph_pool_bytes", "eager_replay_sizes")
+DROP_KEY = "drop_intermediate_sizes"  # added after the first recordings: a recording without it still reads
+KEEP_KEYS = ("kept_replay_sizes", "graph_pool_bytes", "eager_replay_sizes")
+SAFE_IN_THE_REPLICAS_STEP = (
+    "safe means safe in the replica's step (forward, the sampler's read, propose); not modelled: vLLM's "
+    "sample_tokens (vllm/v1/worker/gpu/model_runner.py) starts asynchronous output copies on a side stream "
+    "(AsyncOutput on output_copy_stream) before propose, to overlap with it, and whether they read what the "
+    "drafter's graphs write under share_all is not shown"
+)
 _STREAM_PARAM = "stream: torch.cuda.Stream | None = None"
 
 # --- alternative (a): one stream for every capture ------------------------------------------
@@ -127,11 +152,15 @@ SHARE_ALL_TARGETS = (
 SHARE_ALL = Codebase("kit.replica", lambda: "replica, alternative (a): one capture stream for all", SHARE_ALL_TARGETS)
 
 
-# --- alternative (b): capped replay capture sizes ----------------------------------------------
+# --- alternative (b): fewer replay capture sizes ------------------------------------------------
 
 
 def replay_batch_sizes(config) -> list[int]:
-    """The replay batch sizes the replica's steps make: `replay_rows(N)` rows for a step of N tokens."""
+    """The replay capture sizes, sorted: a replay batch of r rows runs in the smallest that fits, eagerly above all.
+
+    vLLM's dispatch (`CudaGraphManager.dispatch`, called from `_prepare_replay_batch`); a step
+    padded to a model graph of N tokens at or above the trim threshold makes 1 up to N rows.
+    """
     return sorted(config.decoder_replay_cudagraph_capture_sizes)
 
 
@@ -141,13 +170,25 @@ def capped_replay_sizes(config, max_replay_size: int | None) -> list[int]:
 
 
 def eager_replay_sizes(config, max_replay_size: int | None) -> list[int]:
-    """The replay batch sizes that run eagerly under a cap: those above it (vLLM's dispatch finds no graph)."""
+    """The replay capture sizes a cap drops: a batch that would have run in one runs eagerly (no graph fits it)."""
     return [s for s in replay_batch_sizes(config) if max_replay_size is not None and s > max_replay_size]
 
 
 def cap_sweep(config) -> list[int | None]:
-    """The caps swept: every replay capture size, then none."""
-    return [*replay_batch_sizes(config), None]
+    """The caps swept, a handful: the smallest replay size, for each model capture size the largest replay size at
+    or below it, then none.
+
+    Not every replay size: with vLLM's default sizing the large preset has about 30, and each
+    cap is a fresh process that captures the whole replica. A model capture size that is a
+    replay size is its own cap; a cap at the largest replay size leaves every size (`unpatched`).
+    """
+    sizes = replay_batch_sizes(config)
+    caps = {sizes[0]}
+    for model_size in config.cudagraph_capture_sizes:
+        below = [s for s in sizes if s <= model_size]
+        if below:
+            caps.add(below[-1])
+    return [*sorted(caps), None]
 
 
 def cap_variant(config, max_replay_size: int | None) -> str:
@@ -157,20 +198,90 @@ def cap_variant(config, max_replay_size: int | None) -> str:
     return f"cap_{max_replay_size}"
 
 
-def parse_variant(variant: str) -> tuple[str, int | None]:
-    """`unpatched`, `pr`, `share_all` or `cap_<N>`: the kind and the cap."""
+def keep_sweep(config) -> list[list[int]]:
+    """The kept sets measured for dropping intermediate sizes: the largest alone, the smallest and the largest, then
+    every size (vLLM as it is); each once."""
+    sizes = replay_batch_sizes(config)
+    kept = [[sizes[-1]], [sizes[0], sizes[-1]], sizes]
+    return [list(k) for k in dict.fromkeys(tuple(k) for k in kept)]
+
+
+def keep_variant(config, kept: list[int]) -> str:
+    """The variant that captures only the replay sizes `kept`: every size kept is `unpatched`."""
+    kept = sorted(set(kept))
+    if kept == replay_batch_sizes(config):
+        return "unpatched"
+    return "keep_" + "_".join(map(str, kept))
+
+
+def dropped_replay_sizes(config, kept: list[int]) -> list[int]:
+    """The replay capture sizes a kept set leaves out."""
+    return [s for s in replay_batch_sizes(config) if s not in kept]
+
+
+def kept_eager_replay_sizes(config, kept: list[int]) -> list[int]:
+    """The dropped sizes no kept size fits: those above the largest kept (their batches run eagerly)."""
+    return [s for s in dropped_replay_sizes(config, kept) if s > max(kept)]
+
+
+def padded_replay_sizes(config, kept: list[int]) -> list[list[int]]:
+    """[dropped size, the kept size its batches run in instead] for each dropped size a kept one fits."""
+    return [[s, min(k for k in kept if k >= s)] for s in dropped_replay_sizes(config, kept) if s <= max(kept)]
+
+
+def parse_variant(variant: str) -> tuple[str, int | tuple[int, ...] | None]:
+    """`unpatched`, `pr`, `share_all`, `cap_<N>` or `keep_<a>_<b>...`: the kind and its cap or kept sizes."""
     if variant in MAIN_VARIANTS:
         return variant, None
-    head, _, number = variant.partition("_")
-    if head == "cap" and number.isdigit() and int(number) > 0:
-        return "cap", int(number)
-    raise KitError(f"unknown variant {variant!r}: one of {', '.join(MAIN_VARIANTS)}, or cap_<N> (N > 0)")
+    head, _, rest = variant.partition("_")
+    numbers = rest.split("_")
+    if all(n.isdigit() and int(n) > 0 for n in numbers):
+        sizes = tuple(int(n) for n in numbers)
+        if head == "cap" and len(sizes) == 1:
+            return "cap", sizes[0]
+        if head == "keep" and list(sizes) == sorted(set(sizes)):
+            return "keep", sizes
+    raise KitError(
+        f"unknown variant {variant!r}: one of {', '.join(MAIN_VARIANTS)}, cap_<N> (N > 0), "
+        "or keep_<a>_<b>... (replay sizes, ascending, each once)"
+    )
+
+
+def variant_replay_sizes(config, variant: str) -> list[int] | None:
+    """The replay sizes `variant` captures (None: the config's own), each checked against the config's sizes."""
+    kind, arg = parse_variant(variant)
+    sizes = replay_batch_sizes(config)
+    if kind == "cap":
+        kept = capped_replay_sizes(config, arg)
+        if not kept:
+            raise KitError(f"{variant} leaves no replay size: the smallest is {sizes[0]}")
+        return kept
+    if kind == "keep":
+        unknown = [s for s in arg if s not in sizes]
+        if unknown:
+            raise KitError(
+                f"{variant}: {_sizes(unknown)} not among the config's replay capture sizes ({_sizes(sizes)})"
+            )
+        return list(arg)
+    return None
 
 
 def variants_to_run(config) -> list[str]:
-    """Each distinct configuration once: the three variants, then every cap that leaves some size out."""
+    """Each distinct configuration once: the three variants, then every cap and kept set that leaves some size out."""
     caps = [cap_variant(config, cap) for cap in cap_sweep(config)]
-    return [*MAIN_VARIANTS, *dict.fromkeys(v for v in caps if v not in MAIN_VARIANTS)]
+    keeps = [keep_variant(config, kept) for kept in keep_sweep(config)]
+    return [*MAIN_VARIANTS, *dict.fromkeys(v for v in (*caps, *keeps) if v not in MAIN_VARIANTS)]
+
+
+def steps_with_eager_replay(config: dict, max_replay_size: int) -> list[int]:
+    """The model capture sizes whose steps can make a replay batch above `max_replay_size` (so run it eagerly).
+
+    `config` as a recording holds it. Under vLLM's rule a step padded to N tokens breaks out
+    to a replay batch when N is at or above `decoder_replay_trim_threshold` (a recording made
+    before the kit modelled it: every size), and the batch holds 1 up to N rows.
+    """
+    threshold = config.get("decoder_replay_trim_threshold", 0)
+    return [n for n in sorted(config["cudagraph_capture_sizes"]) if n >= threshold and n > max_replay_size]
 
 
 # --- the config --------------------------------------------------------------------------------
@@ -215,7 +326,7 @@ def variant_patch(kind: str):
         return replica_patch.patched("pr")
     if kind == "share_all":
         return SHARE_ALL.patched("share")
-    return contextlib.nullcontext()  # unpatched and the caps: vLLM 0.33
+    return contextlib.nullcontext()  # unpatched, the caps and the kept sets: vLLM 0.33
 
 
 def pool_figures(raw: dict) -> dict:
@@ -284,16 +395,19 @@ def run_checks(runner, seed: int = SEED) -> list[dict]:
     return rows
 
 
-def build_runner(config, max_replay_size: int | None = None):
-    """The replica on CUDA, its replay capture sizes capped at `max_replay_size` (None: as the config has them)."""
+def build_runner(config, replay_sizes: list[int] | None = None):
+    """The replica on CUDA, capturing only the replay sizes `replay_sizes` (None: as the config has them)."""
     from kit.replica.model_runner import GPUModelRunner
 
     runner = GPUModelRunner(config)
-    if max_replay_size is not None:
-        runner.model_state.replay_cudagraphs.capture_sizes = sorted(
-            capped_replay_sizes(config, max_replay_size), reverse=True
-        )
+    if replay_sizes is not None:
+        set_replay_capture_sizes(runner, replay_sizes)
     return runner
+
+
+def set_replay_capture_sizes(runner, replay_sizes: list[int]) -> None:
+    """Have the runner's replay graph manager capture (and dispatch to) only `replay_sizes`, largest first."""
+    runner.model_state.replay_cudagraphs.capture_sizes = sorted(replay_sizes, reverse=True)
 
 
 def captured_runner(variant: str, preset: str = "small"):
@@ -303,11 +417,12 @@ def captured_runner(variant: str, preset: str = "small"):
     the reads of its outputs, the drafter's graph, the speculator capture): patch them, then call
     this, then `runner.step(ids)`.
     """
-    kind, cap = parse_variant(variant)
+    kind, _ = parse_variant(variant)
     config = alternatives_config(preset)
+    sizes = variant_replay_sizes(config, variant)
     require_cuda()
     with variant_patch(kind):
-        runner = build_runner(config, cap)
+        runner = build_runner(config, sizes)
         runner.capture_model()
     return runner
 
@@ -319,11 +434,12 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import free_device_memory
 
-    kind, cap = parse_variant(variant)
+    kind, arg = parse_variant(variant)
     config = alternatives_config(preset)
+    sizes = variant_replay_sizes(config, variant)
     require_cuda()
     with variant_patch(kind) as patch:
-        runner = build_runner(config, cap)
+        runner = build_runner(config, sizes)
         replay = runner.model_state.replay_cudagraphs
         torch.cuda.synchronize()
         estimate = runner.profile_cudagraph_memory()
@@ -335,14 +451,15 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     return {
         "variant": variant,
         "preset": preset,
-        "max_replay_size": cap,
+        "max_replay_size": arg if kind == "cap" else None,
+        "kept_replay_sizes": list(arg) if kind == "keep" else None,
         "replay_capture_sizes": sorted(replay.capture_sizes),
         "speculator_capture_sizes": sorted(runner.speculator.capture_sizes),
         **pool_figures(recorder.snapshot.raw),
         "profile_estimate_bytes": int(estimate),
         "capture_free_memory_delta": int(capture_delta),
         "replay_decisions": decisions,
-        "checks": run_checks(runner, seed) if cap is None else [],
+        "checks": run_checks(runner, seed) if kind in MAIN_VARIANTS else [],
         "seed": seed,
         "provenance": provenance(f"python -m kit.experiments.alternatives --variant {variant} --preset {preset}"),
     }
@@ -432,6 +549,24 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
                 "measured_in": variant,
             }
         )
+    data["replay_capture_sizes"] = replay_batch_sizes(config)
+    data[DROP_KEY] = []
+    for kept in keep_sweep(config):
+        variant = keep_variant(config, kept)
+        run = runs[variant]
+        data[DROP_KEY].append(
+            {
+                "kept_replay_sizes": kept,
+                "graph_pool_bytes": run["graph_pool_bytes"],
+                "eager_replay_sizes": kept_eager_replay_sizes(config, kept),
+                "dropped_replay_sizes": dropped_replay_sizes(config, kept),
+                "padded_to": padded_replay_sizes(config, kept),
+                "saved_bytes": base - run["graph_pool_bytes"],
+                "graph_pool_by_stream": run["graph_pool_by_stream"],
+                "profile_estimate_bytes": run["profile_estimate_bytes"],
+                "measured_in": variant,
+            }
+        )
     estimates = {v: runs[v]["profile_estimate_bytes"] for v in MAIN_VARIANTS}
     data["kv_cache"] = kv_cache_section(estimates, kv_layout(config))
     data["provenance"] = prov
@@ -485,6 +620,13 @@ def _schema_problem(data: Any) -> str | None:
         missing = [k for k in CAP_KEYS if not isinstance(row, dict) or k not in row]
         if missing:
             return f"a cap_replay_sizes row lacks {', '.join(missing)}"
+    drops = data.get(DROP_KEY, [{k: None for k in KEEP_KEYS}])  # absent in recordings made before it
+    if not isinstance(drops, list) or not drops:
+        return f"{DROP_KEY!r} is not a list of rows"
+    for row in drops:
+        missing = [k for k in KEEP_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            return f"a {DROP_KEY} row lacks {', '.join(missing)}"
     if not isinstance(data.get("kv_cache"), dict):
         return "no 'kv_cache'"
     if not isinstance(data.get("provenance"), dict):
@@ -526,7 +668,7 @@ def _sizes(sizes: list[int]) -> str:
 
 
 def alternatives_lines(data: dict) -> list[str]:
-    """The `python -m kit alternatives` text: source, the variants, the cap sweep, the KV cache."""
+    """The `python -m kit alternatives` text: source, the variants, the caps, the kept sets, the KV cache."""
     import pandas as pd
 
     config, spec = data.get("config", {}), data.get("speculator", {})
@@ -544,7 +686,7 @@ def alternatives_lines(data: dict) -> list[str]:
                 "variant": v,
                 "graph pool": mib(data[v]["graph_pool_bytes"]),
                 "saved": mib(data[v]["saved_bytes"]),
-                "safe": "yes" if data[v]["safe"] else "NO",
+                "safe in the replica's step": "yes" if data[v]["safe"] else "NO",
             }
             for v in MAIN_VARIANTS
         ]
@@ -552,21 +694,127 @@ def alternatives_lines(data: dict) -> list[str]:
     lines += ["", "unpatched (vLLM 0.33), pr (PR 63155), share_all (alternative (a): every capture on one stream)"]
     lines += variants.to_string(index=False).splitlines()
     lines += [f"  {v}: {data[v]['evidence']}" for v in MAIN_VARIANTS]
+    lines += [f"  {SAFE_IN_THE_REPLICAS_STEP}"]
+    lines += ["", *cap_lines(data), "", *fewer_sizes_lines(data)]
+    lines += ["", *kv_cache_lines(data["kv_cache"])]
+    return lines
+
+
+def _saved(data: dict, row: dict) -> int:
+    return row.get("saved_bytes", data["unpatched"]["graph_pool_bytes"] - row["graph_pool_bytes"])
+
+
+def cap_lines(data: dict) -> list[str]:
+    """Alternative (b) capped: per cap the graph pool, the sizes it drops and the model steps that can go eager."""
+    import pandas as pd
+
+    config = data.get("config", {})
+
+    def steps(cap: int | None) -> str:
+        if cap is None or "cudagraph_capture_sizes" not in config:
+            return "none" if cap is None else "?"
+        return _sizes(steps_with_eager_replay(config, cap))
+
     caps = pd.DataFrame(
         [
             {
                 "max replay size": "none" if row["max_replay_size"] is None else row["max_replay_size"],
                 "graph pool": mib(row["graph_pool_bytes"]),
-                "saved": mib(row.get("saved_bytes", data["unpatched"]["graph_pool_bytes"] - row["graph_pool_bytes"])),
+                "saved": mib(_saved(data, row)),
                 "eager replay sizes": _sizes(row["eager_replay_sizes"]),
+                "steps that can go eager": steps(row["max_replay_size"]) if row["eager_replay_sizes"] else "none",
             }
             for row in data["cap_replay_sizes"]
         ]
     )
-    lines += ["", "alternative (b): vLLM 0.33 with the replay capture sizes capped; larger replay batches run eagerly"]
-    lines += caps.to_string(index=False).splitlines()
-    lines += ["", *kv_cache_lines(data["kv_cache"])]
-    return lines
+    header = (
+        "alternative (b), capped: vLLM 0.33 with the replay capture sizes capped; a replay batch of more rows than "
+        "the cap runs eagerly (a step padded to N tokens at or over the trim threshold makes 1 up to N rows)"
+    )
+    return [header, *caps.to_string(index=False).splitlines()]
+
+
+def _kept(sizes: list[int], every: list[int]) -> str:
+    if len(sizes) == len(every) and len(every) > 3:
+        return f"all {len(every)} ({every[0]} to {every[-1]})"
+    return _sizes(sizes)
+
+
+def fewer_sizes_lines(data: dict) -> list[str]:
+    """Alternative (b) with intermediate sizes dropped: per kept set the graph pool, then what the figures say."""
+    import pandas as pd
+
+    header = (
+        "alternative (b), fewer sizes: vLLM 0.33 capturing only the replay sizes kept (the PR: shrinking them saves "
+        '"proportionally"); a replay batch runs in the smallest kept size that fits it, eagerly above the largest'
+    )
+    rows = data.get(DROP_KEY)
+    if not rows:
+        return [header, "  not measured: this recording predates the measurement (python -m kit alternatives --live)"]
+    every = _every_replay_size(data)
+    kept = pd.DataFrame(
+        [
+            {
+                "kept replay sizes": _kept(row["kept_replay_sizes"], every),
+                "graph pool": mib(row["graph_pool_bytes"]),
+                "saved": mib(_saved(data, row)),
+                "eager replay sizes": _sizes(row["eager_replay_sizes"]),
+            }
+            for row in rows
+        ]
+    )
+    return [header, *kept.to_string(index=False).splitlines(), *replay_group_lines(data)]
+
+
+def _every_replay_size(data: dict) -> list[int]:
+    rows = data.get(DROP_KEY) or []
+    return sorted(data.get("replay_capture_sizes") or max((r["kept_replay_sizes"] for r in rows), key=len, default=[]))
+
+
+def replay_group_lines(data: dict) -> list[str]:
+    """Whether dropping intermediate replay sizes shrank the graph pool, or only capping the largest did: from the
+    figures of `drop_intermediate_sizes` and `cap_replay_sizes` (nothing when the recording lacks the first)."""
+    rows = data.get(DROP_KEY) or []
+    every = _every_replay_size(data)
+    if not rows or not every:
+        return []
+    n, largest = len(every), every[-1]
+    base = data["unpatched"]["graph_pool_bytes"]
+    group = base - data["pr"]["graph_pool_bytes"]
+    dropped = [r for r in rows if largest in r["kept_replay_sizes"] and len(r["kept_replay_sizes"]) < n]
+    if not dropped:
+        return [f"  only {n} replay size(s): no size below the largest to drop"]
+    lines = [f"  the replay graphs' own group, every size captured: {mib(group)} (what the PR saves)"]
+    for row in dropped:
+        k, saved = len(row["kept_replay_sizes"]), base - row["graph_pool_bytes"]
+        lines.append(
+            f"  keeping {_sizes(row['kept_replay_sizes'])} ({k} of {n} sizes) saves {mib(saved)}; in proportion to "
+            f"the sizes dropped it would save {mib(group * (n - k) // n)}"
+        )
+    best = max(base - row["graph_pool_bytes"] for row in dropped)
+    caps = [
+        (row["max_replay_size"], base - row["graph_pool_bytes"])
+        for row in data["cap_replay_sizes"]
+        if row["max_replay_size"] is not None and row["max_replay_size"] < largest
+    ]
+    capped = ", ".join(f"cap {cap} saves {mib(saved)}" for cap, saved in caps)
+    if best <= 0:
+        verdict = (
+            f"  so: dropping intermediate sizes did not shrink the graph pool (it saved at most {mib(best)}): the "
+            f"replay graphs' group follows the largest captured replay size ({largest}), not the number of sizes"
+        )
+        if any(saved > 0 for _, saved in caps):
+            verdict += f"; only capping the largest shrank it ({capped}; batches above the cap run eagerly)"
+        elif caps:
+            verdict += f"; no cap shrank it either ({capped})"
+    else:
+        verdict = (
+            f"  so: dropping intermediate sizes did shrink the graph pool, by up to {mib(best)}: the replay graphs' "
+            "group does not follow the largest captured size alone"
+        )
+        if caps:
+            verdict += f"; capping the largest: {capped}"
+    return [*lines, verdict]
 
 
 def kv_cache_lines(kv: dict) -> list[str]:
@@ -609,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         description="PR 63155's alternatives on the replica with its speculator.",
         flag="variant",
-        names="unpatched, pr, share_all, cap_<N>",
+        names="unpatched, pr, share_all, cap_<N>, keep_<a>_<b>...",
         run_one=run_variant,
         said=lambda name, result: f"{name}: graph pool {mib(result['graph_pool_bytes'])}",
         record=record,

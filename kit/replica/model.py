@@ -2,10 +2,13 @@
 
 `Decoder` is N pre-norm MLP layers (RMSNorm, up projection, SiLU, down
 projection, residual) over an embedding. Layers from `decoder_replay_start`
-on are its `decoder_replay_layers`: in a PIECEWISE graph they run in an eager
-break on the replay rows, which the model state (`model_state.py`) picks for
-each step (here: the last half of the batch, `replay_rows`, standing in for
-each request's last `window` rows). Aux hidden states (the input of each
+on are its `decoder_replay_layers`: in a PIECEWISE graph of at least
+`decoder_replay_trim_threshold` tokens they run in an eager break on the
+replay rows, which the model state (`model_state.py`) picks for each step
+(by default the last half of the batch, `replay_rows`, standing in for each
+request's last `window` rows) and pads to a replay graph of vLLM's default
+sizes (`default_replay_capture_sizes`). With `attention_breaks` each layer's
+attention is an eager break of its own (`Attention`), as in V4.1. Aux hidden states (the input of each
 layer in `aux_hidden_state_layers`) are returned with the output, as for an
 EAGLE-style speculator: aux id `i` is recorded while layer `i` runs, so ids
 below `decoder_replay_start` are made before the break and held across it
