@@ -133,8 +133,10 @@ table = kit.segment_table(replica)
 kit.style_table(table[table["pool_label"] == "global graph pool"][GROUP_COLUMNS])
 
 # %% [markdown]
-# Two groups of the same pool, the replay graphs' one reserved and entirely free once its
-# captures ended, next to the model graphs' free blocks it could not use. The second stream
+# Two groups of the same pool. Once capture ends every graph-pool byte is free in both (the
+# graphs own their blocks only while they replay), so "free" is not the symptom; the second
+# group's existence is: its segments were reserved while the model graphs' free blocks, large
+# enough, sat on the other stream (stranding, as `python -m kit check` counts it). The second stream
 # comes from `graph_capture()`, which every `CudaGraphManager.capture()` enters. Here is
 # vLLM's own code where vLLM is importable (it is installed with the kit), else the
 # replica's mirror of it (`kit.replica`); the first line says which was printed. Of

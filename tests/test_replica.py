@@ -2,7 +2,7 @@
 
 The GPU paths (capture, replay, the live recorder) run in tests/gpu/test_replica.py
 on the H200 (`scripts/gpu_tests.sh`); the figures they printed are recorded in
-tests/fixtures/replica by `scripts/record_replica.py` and asserted here.
+kit/recordings/replica by `scripts/record_replica.py` and asserted here.
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def test_every_scenario_is_recorded_with_provenance():
     for name in expected:
         prov = manifest[name]
         assert prov["gpu"].startswith("NVIDIA") and prov["torch"] and prov["date"]
-        assert prov["command"] == "python scripts/record_replica.py --out tests/fixtures/replica"
+        assert prov["command"] == "python scripts/record_replica.py --out kit/recordings/replica"
 
 
 @pytest.mark.parametrize("preset", ["small", "large"])
@@ -313,12 +313,18 @@ def test_graphs_equal_eager_except_early_aux_forced_to_share(recorded):
     # exactly where the graphs differed from eager, at the same capture sizes, and its block is the early aux state.
     from kit import liveness_table
     from kit.analysis.liveness import HELD
+    from kit.experiments.dispatch import dispatch_replay_size
     from kit.load.snapshot import load_snapshot
-    from kit.replica.model import replay_rows
+    from kit.replica.model import PRESETS, replay_rows
 
     for name in recorded:
         snap = load_snapshot(REPLICA / f"{name}.pickle")
-        table = liveness_table(snap, replay_size_for=replay_rows).rows
+        sizes = PRESETS[name.split("_")[0]].decoder_replay_cudagraph_capture_sizes
+
+        def replay_size_for(n: int, sizes=sizes) -> int | None:  # the replay graph the default step's rows pad to
+            return dispatch_replay_size(replay_rows(n), sizes)
+
+        table = liveness_table(snap, replay_size_for=replay_size_for).rows
         differs = [r for r in snap.kit["equivalence"] if not r["bit_exact"]]
         assert set(table[table["conflict"]]["capture_size"]) == {r["size"] for r in differs}, name
         assert (table[table["conflict"]]["class"] == HELD).all(), name
@@ -348,7 +354,7 @@ def test_capture_table_labels_each_capture(recorded):
     assert set(table["manager"]) == {"model graphs", "replay graphs"}
     model_sizes = sorted(table[table["manager"] == "model graphs"]["size"])
     assert model_sizes == [128, 256, 512]
-    assert sorted(table[table["manager"] == "replay graphs"]["size"]) == [64, 128, 256]
+    assert sorted(table[table["manager"] == "replay graphs"]["size"]) == [96, 192, 288, 384, 480, 512]
     # Each breakable capture is two graph segments around the replay layers' eager break.
     assert set(table[table["manager"] == "model graphs"]["graphs"]) == {2}
     replay = table[table["manager"] == "replay graphs"]

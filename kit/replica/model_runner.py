@@ -109,8 +109,10 @@ class GPUModelRunner:
         if use_cudagraph and not self.cudagraph_manager.graphs_captured:
             raise KitError("no graphs captured yet: call capture_model() first, or run with use_cudagraph=False")
         self.input_ids[:num_tokens].copy_(input_ids)
+        # The replay batch a PIECEWISE graph of this size takes, also eagerly: the eager forward is the graphs'
+        # reference, so a graph below the trim threshold keeps its whole batch in both.
         self.model_state.prepare_replay_batch(
-            num_tokens, use_replay_graphs=use_cudagraph, piecewise=use_cudagraph, num_rows=num_replay_rows
+            num_tokens, use_replay_graphs=use_cudagraph, piecewise=True, num_rows=num_replay_rows
         )
         mode = CUDAGraphMode.PIECEWISE if use_cudagraph else CUDAGraphMode.NONE
         with set_forward_context(num_tokens, mode):
