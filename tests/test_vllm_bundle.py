@@ -275,7 +275,7 @@ def test_the_config_is_vllms_with_the_model_config_stood_in():
     assert isinstance(config, VllmConfig)
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
     assert config.compilation_config.cudagraph_capture_sizes == [128, 256, 512]
-    assert config.compilation_config.decoder_replay_cudagraph_capture_sizes == [64, 128, 256]
+    assert config.compilation_config.decoder_replay_cudagraph_capture_sizes == []  # vLLM's default sizing
     assert config.model_config.hf_config.hc_mult == 4 and config.model_config.dtype == torch.bfloat16
 
 
@@ -366,7 +366,7 @@ def test_vllms_capture_path_runs_around_the_stand_in(cpu_capture, policy, path):
     # Each model graph is two segments around the replay layers' eager break; each replay graph is one.
     assert sorted(e.batch_descriptor.num_tokens for e in model_entries.values()) == [128, 256, 512]
     assert all(e.capture.num_graphs == 2 and e.capture.num_eager_breaks == 1 for e in model_entries.values())
-    assert sorted(e.batch_descriptor.num_tokens for e in replay_entries.values()) == [64, 128, 256]
+    assert sorted(e.batch_descriptor.num_tokens for e in replay_entries.values()) == [96, 192, 288, 384, 480, 512]
     model_graphs = [g for e in model_entries.values() for g in e.capture.segments if hasattr(g, "__self__")]
     replay_graphs = [g for e in replay_entries.values() for g in e.capture.segments if hasattr(g, "__self__")]
     model_streams = {g.__self__.stream for g in model_graphs}
@@ -393,7 +393,8 @@ def test_the_recorder_finds_each_graphs_manager_and_size_on_vllms_stack(cpu_capt
     )
     vc.capture(vc.build_runner(vc.StandInConfig(), torch.device("cpu")), "runner")
     model, replay = "model graphs", "decoder replay graphs"
-    assert labels == [(model, n) for n in (512, 512, 256, 256, 128, 128)] + [(replay, n) for n in (256, 128, 64)]
+    replay_sizes = (512, 480, 384, 288, 192, 96)
+    assert labels == [(model, n) for n in (512, 512, 256, 256, 128, 128)] + [(replay, n) for n in replay_sizes]
 
 
 @pytest.mark.parametrize("name", ["small_unpatched", "small_patched"])

@@ -5,27 +5,49 @@ from the bundle of vLLM's sources: `GPUModelRunner.capture_model`, its graph
 managers, `graph_capture()`, the breakable wrapper and the decoder replay
 graphs, all vLLM's, around a stand-in DeepSeek-V4.1, with real CUDA graphs
 in vLLM's global graph pool, unpatched and under `kit.patch.vllm`. These
-tests read the figures back from the snapshots; the acceptance of issue 20.
+tests read the figures back from the snapshots: the acceptance of issue 20,
+and of issue 28 (the read/write obligation and the pairings on vLLM's own
+path: under the PR it holds and every dispatchable pairing is bit-exact; with
+early aux forced to share it is violated, and the graphs differ from eager on
+exactly the violated pairings).
+
+`KIT_VLLM_RECORDINGS=DIR` checks a fresh recording in DIR (what
+`bash scripts/vllm_on_device.sh DIR` wrote) before it is shipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from kit.experiments.vllm_capture import PATHS, STOOD_IN, VARIANTS, summarize
+from kit.experiments import vllm_capture as vc
+from kit.experiments.vllm_capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VARIANTS, summarize
 from kit.recordings import RECORDINGS
 
-FOLDER = RECORDINGS / "vllm"
+FOLDER = Path(os.environ.get("KIT_VLLM_RECORDINGS") or RECORDINGS / "vllm")
 MODEL_STREAM, REPLAY_STREAM = "model graphs stream", "decoder replay graphs stream"
+REPLAY_SIZES = [96, 192, 288, 384, 480, 512]  # vLLM's default sizing, window 96, up to the largest model graph
+DISPATCHABLE = {
+    (128, 96), (128, 192), (256, 96), (256, 192), (256, 288),
+    (512, 96), (512, 192), (512, 288), (512, 384), (512, 480), (512, 512),
+}  # fmt: skip
+SAFE = ("unpatched", "patched", "early_aux_pr", "early_aux_shared_pinned")
+
+
+@pytest.fixture(autouse=True)
+def recordings_in_folder(monkeypatch):
+    """`demo --vllm` reads the recordings under test (the shipped ones unless KIT_VLLM_RECORDINGS says)."""
+    monkeypatch.setattr(vc, "recording_path", lambda name: FOLDER / f"{name}.pickle")
 
 
 @pytest.fixture(scope="module")
 def manifest() -> dict:
     path = FOLDER / "PROVENANCE.json"
-    assert path.is_file(), "no kit/recordings/vllm/PROVENANCE.json: record with `bash scripts/vllm_on_device.sh OUT`"
+    assert path.is_file(), f"no {path}: record with `bash scripts/vllm_on_device.sh OUT`"
     return json.loads(path.read_text())
 
 
@@ -44,8 +66,8 @@ def snapshots(manifest) -> dict:
 
 
 def test_every_variant_is_recorded_and_nothing_else(manifest):
-    files = sorted(p.name for p in FOLDER.iterdir() if p.is_file())
-    assert files == sorted(["PROVENANCE.json", *(f"{name}.pickle" for name in VARIANTS)])
+    files = sorted(p.name for p in FOLDER.iterdir() if p.is_file() and p.name not in ("probe.json", "run.txt"))
+    assert files == sorted(["PROVENANCE.json", *(f"{name}.pickle" for name in VARIANTS)])  # what the script wrote
     assert sorted(manifest) == sorted(f"{name}.pickle" for name in VARIANTS)
 
 
@@ -58,6 +80,9 @@ def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
     assert entry["vllm"]["version"] == "0.33.0"
     assert entry["vllm"]["bundle"]["checked"] > 3000  # every source file checked against the wheel's RECORD
     assert entry["stood_in"] == STOOD_IN
+    # Every constructor bypassed (object.__new__), what was made by its own, and what is not modelled.
+    assert entry["bypassed"] == BYPASSED and entry["constructed"] == list(CONSTRUCTED)
+    assert entry["not_modelled"] == NOT_MODELLED
     assert entry["weak_ref_tensor"] == "kit (vllm._C missing)"
     for stub in entry["stubs"]:  # a stubbed package says what it is and why; a compiled extension, that it is one
         compiled = stub["module"].startswith("vllm.")
@@ -69,6 +94,14 @@ def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
     assert entry["variant"]["path"] == "runner" or entry["earlier_path_failed"]
 
 
+def test_the_replay_sizes_are_vllms_default_and_every_model_graph_breaks_out(snapshots):
+    for name, snap in snapshots.items():
+        variant = snap.kit["variant"]
+        assert variant["replay_sizes"] == REPLAY_SIZES and variant["trim_threshold"] == 128, name
+        assert list(variant["config"]["decoder_replay_cudagraph_capture_sizes"]) == [], name  # left to vLLM
+        assert variant["config"]["window"] == 96, name
+
+
 def test_each_model_graph_is_two_segments_around_the_break_and_each_replay_graph_one(snapshots):
     from kit.analysis.attribution import capture_table
 
@@ -76,7 +109,7 @@ def test_each_model_graph_is_two_segments_around_the_break_and_each_replay_graph
         table = capture_table(snap)
         model, replay = table[table["manager"] == "model graphs"], table[table["manager"] == "decoder replay graphs"]
         assert sorted(model["size"]) == [128, 256, 512] and set(model["graphs"]) == {2}, name
-        assert sorted(replay["size"]) == [64, 128, 256] and set(replay["graphs"]) == {1}, name
+        assert sorted(replay["size"]) == REPLAY_SIZES and set(replay["graphs"]) == {1}, name
 
 
 def test_unpatched_replay_graphs_add_pool_segments_on_a_stream_graph_capture_made_for_them(recorded, snapshots):
@@ -88,30 +121,91 @@ def test_unpatched_replay_graphs_add_pool_segments_on_a_stream_graph_capture_mad
     assert set(s["replay_added_by_stream"]) == {str(s["replay_streams"][0])}
 
 
-def test_patched_replay_graphs_add_nothing_and_capture_on_the_model_graphs_stream(recorded, snapshots):
+def test_patched_replay_graphs_capture_on_the_model_graphs_stream_and_add_a_fraction(recorded, snapshots):
     s = recorded["patched"]
     assert s["replay_stream_names"] == [MODEL_STREAM] and s["replay_on_model_stream"]
     assert s["replay_streams_from_graph_capture"]
     assert len(set(snapshots["patched"].kit["variant"]["graph_capture_streams"])) == 1
-    assert s["replay_added_bytes"] == 0
+    # What they add is what the model graphs' free blocks could not hold (no stranding: `kit check` passes).
+    assert set(s["replay_added_by_stream"]) <= {str(s["model_stream"])}
+    assert s["replay_added_bytes"] * 4 < recorded["unpatched"]["replay_added_bytes"]
     assert s["graph_pool_bytes"] < recorded["unpatched"]["graph_pool_bytes"]
 
 
 def test_early_aux_keeps_its_own_stream_under_the_pr(recorded, snapshots):
     s = recorded["early_aux_pr"]
-    assert s["has_early_aux"] is True
+    assert s["has_early_aux"] is True and s["early_aux_pinned"] is False
     assert s["replay_stream_names"] == [REPLAY_STREAM] and not s["replay_on_model_stream"]
     decisions = snapshots["early_aux_pr"].kit["variant"]["decisions"]
     assert [d["shared"] for d in decisions] == [False] and decisions[0]["early_aux"] is True
-    assert recorded["early_aux_shared"]["replay_on_model_stream"]
+    for name in ("early_aux_shared", "early_aux_shared_pinned"):
+        assert recorded[name]["replay_on_model_stream"] and recorded[name]["has_early_aux"], name
+    assert (
+        recorded["early_aux_shared"]["early_aux_pinned"],
+        recorded["early_aux_shared_pinned"]["early_aux_pinned"],
+    ) == (
+        False,
+        True,
+    )
 
 
 def test_graphs_equal_eager_where_the_pr_says(recorded, snapshots):
-    for name in ("unpatched", "patched", "early_aux_pr"):
+    for name in SAFE:
         assert recorded[name]["bit_exact"] is True and recorded[name]["max_abs_diff"] == 0, name
-    # Forced to share with an aux state made before the break: only that state may differ.
+    # Forced to share with an aux state made before the break: that state, and only it, differs.
     rows = snapshots["early_aux_shared"].kit["equivalence"]
-    assert {r["output"] for r in rows if not r["bit_exact"]} <= {"aux_hidden_state[1]"}
+    assert {r["output"] for r in rows if not r["bit_exact"]} == {"aux_hidden_state[1]"}
+
+
+def test_the_obligation_holds_on_vllms_path_where_the_pr_says_and_fails_where_it_does_not(recorded):
+    for name, s in recorded.items():
+        rows = s["readwrite"]
+        assert {(r["model_size"], r["replay_size"]) for r in rows if r["can_run"]} == DISPATCHABLE, name
+        assert len(s["readwrite_verdicts"]) == len(DISPATCHABLE), name
+    for name in SAFE:
+        assert recorded[name]["readwrite_holds"] is True, name
+        assert recorded[name]["readwrite_verdict"].endswith(f"Holds for all {len(DISPATCHABLE)} pairings that can run.")
+    shared = recorded["early_aux_shared"]
+    assert shared["readwrite_holds"] is False and " Violated in " in shared["readwrite_verdict"]
+    violated = [r for r in shared["readwrite"] if r["can_run"] and not r["holds"]]
+    assert violated and all(r["reading_ops"] == ["the forward's caller"] for r in violated)  # the early aux, read
+    assert all(r["overlap_bytes"] <= r["model_size"] * 1024 * 2 for r in violated)  # within it (N x hidden bf16)
+
+
+def test_the_stored_obligation_is_what_the_recorded_accesses_give(snapshots):
+    from kit.analysis.readwrite import ReadWriteRecording, readwrite_table
+    from kit.experiments import dispatch
+
+    for name, snap in snapshots.items():
+        stored = snap.kit["readwrite"]
+        assert stored["phases"]["replay_graphs"] == REPLAY_SIZES, name
+        for parts in stored["phases"]["model_graphs"].values():
+            assert parts == ["segment 0", "break 0", "runs_replay 0", "after_replay 0", "segment 1", "output 0"]
+        table = readwrite_table(
+            ReadWriteRecording.from_records(stored["accesses"]),
+            can_run=lambda n, r: r in dispatch.dispatchable_replay_sizes(n, REPLAY_SIZES, 128),
+        )
+        again = {(r["model_size"], r["replay_size"]): (r["holds"], r["overlap_bytes"]) for _, r in table.iterrows()}
+        rows = {(r["model_size"], r["replay_size"]): (r["holds"], r["overlap_bytes"]) for r in stored["rows"]}
+        assert rows == again, name
+
+
+def test_the_pairings_differ_from_eager_exactly_where_the_obligation_fails(recorded):
+    for name, s in recorded.items():
+        pairs = s["pairings"]
+        assert {(p["model_size"], p["replay_size"]) for p in pairs} == DISPATCHABLE, name
+        for p in pairs:  # vLLM's dispatch padded the rows to R, and R replayed once in N's break
+            assert p["dispatched"] == p["replay_size"] and p["replayed"] == [p["replay_size"]], (name, p)
+            assert "error" not in p, (name, p)
+        differ = {(p["model_size"], p["replay_size"]) for p in pairs if not p["bit_exact"]}
+        violated = {(r["model_size"], r["replay_size"]) for r in s["readwrite"] if r["can_run"] and not r["holds"]}
+        assert differ == violated, name
+    for name in SAFE:
+        assert all(p["bit_exact"] for p in recorded[name]["pairings"]), name
+        assert recorded[name]["pairings_verdict"].startswith("graphs equal eager bit for bit on all 11"), name
+    shared = recorded["early_aux_shared"]["pairings"]
+    assert any(not p["bit_exact"] for p in shared)
+    assert {o for p in shared for o in p["differing_outputs"]} == {"aux_hidden_state[1]"}
 
 
 def test_what_if_on_the_unpatched_recording_predicts_the_patched_graph_pool(snapshots, recorded):
@@ -133,6 +227,17 @@ def test_kit_check_fails_unpatched_and_passes_patched(name, code, capsys):
     assert ("failed:" in shown.err) is (code == 1) and "recorded on NVIDIA H200" in shown.out + shown.err
 
 
+def test_the_lifetime_analysis_with_the_breaks_reads_agrees(snapshots):
+    """With what each break read attached (`kit["break_reads"]`), V4.1's residual, post_mix and res_mix are break
+    inputs: safe under the PR; with early aux forced to share, the early aux block is the conflict."""
+    from kit.analysis.liveness import liveness_table, liveness_verdicts
+
+    for name in SAFE:
+        assert all(line.split(": ")[1] == "safe" for line in liveness_verdicts(liveness_table(snapshots[name]))), name
+    verdicts = liveness_verdicts(liveness_table(snapshots["early_aux_shared"]))
+    assert len(verdicts) == 3 and all(line.split(": ")[1] == "CONFLICT" for line in verdicts)
+
+
 def test_demo_vllm_json_has_each_variants_figures_and_provenance(recorded, capsys):
     from kit.cli import main
 
@@ -143,11 +248,15 @@ def test_demo_vllm_json_has_each_variants_figures_and_provenance(recorded, capsy
         assert figures["replay_added_bytes"] == recorded[name]["replay_added_bytes"]
         assert figures["graph_pool_bytes"] == recorded[name]["graph_pool_bytes"]
         assert figures["provenance"]["vllm"]["version"] == "0.33.0"
-    assert data["patched"]["replay_added_bytes"] == 0 < data["unpatched"]["replay_added_bytes"]
+        assert figures["pairings"] == recorded[name]["pairings"] and figures["readwrite"] == recorded[name]["readwrite"]
+        assert figures["readwrite_holds"] is (name != "early_aux_shared")
+    assert data["patched"]["replay_added_bytes"] < data["unpatched"]["replay_added_bytes"]
+    assert data["early_aux_shared"]["pairings_verdict"].startswith("graphs DIFFER from eager on ")
 
 
 def test_demo_vllm_prints_the_figures(recorded, capsys):
     from kit.cli import main
+    from kit.experiments.recorded import shown
 
     assert main(["demo", "--vllm"]) == 0
     out = capsys.readouterr().out
@@ -155,5 +264,7 @@ def test_demo_vllm_prints_the_figures(recorded, capsys):
     assert "replay graphs captured on the model graphs' stream" in out
     saved = recorded["unpatched"]["graph_pool_bytes"] - recorded["patched"]["graph_pool_bytes"]
     assert "graph pool saved by the patch on vLLM's own code: " in out and f"({saved} bytes)" in out
+    assert out.count("  read/write obligation: holds on all 11 dispatchable pairings") == len(SAFE)
+    assert "  read/write obligation: VIOLATED on " in out
     for name in VARIANTS:  # each source line names the recording as the repository does, on any machine
-        assert f"(kit/recordings/vllm/{name}.pickle)" in out
+        assert f"({shown(FOLDER / f'{name}.pickle')})" in out

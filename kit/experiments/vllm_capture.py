@@ -13,7 +13,8 @@ breaks (`eager_break_during_capture`), `DecoderReplayLayers`,
 platform. `kit.patch.vllm` patches those functions in the variants that ask
 for it, and `kit.CaptureRecorder` records every graph.
 
-What is stood in, and why (each is also in every recording's provenance):
+What is stood in, and why (each is also in every recording's provenance:
+`stood_in`, `bypassed`, `constructed`, `not_modelled`):
 
 - the model: `StandInDeepseekV41` is shaped like DeepSeek-V4.1 where the
   capture path looks: a backbone (`.model`) with `layers`,
@@ -22,29 +23,49 @@ What is stood in, and why (each is also in every recording's provenance):
   `DecoderReplayLayers`, which it calls with V4.1's seven break inputs
   (`hidden_states, positions, input_ids, pre_mix, post_mix, res_mix,
   residual`, at V4.1's shapes and dtypes) and which return
-  `hidden_states, pre_mix, *late_aux`; its layers are MLPs, not attention;
+  `hidden_states, pre_mix, *late_aux`; its layers are MLPs, not attention.
+  Its early aux states leave a captured forward as weak references, as
+  vLLM's wrapper hands out its top-level outputs (V4.1's nested aux list
+  would keep their blocks allocated: `_define_model` says why), except in
+  `early_aux_shared_pinned`;
 - what needs a checkpoint or kernels: the model config
   (`model_config.hf_config`'s `hidden_size`, `hc_mult`, and the dtype: a
   namespace), the model state's attention metadata (`prepare_attn`) and its
-  replay batch (`_prepare_replay_batch`: the last half of the batch's rows,
-  as the replica picks them; vLLM gathers them with Triton kernels), the KV
-  writes (`write_batch_kv`: there is no KV cache) and the block tables;
-- process groups: a single GPU has no peers, so tp, pp and dp are vLLM's
-  `GroupCoordinator`s with no device communicator (their `graph_capture`
-  runs as installed);
+  replay batch (`replay_batch`: a step's last r rows, half by default, padded
+  by vLLM's own `dispatch` to the replay graph that fits; vLLM gathers them
+  with Triton kernels), the KV writes (`write_batch_kv`: there is no KV
+  cache) and the block tables;
+- constructors bypassed (`BYPASSED`): `GPUModelRunner`,
+  `DeepseekV41ModelState` and the `GroupCoordinator`s (tp, pp, dp, ep, world:
+  one rank, no device communicator; their `graph_capture` runs as installed)
+  are made with `object.__new__` and given the attributes the capture path
+  reads; the model config is set past pydantic's validation. The graph
+  managers, the replay layers, the wrappers and the config are made by their
+  own constructors (`CONSTRUCTED`);
 - `vllm._C`'s `weak_ref_tensor` op: the compiled extension is not carried;
   `install_weak_ref_op` registers the same op (a tensor viewing the same
   memory that does not keep it alive) where it is missing;
 - on the GPU machine, the stub modules of `scripts/vllm_stubs/` for
   packages it lacks that the imports touch but the path never calls.
 
-Variants, each in a fresh process (the graph pool and the patch are per
-process): `unpatched` (vLLM 0.33), `patched` (PR 63155), `early_aux_pr`
-(an aux id before the replay layers, under the PR: the replay graphs keep
-their own stream), `early_aux_shared` (the same forced to share). Each
-writes a snapshot (`<variant>.pickle`) whose `kit` key holds the variant,
-the path that ran, the streams `graph_capture` made, the graphs-versus-eager
-check and the provenance; `record` writes them with `PROVENANCE.json`.
+Not modelled (`NOT_MODELLED`): the speculator (DSpark drafter), FULL and
+microbatch (ubatch) graphs, attention (so V4.1's per-layer attention breaks),
+the KV cache writes, parallelism of any kind.
+
+The replay capture sizes are vLLM's default (`DecoderReplayCudaGraphManager.__init__`
+makes them from the window, 96 here: 96, 192, ..., 480, 512), read back from
+the manager. Variants, each in a fresh process (the graph pool and the patch
+are per process): `unpatched` (vLLM 0.33), `patched` (PR 63155),
+`early_aux_pr` (an aux id before the replay layers, under the PR: the replay
+graphs keep their own stream), `early_aux_shared` (the same forced to share),
+`early_aux_shared_pinned` (forced to share, the early aux handed out as V4.1
+does). Each writes a snapshot (`<variant>.pickle`) whose `kit` key holds the
+variant, the path that ran, the streams `graph_capture` made, the
+graphs-versus-eager check, the read/write obligation over the dispatchable
+pairings (`readwrite`, recorded during the capture by vLLM's phases), the
+pairings against eager (`pairings`), what each break read (`break_reads`) and
+the provenance (`kit.experiments.vllm_safety`); `record` writes them with
+`PROVENANCE.json`.
 
     python -m kit.experiments.vllm_capture --out DIR          # every variant (needs CUDA)
     python -m kit.experiments.vllm_capture --probe            # which capture modules import here
@@ -68,7 +89,7 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from kit.errors import KitError
 from kit.fileio import atomic_write
@@ -76,18 +97,33 @@ from kit.fileio import atomic_write
 MODULE = "kit.experiments.vllm_capture"
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "scripts" / "vllm_stubs"
+
+
+class Variant(NamedTuple):
+    """A variant: the patch policy (None: unpatched), whether an aux id comes before the replay layers, what it
+    shows, and whether that early aux is handed out as V4.1 does (`pinned`: vLLM's wrapper then keeps it)."""
+
+    policy: str | None
+    early_aux: bool
+    description: str
+    pinned: bool = False
+
+
 VARIANTS = {
-    "unpatched": (None, False, "vLLM 0.33: replay graphs on a stream graph_capture() makes for them"),
-    "patched": ("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
-    "early_aux_pr": ("pr", True, "early aux under PR 63155: the replay graphs keep their own stream"),
-    "early_aux_shared": ("share", True, "early aux forced onto the model graphs' stream"),
+    "unpatched": Variant(None, False, "vLLM 0.33: replay graphs on a stream graph_capture() makes for them"),
+    "patched": Variant("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
+    "early_aux_pr": Variant("pr", True, "early aux under PR 63155: the replay graphs keep their own stream"),
+    "early_aux_shared": Variant("share", True, "early aux forced onto the model graphs' stream"),
+    "early_aux_shared_pinned": Variant(
+        "share", True, "early aux forced to share, handed out as V4.1 does: vLLM's wrapper keeps its block", True
+    ),
 }
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
 EARLY_AUX_LAYER = 1
 STAND_IN_STEP = "kit: vLLM's platform, and stand-ins for its compiled parts"
 PROBE_MARK = "KIT_PROBE "
 PROBE_BUDGET_S = 150.0
-VARIANT_TIMEOUT_S = 120.0
+VARIANT_TIMEOUT_S = 240.0  # capture with both recorders, the check, 11 pairings
 STAGE_MARK = "KIT_STAGE "
 
 # The modules of the capture path, in import order: the probe imports each and says what stopped it.
@@ -114,17 +150,83 @@ STOOD_IN = {
     "model_config": "hf_config.hidden_size, hc_mult and the dtype, as a namespace (no checkpoint)",
     "DeepseekV41ModelState.prepare_attn": "no attention metadata; sets the replay batch (the last half of the rows)",
     "DeepseekV41ModelState._prepare_replay_batch": "the replay batch at capture: rows 0..n-1 of a replay graph",
+    "DeepseekV41ModelState.replay_batch": (
+        "a step's replay batch: its last r rows (half by default), padded by vLLM's own "
+        "DecoderReplayCudaGraphManager.dispatch to the replay graph that fits; vLLM gathers them with Triton kernels"
+    ),
     "DeepseekV41ModelState.prepare_dummy_inputs": "no engram inputs",
     "DecoderReplayLayers.write_batch_kv": "no KV cache to write",
     "block_tables": "dummy block tables and slot mappings (no KV cache)",
-    "process groups": "tp, pp, dp: vLLM's GroupCoordinator with no device communicator (one GPU)",
+    "process groups": "tp, pp, dp, ep, world: vLLM's GroupCoordinator of one rank with no device communicator",
+    "kv_connector": "a namespace whose reset_capture_state does nothing",
     "vllm._C.weak_ref_tensor": "the same op registered from Python where vllm._C is missing",
+}
+# Objects made with object.__new__ (or set past validation): their constructors need a checkpoint, a KV cache
+# or process groups. Every other vLLM object on the path is made by its own constructor (CONSTRUCTED).
+BYPASSED = {
+    "GPUModelRunner.__init__": (
+        "object.__new__(GPUModelRunner), given only what capture_model reads (vllm_config, model, model_state, "
+        "cudagraph_manager, input_buffers, block_tables, attn_groups, kv_cache_config, speculator=None, ...); "
+        "the constructor would build the input batch, sampler, attention backends, KV cache and speculator"
+    ),
+    "DeepseekV41ModelState.__init__": (
+        "object.__new__(DeepseekV41ModelState), given the model, its DecoderReplayLayers, _replay_start and the "
+        "replay graph manager; the constructor would build the replay kernels' buffers (_kept_rows, "
+        "_kept_slot_mappings, the staging buffers), attention groups and the Triton gather of the replay batch"
+    ),
+    "GroupCoordinator.__init__": (
+        "object.__new__(GroupCoordinator) for _TP, _PP, _DP, _EP and _WORLD: one rank, no torch.distributed "
+        "process group, no device communicator"
+    ),
+    "VllmConfig.model_config": (
+        "a namespace set with object.__setattr__, past pydantic's validation (no checkpoint to build a ModelConfig "
+        "from); cudagraph_mode and the capture sizes are set after VllmConfig's __post_init__ turned graphs off"
+    ),
+}
+CONSTRUCTED = (
+    "VllmConfig", "CompilationConfig", "DeviceConfig", "ModelCudaGraphManager", "DecoderReplayCudaGraphManager",
+    "DecoderReplayLayers", "BreakableCUDAGraphWrapper", "InputBuffers", "KVCacheConfig", "the workspace manager",
+)  # fmt: skip
+# What a real DeepSeek-V4.1 step has that this experiment does not model.
+NOT_MODELLED = {
+    "speculator": (
+        "the DSpark drafter and its SpeculatorCudaGraphManager capture (runner.speculator is None): its graphs, "
+        "captured after the target's on a stream of their own, are not made (the replica models them)"
+    ),
+    "FULL graphs": (
+        "only PIECEWISE model graphs: no FULL decode graphs, which keep the replay layers inside the graph on the "
+        "whole batch (no break, no replay graph)"
+    ),
+    "microbatch (ubatch) graphs": "no UBatchRunner (DBO): no microbatched FULL graphs and no capture stream of theirs",
+    "attention": (
+        "the stand-in's layers are MLPs: none of V4.1's attention, sparse MLA or compressor kernels, so none of its "
+        "per-layer attention breaks (a model graph here is two segments around the replay break) and no attention "
+        "metadata"
+    ),
+    "KV cache": "no KV cache: write_batch_kv, the slot mappings and the first replay layer's KV writes do nothing",
+    "parallelism": (
+        "one rank: no tensor, pipeline, data, expert or context parallelism (no all-gathers, no sequence "
+        "parallelism, no _agree_across_dp)"
+    ),
+    "the replay batch's rows": (
+        "vLLM's _prepare_replay_batch (kept_lens per request, Triton gathers) is stood in: a step's replay rows are "
+        "its last r rows, for any r in 1..N"
+    ),
+    "MoE, engram, quantized kernels": "the stand-in runs dense bf16 MLPs only",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class StandInConfig:
-    """The stand-in's sizes: the replica's small preset, with V4.1's hyper-connection width."""
+    """The stand-in's sizes: the replica's small preset, with V4.1's hyper-connection width.
+
+    The replay capture sizes are left empty, so vLLM's own
+    `DecoderReplayCudaGraphManager.__init__` makes them (its default: multiples
+    of the window up to min(largest capture size, max_num_seqs * window), and
+    that bound): with window 96 and model sizes 128, 256, 512 that is 96, 192,
+    288, 384, 480, 512, the replica's small preset. Every model size is at the
+    trim threshold or above, so each model graph breaks out to its replay batch.
+    """
 
     hidden_size: int = 1024
     hc_mult: int = 4
@@ -132,19 +234,20 @@ class StandInConfig:
     decoder_replay_start: int = 3
     aux_hidden_state_layers: tuple[int, ...] = (4,)
     cudagraph_capture_sizes: tuple[int, ...] = (128, 256, 512)
-    window: int = 64  # V4.1's sliding window: the replay layers' unit
+    decoder_replay_cudagraph_capture_sizes: tuple[int, ...] = ()  # empty: vLLM's default sizing
+    window: int = 96  # V4.1's sliding window: the replay layers' unit
     trim_threshold: int = 128  # PIECEWISE model graphs this large break out to the replay batch
     vocab_size: int = 4096
     dtype: str = "bfloat16"
     seed: int = 0
+    # How the early aux states leave the forward under capture (see _define_model): False hands them out as
+    # weak references, as vLLM's wrapper does its top-level outputs; True as V4.1 does (vLLM then keeps them).
+    early_aux_pinned: bool = False
 
-    @property
-    def decoder_replay_cudagraph_capture_sizes(self) -> list[int]:
-        """One replay graph per model graph: half its rows (the replay batch keeps the last half)."""
-        return sorted({n // 2 for n in self.cudagraph_capture_sizes})
-
-    def with_early_aux(self) -> StandInConfig:
-        return dataclasses.replace(self, aux_hidden_state_layers=(EARLY_AUX_LAYER, *self.aux_hidden_state_layers))
+    def with_early_aux(self, pinned: bool = False) -> StandInConfig:
+        return dataclasses.replace(
+            self, aux_hidden_state_layers=(EARLY_AUX_LAYER, *self.aux_hidden_state_layers), early_aux_pinned=pinned
+        )
 
 
 # --- importing vLLM ----------------------------------------------------------------------------
@@ -445,7 +548,7 @@ def vllm_config(cfg: StandInConfig, device: str = "cuda"):
         compilation_config=CompilationConfig(
             cudagraph_capture_sizes=list(cfg.cudagraph_capture_sizes),
             max_cudagraph_capture_size=max(cfg.cudagraph_capture_sizes),
-            decoder_replay_cudagraph_capture_sizes=cfg.decoder_replay_cudagraph_capture_sizes,
+            decoder_replay_cudagraph_capture_sizes=list(cfg.decoder_replay_cudagraph_capture_sizes),
             decoder_replay_trim_threshold=cfg.trim_threshold,
         ),
     )
@@ -484,6 +587,30 @@ _MODEL = None
 
 
 def _define_model():
+    """`StandInDeepseekV41`, with vLLM's own `DecoderReplayLayers` inside.
+
+    How its early aux states leave the forward under capture, and why
+    (`StandInConfig.early_aux_pinned`). vLLM's `BreakableCUDAGraphWrapper._capture`
+    hands the caller `weak_ref_tensors(output)`, so that "the cudagraph pool
+    [can] reclaim/reuse that memory immediately for the next batch descriptor's
+    capture" (its comment): the caller reads the graph's outputs at their pool
+    addresses, and later captures may allocate over them. But
+    `weak_ref_tensors` weak-refs only a tensor, or the tensors of a flat list or
+    tuple; V4.1 returns `(hidden_states, [aux, ...])`, so the aux list passes
+    through as it is and the wrapper's `entry.output` keeps every aux tensor,
+    and with it its graph-pool block, allocated for the life of the graph. An
+    early aux state is then never a free block that a replay capture could take,
+    whatever the stream: on the H200 (before issue 28) early aux forced to share
+    was bit-exact for that reason alone. So by default the stand-in hands its
+    early aux states out under capture as vLLM's own `weak_ref_tensor`, what the
+    wrapper does to its top-level outputs: their blocks go back to the pool
+    when the capture ends, as the final hidden state's do, and a replay graph
+    captured on the same stream may take them, the case PR 63155's early-aux
+    exception is for. `early_aux_pinned=True` hands them out as V4.1 does
+    (variant `early_aux_shared_pinned`). Late aux states are views of the
+    replay layers' break buffers, outside the graph pool, either way; eager
+    forwards (no capture) always return the tensors themselves.
+    """
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -559,8 +686,8 @@ def _define_model():
                 hidden_states, positions, input_ids, pre_mix, post_mix, res_mix, residual
             )
             hidden_states = self.norm(hidden_states) * (1 + pre_mix.mean(-1, keepdim=True)).to(hidden_states.dtype)
-            aux = [early[i] for i in self.aux_hidden_state_layers if i in early] + late_aux
-            return hidden_states, aux
+            early_aux = [early[i] for i in self.aux_hidden_state_layers if i in early]
+            return hidden_states, handed_out(early_aux, self.cfg.early_aux_pinned) + late_aux
 
     class StandInDeepseekV41(nn.Module):
         """`DeepseekV41ForCausalLM` as the runner sees it: `.model` is the backbone; returns hidden and aux states."""
@@ -577,6 +704,25 @@ def _define_model():
             return self.model(input_ids, positions)
 
     return StandInDeepseekV41
+
+
+def handed_out(early_aux: list, pinned: bool) -> list:
+    """The stand-in's early aux states as its forward returns them (`_define_model` says why).
+
+    Under vLLM's breakable capture (`BreakableCUDAGraphCapture.current()`),
+    unless `pinned`: each as vLLM's own `weak_ref_tensor`, what
+    `BreakableCUDAGraphWrapper._capture` does to a top-level output, so its
+    block goes back to the graph pool when the capture ends. Otherwise (eager,
+    warm-up, pinned) the tensors themselves. CPU tensors (the kit's tests,
+    where CUDA is stood in and nothing is captured) are never weak: their
+    memory would go back to the system.
+    """
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
+    from vllm.utils.torch_utils import weak_ref_tensor
+
+    if pinned or BreakableCUDAGraphCapture.current() is None:
+        return list(early_aux)
+    return [a if a.device.type == "cpu" else weak_ref_tensor(a) for a in early_aux]
 
 
 class StandInBlockTables:
@@ -657,18 +803,25 @@ def build_runner(cfg: StandInConfig, device=None):
         replay_cudagraphs=DecoderReplayCudaGraphManager(config, device, layers),
     )  # fmt: skip
 
-    def replay_batch(num_tokens: int, run_graph: bool) -> ReplayBatch:
-        """A step's replay batch: its last half of rows, in a replay graph if one fits."""
-        rows = kept_rows[num_tokens - num_tokens // 2 : num_tokens]
-        cudagraphs, desc = state.replay_cudagraphs, None
-        if run_graph:
-            desc = cudagraphs.dispatch(rows.numel(), rows.numel(), None, 0)
-        graph = desc is not None and desc.cg_mode == CUDAGraphMode.PIECEWISE
+    def replay_batch(num_tokens: int, run_graph: bool, rows: int | None = None, pad: bool = False) -> ReplayBatch:
+        """A step's replay batch: its last `rows` rows (half of them by default), in the replay graph vLLM's own
+        `dispatch` pads them to (with `run_graph`), else eagerly: on the rows alone, or with `pad` on the rows
+        padded with zeros to that graph's size (vLLM's `num_padded` path), so eager runs the same shapes."""
+        count = num_tokens // 2 if rows is None else int(rows)
+        if not 0 < count <= num_tokens:
+            raise KitError(f"a step of {num_tokens} tokens cannot hold a replay batch of {count} rows")
+        kept = kept_rows[num_tokens - count : num_tokens]
+        cudagraphs = state.replay_cudagraphs
+        desc = cudagraphs.dispatch(count, count, None, 0)  # NONE (eager) before the replay graphs are captured
+        fits = desc.cg_mode == CUDAGraphMode.PIECEWISE
+        graph = run_graph and fits
+        padded = desc.num_tokens if fits and (graph or pad) else count
         context = create_forward_context(
-            None, config, cudagraph_runtime_mode=desc.cg_mode if graph else CUDAGraphMode.NONE,
-            batch_descriptor=BatchDescriptor(num_tokens=desc.num_tokens if graph else rows.numel()),
+            None, config, cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE if graph else CUDAGraphMode.NONE,
+            batch_descriptor=BatchDescriptor(num_tokens=padded),
         )  # fmt: skip
-        return ReplayBatch(rows, context, cudagraphs.run if graph else None)
+        num_padded = padded if pad and not graph and padded != count else None
+        return ReplayBatch(kept, context, cudagraphs.run if graph else None, num_padded)
 
     def prepare_attn(input_batch, cg_mode, *args, **kwargs):
         layers.replay_batch = replay_batch(input_batch.num_tokens, run_graph=False)
@@ -743,8 +896,14 @@ def capture(runner, path: str) -> None:
         state.capture_inner_cudagraphs(*args, **({"stream": stream} if stream is not None else {}))
 
 
-def run_forward(runner, input_ids, use_cudagraph: bool):
-    """One forward of `input_ids` as the runner runs a step: graphs (PIECEWISE) or eager; copies of the outputs."""
+def run_forward(runner, input_ids, use_cudagraph: bool, rows: int | None = None, pad: bool = False):
+    """One forward of `input_ids` as the runner runs a step: graphs (PIECEWISE) or eager; copies of the outputs.
+
+    The step's replay batch holds its last `rows` rows (half of them by
+    default); with graphs vLLM's dispatch runs them in the replay graph that
+    fits, eagerly they run as they are, or with `pad` padded with zeros to that
+    graph's size (`DeepseekV41ModelState.replay_batch` of the stand-in).
+    """
     import torch
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor, set_forward_context
@@ -754,7 +913,9 @@ def run_forward(runner, input_ids, use_cudagraph: bool):
     buffers.input_ids[:n].copy_(input_ids)
     torch.arange(n, out=buffers.positions[:n])
     inputs = {"input_ids": buffers.input_ids[:n], "positions": buffers.positions[:n], "intermediate_tensors": None}
-    runner.model.decoder_replay_layers.replay_batch = runner.model_state.replay_batch(n, run_graph=use_cudagraph)
+    runner.model.decoder_replay_layers.replay_batch = runner.model_state.replay_batch(
+        n, run_graph=use_cudagraph, rows=rows, pad=pad
+    )
     mode = CUDAGraphMode.PIECEWISE if use_cudagraph else CUDAGraphMode.NONE
     with (
         torch.inference_mode(),
@@ -775,7 +936,13 @@ def run_forward(runner, input_ids, use_cudagraph: bool):
 
 
 def check_equivalence(runner, seed: int = 1234) -> list[dict]:
-    """Fresh token ids per capture size, graphs against eager, as the replica's check (kit.analysis.equivalence)."""
+    """Fresh token ids per capture size, graphs against eager, as the replica's check (kit.analysis.equivalence).
+
+    Each step's replay batch is its last half of rows, which vLLM's dispatch
+    pads to the replay graph that fits; the eager run pads them the same way
+    (`pad`), so both run the replay layers on the same shapes and any
+    difference is one of memory, not of a GEMM picked for another row count.
+    """
     import torch
 
     from kit.analysis.equivalence import compare
@@ -784,9 +951,9 @@ def check_equivalence(runner, seed: int = 1234) -> list[dict]:
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
     for size in sorted(cfg.cudagraph_capture_sizes):
-        ids = torch.randint(cfg.vocab_size, (size,), generator=generator, dtype=torch.int32).cuda()
+        ids = torch.randint(cfg.vocab_size, (size,), generator=generator, dtype=torch.int32).to(runner.device)
         graph_out, graph_aux = run_forward(runner, ids, use_cudagraph=True)
-        eager_out, eager_aux = run_forward(runner, ids, use_cudagraph=False)
+        eager_out, eager_aux = run_forward(runner, ids, use_cudagraph=False, pad=True)
         rows.append(compare(size, "hidden_states", graph_out, eager_out))
         aux_ids = runner.model.model.aux_hidden_state_layers
         for layer, g, e in zip(aux_ids, graph_aux, eager_aux, strict=True):
@@ -808,7 +975,8 @@ def provenance(command: str) -> dict:
 
 
 def run_variant(name: str, path: str = "runner") -> dict:
-    """Build, capture under the variant's patch with the recorder on, check against eager; the raw snapshot."""
+    """Build, capture under the variant's patch with both recorders on, check against eager, run the pairings;
+    the raw snapshot, with the obligation and the pairings in its `kit` key."""
     if name not in VARIANTS:
         raise KitError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
     if path not in PATHS:
@@ -819,13 +987,16 @@ def run_variant(name: str, path: str = "runner") -> dict:
     import torch
 
     import kit.patch.vllm as vllm_patch
+    from kit.analysis.readwrite import attach_break_reads
+    from kit.experiments import vllm_safety
     from kit.experiments.recorded import trim_frames
     from kit.patch.policy import has_early_aux
     from kit.record.recorder import CaptureRecorder
 
-    policy, early, description = VARIANTS[name]
+    variant = VARIANTS[name]
+    policy = variant.policy
     cfg = StandInConfig()
-    cfg = cfg.with_early_aux() if early else cfg
+    cfg = cfg.with_early_aux(pinned=variant.pinned) if variant.early_aux else cfg
     weak_ref = install_weak_ref_op()
     stage(f"apply the patch ({policy})" if policy else "no patch")
     patch = vllm_patch.patched(policy=policy) if policy else contextlib.nullcontext()
@@ -833,34 +1004,58 @@ def run_variant(name: str, path: str = "runner") -> dict:
         stage("build the runner around the stand-in")
         runner = build_runner(cfg)
         torch.cuda.synchronize()
-        stage(f"capture ({path}: {PATH_CALLS[path]})")
-        capture(runner, path)
+        stage(f"capture ({path}: {PATH_CALLS[path]}), recording reads and writes by phase")
+        recording = capture_recorded(runner, path)
         torch.cuda.synchronize()
     stage("check the graphs against eager")
     try:
         equivalence = check_equivalence(runner)
     except Exception as e:  # noqa: BLE001 - the captures are recorded either way; the check's error is kept
         equivalence = [{"error": f"{type(e).__name__}: {e}"[:500], "where": traceback.format_exc().splitlines()[-6:]}]
+    stage("the read/write obligation over the dispatchable pairings")
+    readwrite = vllm_safety.guarded(vllm_safety.readwrite_result, recording, runner)
+    stage("the pairings: every dispatchable replay graph in every model graph's break, against eager")
+    pairings = vllm_safety.guarded(vllm_safety.run_pairings, runner, run_forward)
     stage("write the snapshot")
     raw = recorder.snapshot.raw
     trim_frames(raw)
     raw["kit"]["variant"] = {
         "name": name,
         "policy": policy or "unpatched",
-        "description": description,
+        "description": variant.description,
         "path": path,
         "config": dataclasses.asdict(cfg),
+        "early_aux_pinned": variant.pinned if variant.early_aux else None,
+        "replay_sizes": vllm_safety.replay_sizes(runner),
+        "trim_threshold": vllm_safety.trim_threshold(runner),
         "has_early_aux": has_early_aux(runner.model_state),
         "decisions": [dataclasses.asdict(d) for d in handle.decisions] if policy else [],
         "graph_capture_streams": streams,
     }
     raw["kit"]["equivalence"] = equivalence
+    raw["kit"]["readwrite"] = readwrite
+    raw["kit"]["pairings"] = pairings
+    attached = vllm_safety.guarded(attach_break_reads, raw, recording)  # kit["break_reads"], for the lifetimes
+    if attached is not raw:
+        raw["kit"]["break_reads_error"] = attached
     raw["kit"]["provenance"].update(
         provenance(f"python -m kit.experiments.vllm_capture --variant {name} --path {path}"),
-        vllm=vllm_source(), stubs=stubs_in_use(), stood_in=STOOD_IN, weak_ref_tensor=weak_ref,
+        vllm=vllm_source(), stubs=stubs_in_use(), stood_in=STOOD_IN, bypassed=BYPASSED,
+        constructed=list(CONSTRUCTED), not_modelled=NOT_MODELLED, weak_ref_tensor=weak_ref,
         compiled_stand_ins=stood_in,
     )  # fmt: skip
     return raw
+
+
+def capture_recorded(runner, path: str):
+    """`capture(runner, path)` under a `ReadWriteRecorder`, by vLLM's phases (`vllm_safety.vllm_phases`); the
+    recording of what every op read and wrote."""
+    from kit.experiments import vllm_safety
+    from kit.record.readwrite import ReadWriteRecorder
+
+    with ReadWriteRecorder() as rw, vllm_safety.vllm_phases(runner, rw):
+        capture(runner, path)
+    return rw.recording()
 
 
 PATH_CALLS = {
@@ -878,9 +1073,11 @@ def stage(name: str) -> None:
 
 
 def summarize(snapshot) -> dict:
-    """A variant's figures: where the replay graphs captured, the graph-pool bytes they added, the pool, the check."""
+    """A variant's figures: where the replay graphs captured, the graph-pool bytes they added, the pool, the check;
+    the pairings and the read/write obligation on vLLM's path (`vllm_safety.summary`: None in older recordings)."""
     from kit.analysis.attribution import is_replay_capture, replay_captures_added
     from kit.analysis.tables import segment_table
+    from kit.experiments import vllm_safety
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(snapshot)
@@ -917,6 +1114,9 @@ def summarize(snapshot) -> dict:
         "max_abs_diff": max((r["max_abs_diff"] for r in equivalence if "max_abs_diff" in r), default=None),
         "equivalence_error": next((r["error"] for r in equivalence if "error" in r), None),
         "has_early_aux": variant.get("has_early_aux"),
+        "early_aux_pinned": variant.get("early_aux_pinned"),
+        "replay_sizes": variant.get("replay_sizes"),
+        **vllm_safety.summary(meta),
     }
 
 
@@ -948,36 +1148,48 @@ def load_recordings() -> dict:
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
-    """`{variant: {"replay_added_bytes", "graph_pool_bytes", ..., "provenance"}}`, as `demo --vllm --json` prints."""
+    """`{variant: {"replay_added_bytes", "graph_pool_bytes", ..., "pairings", "readwrite", ..., "provenance"}}`, as
+    `demo --vllm --json` prints; the pairings' and obligation's keys are None for a recording made before them."""
     keys = (
         "replay_added_bytes", "graph_pool_bytes", "graph_pool_segments", "replay_on_model_stream",
         "replay_streams_from_graph_capture", "replay_stream_names", "bit_exact", "max_abs_diff", "path", "source",
+        "has_early_aux", "early_aux_pinned", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
+        "readwrite_verdict", "readwrite_verdicts", "readwrite_holds",
     )  # fmt: skip
     return {
-        name: {**{k: summary[k] for k in keys}, "provenance": provenance_by_name[name]}
+        name: {**{k: summary.get(k) for k in keys}, "provenance": provenance_by_name[name]}
         for name, summary in summaries.items()
     }
 
 
 def demo_lines(summaries: dict) -> list[str]:
-    """The figures of every variant for a terminal: where the replay graphs captured, what they added, the check."""
+    """The figures of every variant for a terminal: where the replay graphs captured, what they added, the check,
+    the read/write obligation and the pairings on vLLM's path."""
+    from kit.analysis.readwrite import OBLIGATION
     from kit.analysis.tables import format_bytes
+    from kit.experiments.vllm_safety import short_obligation
 
     lines = []
     for name, s in summaries.items():
         where = "the model graphs' stream" if s["replay_on_model_stream"] else "a stream of their own"
         made = "made by graph_capture()" if s["replay_streams_from_graph_capture"] else "NOT made by graph_capture()"
         check = "bit-exact" if s["bit_exact"] else f"DIFFERS, largest difference {s['max_abs_diff']:.4g}"
+        about = VARIANTS[name].description if name in VARIANTS else s.get("policy")
         lines += [
-            f"{name} ({VARIANTS[name][2]}): {s['source']}",
+            f"{name} ({about}): {s['source']}",
             f"  vLLM path: {s['path']}; replay graphs captured on {where} ({made})",
             f"  graph-pool bytes the replay captures added: {format_bytes(s['replay_added_bytes'])}",
             f"  global graph pool: {format_bytes(s['graph_pool_bytes'])} in {s['graph_pool_segments']} segments",
             f"  graphs vs eager: {check}",
+            "  read/write obligation: "
+            + (s.get("readwrite_error") or short_obligation(s.get("readwrite"), s.get("readwrite_holds"))),
+            f"  pairings: {s.get('pairings_verdict') or s.get('pairings_error') or 'not in this recording'}",
         ]
     if "unpatched" in summaries and "patched" in summaries:
         saved = summaries["unpatched"]["graph_pool_bytes"] - summaries["patched"]["graph_pool_bytes"]
         lines.append(f"graph pool saved by the patch on vLLM's own code: {format_bytes(saved)} ({saved} bytes)")
+    if any(s.get("readwrite") is not None for s in summaries.values()):
+        lines.append(f"the obligation: {OBLIGATION}")
     return lines
 
 

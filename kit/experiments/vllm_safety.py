@@ -1,0 +1,426 @@
+"""The safety argument on vLLM 0.33's own path: the read/write obligation per pairing, and the pairings against eager.
+
+`kit.experiments.vllm_capture` runs vLLM's own capture path around a stand-in
+DeepSeek-V4.1 (`GPUModelRunner.capture_model`, `BreakableCUDAGraphWrapper`,
+`DecoderReplayLayers`, `DecoderReplayCudaGraphManager`); this module adds,
+in the same fresh process as each variant's capture:
+
+- **the read/write recording** of the capture (`vllm_phases`): the bytes every
+  aten op reads and writes (`kit.record.readwrite.ReadWriteRecorder`), tagged
+  with the phase vLLM's own code is in. vLLM's `BreakableCUDAGraphWrapper._capture`
+  is wrapped: a capture by the model graphs' wrapper
+  (`ModelCudaGraphManager.breakable_cg_runner`) is model graph N, whose
+  outputs its caller reads after the forward (`model_outputs(N)`); one by the
+  replay graphs' wrapper (`DecoderReplayCudaGraphManager.breakable_cg_runner`)
+  is replay graph R. `BreakableCUDAGraphCapture.add_eager` (what
+  `eager_break_during_capture` calls to end a segment, run the break and
+  start the next) is break J, between segments J and J + 1. Inside the break,
+  the instance attribute `DecoderReplayLayers.run_layers` (which `_run` calls
+  as `self.run_layers(*row_inputs)` once it has gathered the rows) marks where
+  the replay layers run (`model_runs_replay`, where a replay graph runs at
+  runtime) and the rest of the break (`model_after_replay`: the scatter back
+  to batch rows, the copy into the break's buffers). The replay graphs'
+  wrapper holds its own reference to `run_layers`, so their captures are not
+  affected. vLLM's `weak_ref_tensor` op is left out of the recording: it
+  makes a view of the same memory and touches no data, but its schema has no
+  alias annotation, so the recorder would count its output as written (the
+  model graph's outputs, rewritten after the break, would never be carried).
+  Everything is put back as found;
+- **the obligation** (`kit.analysis.readwrite.readwrite_table`) over the
+  pairings vLLM's dispatch can produce (`kit.experiments.dispatch`), with
+  the replay sizes and trim threshold read back from vLLM's own replay graph
+  manager: `readwrite_result`;
+- **the pairings** (`run_pairings`): for every model graph N and every replay
+  graph R that can run in N's break, N's forward through vLLM's path with a
+  replay batch of `rows_for(N, R)` rows, which vLLM's own
+  `DecoderReplayCudaGraphManager.dispatch` pads to R and whose `run` replays
+  R in N's break, against the eager forward of the same ids with the same rows
+  (padded with zeros to R, vLLM's `num_padded` path, so the replay layers run
+  the same shapes: a difference is one of memory, not of a GEMM picked for
+  another row count). Pairings vLLM's dispatch cannot produce are not run:
+  on vLLM's path `run` replays only the graph `dispatch` picks for the batch's
+  rows; the replica's adversarial runs (`kit.experiments.pairings`) stress
+  those.
+
+`summary(meta)` reads both back from a recording's `kit` key (None for a
+recording made before them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kit.analysis.readwrite import (
+    AFTER_REPLAY,
+    BREAK,
+    MODEL,
+    OBLIGATION,
+    REPLAY,
+    RUNS_REPLAY,
+    SEGMENT,
+    Phase,
+    ReadWriteRecording,
+    model_outputs,
+    obligation_summary,
+    obligation_verdicts,
+    readwrite_table,
+)
+from kit.analysis.tables import format_bytes
+from kit.experiments import dispatch
+
+OUTPUTS_READ = "the forward's caller"  # the op name of the caller's reads of a model graph's outputs
+WEAK_REF_OP = "_C.weak_ref_tensor"  # vLLM's view op: recorded as no access
+SEED = 4321
+NOT_RUN = (
+    "pairings vLLM's dispatch cannot produce (a replay graph above the one N's rows can reach, or N below the trim "
+    "threshold) are not run on vLLM's path: DecoderReplayCudaGraphManager.run replays only the graph its dispatch "
+    "picks for the batch's rows (the replica's adversarial pairings, kit.experiments.pairings, stress them)"
+)
+REFERENCE = (
+    "graph: N's forward through its breakable graph, the replay batch (the step's last rows_for(N, R) rows) padded "
+    "to R by vLLM's dispatch and replayed in N's break by DecoderReplayCudaGraphManager.run; eager: the same ids "
+    "and rows, eagerly, padded with zeros to R (ReplayBatch.num_padded), so both run the same shapes"
+)
+
+
+# --- phases on vLLM's breakable capture ------------------------------------------
+
+
+@contextlib.contextmanager
+def vllm_phases(runner, recorder) -> Iterator[None]:
+    """While open, `recorder` records vLLM's captures of `runner` by phase (see the module docstring).
+
+    Wraps `BreakableCUDAGraphWrapper._capture` and
+    `BreakableCUDAGraphCapture.add_eager` (class attributes), the replay
+    layers' `run_layers` and the recorder's `add` (instance attributes); all
+    four are put back as found, on an error too.
+    """
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
+
+    capture, add_eager = BreakableCUDAGraphWrapper._capture, BreakableCUDAGraphCapture.add_eager
+    state = runner.model_state
+    layers = state.decoder_replay_layers
+    replay_wrapper = state.replay_cudagraphs.breakable_cg_runner
+    run_layers = layers.run_layers  # an instance attribute, set by DecoderReplayLayers.__init__
+    had_add = "add" in vars(recorder)
+    add = recorder.add
+
+    def graph_of(wrapper) -> str | None:
+        if wrapper is replay_wrapper:
+            return REPLAY
+        # The model graphs' wrapper is made by ModelCudaGraphManager.capture (init_breakable_cg_runner).
+        if wrapper is getattr(runner.cudagraph_manager, "breakable_cg_runner", None):
+            return MODEL
+        return None
+
+    def capture_by_phase(wrapper, entry, args, kwargs):
+        graph = graph_of(wrapper)
+        if graph is None:
+            return capture(wrapper, entry, args, kwargs)
+        size = entry.batch_descriptor.num_tokens
+        with recorder.phase(Phase(graph, size)):
+            output = capture(wrapper, entry, args, kwargs)
+            if graph == MODEL:
+                recorder.set_phase(model_outputs(size))
+                recorder.note_reads(output, OUTPUTS_READ)
+        return output
+
+    def break_by_phase(graph_capture, fn):
+        phase = recorder.current_phase
+        if phase is None:
+            return add_eager(graph_capture, fn)
+        index = graph_capture.num_eager_breaks
+        with recorder.phase(dataclasses.replace(phase, part=BREAK, index=index)):
+            result = add_eager(graph_capture, fn)
+        recorder.set_phase(dataclasses.replace(phase, part=SEGMENT, index=index + 1))
+        return result
+
+    def run_layers_by_phase(*inputs):
+        phase = recorder.current_phase
+        if phase is None or phase.graph != MODEL or phase.part != BREAK:
+            return run_layers(*inputs)
+        recorder.set_phase(dataclasses.replace(phase, part=RUNS_REPLAY))
+        try:
+            return run_layers(*inputs)
+        finally:
+            recorder.set_phase(dataclasses.replace(phase, part=AFTER_REPLAY))
+
+    def add_but_views(phase, op, reads, writes):
+        if not op.startswith(WEAK_REF_OP):
+            add(phase, op, reads, writes)
+
+    BreakableCUDAGraphWrapper._capture = capture_by_phase
+    BreakableCUDAGraphCapture.add_eager = break_by_phase
+    layers.run_layers = run_layers_by_phase
+    recorder.add = add_but_views
+    try:
+        yield
+    finally:
+        BreakableCUDAGraphWrapper._capture = capture
+        BreakableCUDAGraphCapture.add_eager = add_eager
+        layers.run_layers = run_layers
+        if had_add:
+            recorder.add = add
+        else:
+            vars(recorder).pop("add", None)
+
+
+def phases_seen(recording: ReadWriteRecording) -> dict:
+    """Which phases the recording holds: per model graph its parts (`segment 0`, `break 0`, `runs_replay 0`, ...,
+    `output 0`), and the replay graphs' sizes. A model graph whose break never ran the replay layers lacks
+    `runs_replay`."""
+    model: dict[int, set[str]] = {}
+    for a in recording.accesses:
+        if a.phase.graph == MODEL:
+            model.setdefault(a.phase.size, set()).add(f"{a.phase.part} {a.phase.index}")
+    order = {p: i for i, p in enumerate((SEGMENT, BREAK, RUNS_REPLAY, AFTER_REPLAY))}
+
+    def key(label: str) -> tuple:
+        part, index = label.split(" ")
+        return (part == "output", int(index), order.get(part, 9))
+
+    return {
+        "model_graphs": {str(size): sorted(parts, key=key) for size, parts in sorted(model.items())},
+        "replay_graphs": recording.sizes(REPLAY),
+    }
+
+
+# --- the dispatch rule, from vLLM's own replay graph manager ------------------------------
+
+
+def replay_sizes(runner) -> list[int]:
+    """The replay capture sizes vLLM's `DecoderReplayCudaGraphManager.__init__` settled on (its config's)."""
+    return sorted(runner.model_state.replay_cudagraphs.compilation_config.cudagraph_capture_sizes)
+
+
+def trim_threshold(runner) -> int:
+    """The trim threshold the replay layers break out at (`DecoderReplayLayers.trim_threshold`)."""
+    return int(runner.model_state.decoder_replay_layers.trim_threshold)
+
+
+def can_run(runner) -> Callable[[int, int], bool]:
+    """`can_run(model_size, replay_size)`: vLLM 0.33's dispatch rule on the runner's replay sizes and threshold."""
+    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+
+    def check(model_size: int, replay_size: int) -> bool:
+        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold)
+
+    return check
+
+
+def dispatchable_pairs(runner) -> list[tuple[int, int, int | None]]:
+    """Every (model size, replay size, rows) vLLM's dispatch can run, small first; rows from `dispatch.rows_for`."""
+    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+    return [
+        (n, r, dispatch.rows_for(n, r, sizes))
+        for n in sorted(runner.stand_in.cudagraph_capture_sizes)
+        for r in sorted(dispatch.dispatchable_replay_sizes(n, sizes, threshold))
+    ]
+
+
+# --- the obligation -----------------------------------------------------------------
+
+
+def table_records(table) -> list[dict]:
+    """`readwrite_table`'s rows as JSON-able records (ints, bools, lists, None for no overlap)."""
+    records = []
+    for row in table.to_dict("records"):
+        record = {}
+        for key, value in row.items():
+            if isinstance(value, list | tuple):
+                record[key] = [str(v) for v in value]
+            elif value is None or (not isinstance(value, str) and _missing(value)):
+                record[key] = None
+            elif hasattr(value, "item"):
+                record[key] = value.item()
+            else:
+                record[key] = value
+        records.append(record)
+    return records
+
+
+def _missing(value: Any) -> bool:
+    import pandas as pd
+
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def readwrite_result(recording: ReadWriteRecording, runner) -> dict:
+    """The obligation over the runner's dispatchable pairings: the table's rows, the verdicts, and whether it holds.
+
+    `holds` is None when no pairing can run (or the recording marked no
+    replay break): nothing was checked, so nothing is claimed.
+    """
+    table = readwrite_table(recording, can_run=can_run(runner))
+    running = table[table["can_run"].astype(bool)]
+    empty = table.empty  # no replay break was recorded (an empty frame's columns cannot be masked)
+    return {
+        "obligation": OBLIGATION,
+        "rule": dispatch.RULE,
+        "replay_sizes": replay_sizes(runner),
+        "trim_threshold": trim_threshold(runner),
+        "rows": table_records(table),
+        "verdicts": [] if empty else obligation_verdicts(table),
+        "summary": f"{OBLIGATION} Nothing to check: no pairing can run." if empty else obligation_summary(table),
+        "holds": bool(running["holds"].all()) if len(running) else None,
+        "phases": phases_seen(recording),
+        "accesses": recording.to_records(),
+    }
+
+
+# --- the pairings ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def replays_seen(runner) -> Iterator[list[int]]:
+    """While open, the size of every replay graph replayed (`DecoderReplayCudaGraphManager`'s wrapper, `_replay`)."""
+    wrapper = runner.model_state.replay_cudagraphs.breakable_cg_runner
+    replay, seen = wrapper._replay, []
+
+    def spy(entry, args, kwargs):
+        seen.append(int(entry.batch_descriptor.num_tokens))
+        return replay(entry, args, kwargs)
+
+    wrapper._replay = spy
+    try:
+        yield seen
+    finally:
+        del wrapper._replay  # the class's method again
+
+
+def output_names(runner) -> list[str]:
+    return ["hidden_states", *(f"aux_hidden_state[{i}]" for i in runner.model.model.aux_hidden_state_layers)]
+
+
+def compare_forwards(names: list[str], graph: tuple, eager: tuple) -> dict:
+    """Graph outputs against eager ones, bit for bit (a NaN difference counts as the largest there is)."""
+    from kit.analysis.equivalence import compare
+
+    (graph_out, graph_aux), (eager_out, eager_aux) = graph, eager
+    checks = [
+        compare(0, name, g, e)
+        for name, g, e in zip(names, (graph_out, *graph_aux), (eager_out, *eager_aux), strict=True)
+    ]
+    return {
+        "bit_exact": all(c["bit_exact"] for c in checks),
+        "max_abs_diff": max(math.inf if math.isnan(c["max_abs_diff"]) else c["max_abs_diff"] for c in checks),
+        "outputs": len(checks),
+        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
+        "mismatched_elements": sum(c["mismatched_elements"] for c in checks),
+    }
+
+
+def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dict:
+    """Every dispatchable (N, R) through vLLM's path, graphs against eager; the rows, the verdict, how they ran.
+
+    `forward(runner, input_ids, use_cudagraph, rows=..., pad=...)` is
+    `kit.experiments.vllm_capture.run_forward`. A pairing whose replay batch
+    did not replay exactly graph R once is kept with an `error`.
+    """
+    import torch
+
+    cfg = runner.stand_in
+    names = output_names(runner)
+    layers = runner.model.decoder_replay_layers
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    pairs = []
+    for model_size, replay_size, rows in dispatchable_pairs(runner):
+        row: dict[str, Any] = {"model_size": model_size, "replay_size": replay_size, "rows": rows, "dispatchable": True}
+        if rows is None:
+            pairs.append({**row, "bit_exact": None, "error": "no row count of this step dispatches to R"})
+            continue
+        ids = torch.randint(cfg.vocab_size, (model_size,), generator=generator, dtype=torch.int32).to(runner.device)
+        with replays_seen(runner) as replayed:
+            graph = forward(runner, ids, True, rows=rows)
+        batch = layers.replay_batch
+        eager = forward(runner, ids, False, rows=rows, pad=True)
+        row.update(
+            dispatched=int(batch.forward_context.batch_descriptor.num_tokens) if batch.run_graph else None,
+            replayed=list(replayed),
+            **compare_forwards(names, graph, eager),
+        )
+        if replayed != [replay_size]:
+            row["error"] = f"the replay batch of {rows} rows replayed {replayed or 'no graph'}, not [{replay_size}]"
+        pairs.append(row)
+    return {
+        "seed": seed,
+        "rule": dispatch.RULE,
+        "replay_sizes": replay_sizes(runner),
+        "trim_threshold": trim_threshold(runner),
+        "reference": REFERENCE,
+        "not_run": NOT_RUN,
+        "outputs": names,
+        "pairs": pairs,
+        "verdict": pairings_verdict(pairs),
+    }
+
+
+def pairings_verdict(pairs: list[dict]) -> str:
+    """One line: all dispatchable pairings bit-exact against eager, or which differ and by how much."""
+    if not pairs:
+        return "no pairing can run: no model graph breaks out to a replay batch"
+    errors = [p for p in pairs if p.get("error")]
+    differ = [p for p in pairs if p.get("bit_exact") is False]
+    said = f"{len(pairs)} dispatchable pairings on vLLM's path (model graph N, replay graph R replayed in its break)"
+    if not differ:
+        line = f"graphs equal eager bit for bit on all {said}"
+    else:
+        pairs_said = ", ".join(f"({p['model_size']}, {p['replay_size']}) {p['max_abs_diff']:.4g}" for p in differ)
+        outputs = sorted({o for p in differ for o in p["differing_outputs"]})
+        line = (
+            f"graphs DIFFER from eager on {len(differ)} of {said}: {pairs_said} (largest difference); "
+            f"outputs that differ: {', '.join(outputs)}"
+        )
+    if errors:
+        line += f"; {len(errors)} did not replay the graph they asked for: " + "; ".join(p["error"] for p in errors)
+    return line
+
+
+def guarded(step: Callable[..., Any], *args: Any) -> Any:
+    """`step(*args)`, or, if it raises, what stopped it (the capture is kept either way)."""
+    try:
+        return step(*args)
+    except Exception as e:  # noqa: BLE001 - the recording keeps the error; the captures are recorded regardless
+        return {"error": f"{type(e).__name__}: {e}"[:500], "where": traceback.format_exc().splitlines()[-8:]}
+
+
+# --- reading a recording back ------------------------------------------------------
+
+
+def summary(meta: dict) -> dict:
+    """The pairings and the obligation from a recording's `kit` key; every key None for a recording without them."""
+    pairings = meta.get("pairings") if isinstance(meta.get("pairings"), dict) else {}
+    readwrite = meta.get("readwrite") if isinstance(meta.get("readwrite"), dict) else {}
+    return {
+        "pairings": pairings.get("pairs"),
+        "pairings_verdict": pairings.get("verdict"),
+        "pairings_error": pairings.get("error"),
+        "readwrite": readwrite.get("rows"),
+        "readwrite_verdict": readwrite.get("summary"),
+        "readwrite_verdicts": readwrite.get("verdicts"),
+        "readwrite_holds": readwrite.get("holds"),
+        "readwrite_error": readwrite.get("error"),
+    }
+
+
+def short_obligation(rows: list[dict] | None, holds: bool | None) -> str:
+    """The obligation's result in a few words, for a terminal line."""
+    if rows is None:
+        return "not in this recording"
+    running = [r for r in rows if r.get("can_run")]
+    bad = [r for r in running if not r.get("holds")]
+    if holds is None or not running:
+        return "nothing checked (no pairing can run)"
+    if not bad:
+        return f"holds on all {len(running)} dispatchable pairings"
+    pairs = ", ".join(f"({r['model_size']}, {r['replay_size']})" for r in bad)
+    total = format_bytes(sum(int(r.get("overlap_bytes") or 0) for r in bad))
+    return f"VIOLATED on {len(bad)} of {len(running)} dispatchable pairings (N, R): {pairs}, {total} in all"
