@@ -31,7 +31,7 @@ from kit.experiments.pairings import (
     pair_tables,
     pair_verdicts,
 )
-from kit.experiments.scenarios import SCENARIOS, scenario_config
+from kit.experiments.scenarios import SCENARIOS
 from kit.replica.forward_context import CUDAGraphMode, get_forward_context
 from kit.replica.model import PRESETS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
@@ -157,7 +157,7 @@ def test_outputs_are_compared_bit_for_bit_hidden_states_and_every_aux_state():
 def policy_metadata(policy: str, preset: str) -> dict:
     """What `run_policy` records beside a policy's pairs."""
     scenario = POLICIES[policy]
-    config = dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True)
+    config = pairings.safety_config(scenario, preset)
     return {
         "policy": policy,
         "scenario": scenario,
