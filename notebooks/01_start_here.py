@@ -49,8 +49,8 @@
 # - **24 MiB**: the replay graphs' graph-pool segments, saved by the patch (48 MiB to
 #   24 MiB), in the kit's **replica** of vLLM 0.33's capture path at its `small` preset
 #   (hidden 1024; notebook 03);
-# - **730 MiB** (0.713 GiB): the same saving in the replica's `large` preset (hidden 7168:
-#   2.25 GiB to 1.53 GiB; notebook 03);
+# - **1.42 GiB**: the same saving in the replica's `large` preset (hidden 7168, vLLM's default
+#   replay sizes: 2.96 GiB to 1.53 GiB; notebook 03);
 # - **5.18 GiB**: what the replay graphs reserve on DeepSeek-V4.1-Flash, **stated in the
 #   PR**; the kit does not run that model and does not measure it.
 #

@@ -177,7 +177,7 @@ for (name, scenario), snap in runs.items():
 # %% [markdown]
 # **What it shows.** On the model graphs' stream the replay graphs reuse the model graphs'
 # free blocks: under the patch the replay capture adds no graph-pool segment, so the graph
-# pool loses the replay stream's whole group (24 MiB at the small preset, 730 MiB at the
+# pool loses the replay stream's whole group (24 MiB at the small preset, 1.42 GiB at the
 # large one, on the H200 recordings); the what-if predicted exactly that from the unpatched
 # trace, and every output is still bit-exact.
 #

@@ -61,3 +61,13 @@ def test_run_in_subprocess_raises_one_line_with_the_childs_error(tmp_path, monke
     message = str(raised.value)
     assert message.startswith("pairings failed: torch.AcceleratorError") and "index out of bounds" in message
     assert sys.executable  # the child is this Python
+
+
+def test_a_recording_made_before_vllms_sizing_says_so_in_its_source_line(tmp_path):
+    prov = {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026-12-03"}
+    old = {"provenance": prov, "config": {"hidden_size": 1024}}
+    new = {"provenance": prov, "config": {"hidden_size": 1024, "replay_sizing": "vllm"}}
+    assert recorded.EARLIER_SIZING in recorded.source_line(old, tmp_path / "small.json")
+    assert recorded.EARLIER_SIZING not in recorded.source_line(new, tmp_path / "small.json")
+    by_policy = {"provenance": prov, "policies": {"pr": new, "unpatched": old}}
+    assert recorded.predates_vllm_sizing(by_policy) and recorded.predates_vllm_sizing({"provenance": prov})

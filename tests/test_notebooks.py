@@ -28,13 +28,13 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 # Lines a notebook prints from the shipped H200 recordings: the headline figures of 01's map (the
-# two-capture experiment's 42 MiB, the replica's 24 MiB and 730 MiB), measured again where each is shown.
+# two-capture experiment's 42 MiB, the replica's 24 MiB and 1.42 GiB), measured again where each is shown.
 KEY_LINES = {
     "01_start_here": (
         "(44,040,192 bytes): two-capture experiment: the replay capture's new graph-pool segments",
         "42.00 MiB = 0.041 GiB (44,040,192 bytes): two-capture experiment: what sharing the stream saves",
         "24.00 MiB = 0.023 GiB (25,165,824 bytes): replica, small preset: graph pool saved by the patch",
-        "730.00 MiB = 0.713 GiB (765,460,480 bytes): replica, large preset: graph pool saved by the patch",
+        "1.42 GiB = 1.424 GiB (1,528,823,808 bytes): replica, large preset: graph pool saved by the patch",
         "5.18 GiB on DeepSeek-V4.1-Flash: stated in PR 63155, not measured by the kit",
         "new stream: the replay capture added 42.00 MiB (44,040,192 bytes) of graph-pool segments",
         "shared stream: the replay capture added 0 B (0 bytes) of graph-pool segments",
@@ -52,28 +52,30 @@ KEY_LINES = {
     "03_the_fix": (
         "small unpatched: the replay captures added 24.00 MiB (25,165,824 bytes) of graph-pool segments",
         "small patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
-        "large unpatched: the replay captures added 730.00 MiB (765,460,480 bytes) of graph-pool segments",
+        "large unpatched: the replay captures added 1.42 GiB (1,528,823,808 bytes) of graph-pool segments",
         "large patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
         "under the patch the replay captures add no graph-pool segment: True (0 bytes)",
         "small: graph pool predicted 24.00 MiB, measured 24.00 MiB; saved: predicted 25,165,824 bytes, measured "
         "25,165,824 bytes",
-        "large: graph pool predicted 1.53 GiB, measured 1.53 GiB; saved: predicted 765,460,480 bytes, measured "
-        "765,460,480 bytes",
+        "large: graph pool predicted 1.53 GiB, measured 1.53 GiB; saved: predicted 1,528,823,808 bytes, measured "
+        "1,528,823,808 bytes",
         "large patched: graphs equal eager bit for bit (10 outputs over 5 sizes)",
     ),
     # The safety recordings (kit/recordings/safety/, readwrite/): every pairing, and the obligation per policy.
     "04_safety": (
-        "pr: all 9 pairings bit-exact (6 dispatchable)",
-        "unpatched: all 9 pairings bit-exact (6 dispatchable)",
-        "early_aux_shared: 5 of 9 pairings differ from eager (3 of them dispatchable): "
-        "(128, 128), (256, 64), (256, 128), (256, 256), (512, 128)",
-        "obligation under pr: Holds for all 6 pairings that can run.",
-        "obligation under unpatched: Holds for all 6 pairings that can run.",
-        "obligation under early_aux_shared: Violated in 3 of 6 pairings that can run: (256, 64), (256, 128), "
-        "(512, 128) (model graph, replay graph), 1.62 MiB in all.",
-        "pr, lifetime analysis from the trace alone: flags 7 pairing(s) the obligation clears, (128, 128)*, "
-        "(256, 64), (256, 128), (256, 256)*, (512, 64), (512, 128), (512, 256);",
-        "early_aux_shared: the lifetime analysis agrees with the obligation on all 9 pairings",
+        "pr: all 18 pairings bit-exact (11 dispatchable)",
+        "unpatched: all 18 pairings bit-exact (11 dispatchable)",
+        "early_aux_shared: 13 of 18 pairings differ from eager (7 of them dispatchable): "
+        "(128, 384), (128, 480), (128, 512), (256, 96), (256, 192), (256, 288), (256, 384), (256, 480), (256, 512), "
+        "(512, 288), (512, 384), (512, 480), (512, 512)",
+        "obligation under pr: Holds for all 11 pairings that can run.",
+        "obligation under unpatched: Holds for all 11 pairings that can run.",
+        "obligation under early_aux_shared: Violated in 7 of 11 pairings that can run: (256, 96), (256, 192), "
+        "(256, 288), (512, 288), (512, 384), (512, 480), (512, 512) (model graph, replay graph), 3.44 MiB in all.",
+        "early_aux_shared: of the 11 pairings vLLM's dispatch can produce, the obligation fails on 7; over all 18, "
+        "the pairings that differ from eager and those the lifetime analysis flags with the breaks' reads are "
+        "exactly the pairings that fail it",
+        "unpatched: the lifetime analysis agrees with the obligation on all 18 pairings",
     ),
     # The alternatives recording (kit/recordings/alternatives/small.json): (a) and (b), and what the saving buys.
     "05_alternatives": (
@@ -87,7 +89,8 @@ KEY_LINES = {
         "reads: no conflict",
         "share_all safe by graphs vs eager and both analyses: True",
         "cap 64: graph pool 50.00 MiB, saves 22.00 MiB (23,068,672 bytes) against unpatched's 72.00 MiB; "
-        "replay batches of 128, 256 rows would run eagerly (in steps of 256, 512 tokens)",
+        "replay batches of more than 64 rows run eagerly (sizes 128, 256 not captured), possible in steps padded "
+        "to 128, 256, 512 tokens",
         "every cap saves less than the PR: True",
         "pr: the profile estimate falls from 312.00 MiB to 256.00 MiB: 56.00 MiB more KV budget = 112 blocks, "
         "1,792 tokens",
@@ -108,8 +111,10 @@ KEY_LINES = {
         "patch applied: False",
         "Showing vLLM 0.33's own capture code recorded on the H200, vllm/patched.pickle, instead: vLLM's capture "
         "path, real CUDA graphs, a stand-in model (section 4b says what was stood in).",
-        "  graph-pool bytes the replay captures added: 26.00 MiB",
-        "  graph-pool bytes the replay captures added: 0 B",
+        "  graph-pool bytes the replay captures added: 28.00 MiB",
+        "  read/write obligation: VIOLATED on 10 of 11 dispatchable pairings (N, R): (128, 96), (128, 192), (256, 96), "
+        "(256, 192), (256, 288), (512, 96), (512, 288), (512, 384), (512, 480), (512, 512), 5.88 MiB in all",
+        "  graph-pool bytes the replay captures added: 2.00 MiB",
         "graph pool saved by the patch on vLLM's own code: 26.00 MiB (27262976 bytes)",
     )
     + (
@@ -132,8 +137,9 @@ SHOWN = {
     "04_safety": (
         # the overview: only early aux forced to share puts a replay graph over what is held, and differs from eager
         "early_aux_pr pr True replay graphs stream 50.00 MiB 1.75 MiB 0 B True bit-exact",
-        "early_aux_shared share True model graphs stream 26.00 MiB 1.75 MiB 1.75 MiB True differ, up to 5.34",
-        "early_aux_shared 9 (128, 128)*, (256, 64), (256, 128), (256, 256)*, (512, 128)",
+        "early_aux_shared share True model graphs stream 26.00 MiB 1.75 MiB 1.75 MiB True differ, up to 6.64",
+        "early_aux_shared 18 (128, 384)*, (128, 480)*, (128, 512)*, (256, 96), (256, 192), (256, 288), (256, 384)*, "
+        "(256, 480)*, (256, 512)*, (512, 288), (512, 384), (512, 480), (512, 512)",
         # the policy explorer's first view: the PR's rule on a model with early aux keeps the streams apart
         "policy pr, early aux on: the replay graphs keep a stream of their own; capture early_aux_pr;",
         "graphs vs eager: graphs equal eager bit for bit (9 outputs over 3 sizes)",
@@ -151,7 +157,7 @@ SHOWN = {
     ),
     "07_vllm_in_process": (
         # the PR's captures: the replay graphs on the model graphs' stream, adding no segment
-        "3 decoder replay graphs 256 model graphs stream 1 0 0 0",
+        "4 decoder replay graphs 480 model graphs stream 1 0 0 0",
     )
     + (
         (

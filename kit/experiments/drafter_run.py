@@ -33,6 +33,7 @@ program's own frames only), so the lifetime analysis can be run again on it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -254,6 +255,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     return {
         "variant": variant,
         "preset": preset,
+        "config": dataclasses.asdict(config),
         "pairs": [{"variant": variant, **pair} for pair in compare_drafter(raw, recording, drafter_can_run)],
         "obligation": drafter_summary(table),
         "verdicts": drafter_verdicts(table),

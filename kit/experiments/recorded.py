@@ -99,10 +99,25 @@ def load_shipped(path: Path, preset: str, command: str, schema_problem: Callable
 
 
 def source_line(data: dict, path: Path) -> str:
-    """`recorded on GPU, torch V, DATE (path)`, from the recording's provenance."""
+    """`recorded on GPU, torch V, DATE (path)`, from the provenance; says so if it predates vLLM's sizing."""
     prov = data["provenance"]
     when = f"{prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')}"
-    return f"recorded on {when} ({shown(path)})"
+    return f"recorded on {when} ({shown(path)})" + (f"; {EARLIER_SIZING}" if predates_vllm_sizing(data) else "")
+
+
+EARLIER_SIZING = (
+    "recorded with the kit's earlier replay sizing (one replay graph of N/2 rows per model graph, the presets now "
+    "called *_half), before the presets took vLLM's: re-record with `make safety-recordings` on a GPU"
+)
+
+
+def predates_vllm_sizing(data: dict) -> bool:
+    """Whether a replica recording was made before the presets took vLLM's replay sizing (its config has no
+    `replay_sizing`; a recording with no config at all is one of those: every later one records it)."""
+    runs = [*(data.get("policies") or {}).values(), *(data.get("variants") or {}).values()]
+    configs = [data.get("config")] + [run.get("config") for run in runs if isinstance(run, dict)]
+    found = [c for c in configs if isinstance(c, dict)]
+    return not found or any("replay_sizing" not in c for c in found)
 
 
 # --- writing -----------------------------------------------------------------------------------
