@@ -359,11 +359,6 @@ DRAFTER_RECORDINGS = {
 }  # `python -m kit.experiments.scenarios NAME --preset small --speculator -o ...` on a GPU
 
 
-# TODO(lead): remove the skip once recorded
-@pytest.mark.skipif(
-    not all(path.exists() for path in DRAFTER_RECORDINGS.values()),
-    reason="the replica's drafter recordings (kit/recordings/replica/small_*_drafter.pickle) are not recorded yet",
-)
 def test_check_on_the_replica_with_the_drafter():
     """Acceptance of issue 28: the PR's configuration with the drafter on passes, the unpatched one fails."""
     for name, path in DRAFTER_RECORDINGS.items():
