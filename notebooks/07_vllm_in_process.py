@@ -183,8 +183,8 @@ print(f"data source: {snapshot.data_source} ({snapshot.source_label})")
 # **What was stood in:** the model (a DeepSeek-V4.1-shaped stand-in: 6 MLP layers, replay start 3,
 # V4.1's seven break inputs and its outputs, no attention, hidden size 1024); the model config
 # (hidden size, `hc_mult`, dtype); the attention metadata, the replay batch's row selection
-# (vLLM's Triton kernels: here the last half of the rows, one of the 1 to N row counts vLLM's
-# rule allows a step of N tokens, notebook 04), the KV writes and block tables (no KV
+# (vLLM's Triton kernels: here the last rows of the step, as many as each pairing asks for, any
+# of the 1 to N row counts vLLM's rule allows a step of N tokens, notebook 04), the KV writes and block tables (no KV
 # cache); process groups (one GPU); `vllm._C`'s `weak_ref_tensor` op (the same op, from Python);
 # and stub modules for packages the imports touch but this path never calls (servers, grammars,
 # tokenizers' helpers, CUTLASS kernels), listed in each recording's provenance.
@@ -221,11 +221,13 @@ display(
 # %% [markdown]
 # Unpatched, vLLM's `graph_capture()` makes the replay graphs a stream of their own, and their
 # captures add graph-pool segments there while the model graphs' free blocks sit on the other
-# stream. Under the PR they capture on the model graphs' stream and add nothing. With an aux
-# hidden state made before the replay layers the PR keeps them on their own stream; forced to
-# share, that early aux state is exposed to the replay graphs' writes (on the replica it differs
-# from eager; with this stand-in the table above says whether it did). The same checks as for
-# the replica:
+# stream. Under the PR they capture on the model graphs' stream and reuse its free blocks (what
+# they still add is printed above). With an aux hidden state made before the replay layers the
+# PR keeps them on their own stream; forced to share (`early_aux_shared`), the replay graphs
+# write over the early aux state, and the read/write obligation and the pairings above say so on
+# vLLM's own code. `early_aux_shared_pinned` hands the early aux out as V4.1 does, inside the
+# output's list, which vLLM's wrapper does not weak-reference: its block stays allocated, so
+# nothing lands on it (docs/vllm.md). The same checks as for the replica:
 
 # %%
 unpatched, patched = vllm_runs["unpatched"], vllm_runs["patched"]
