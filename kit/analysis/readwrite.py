@@ -414,6 +414,8 @@ def obligation_verdicts(table: pd.DataFrame) -> list[str]:
 
 def obligation_summary(table: pd.DataFrame) -> str:
     """The obligation and its result in one line."""
+    if table.empty:
+        return f"{OBLIGATION} Nothing to check: no pairing can run."
     running = table[table["can_run"]]
     bad = running[~running["holds"]]
     if running.empty:
