@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from kit.experiments.alternatives import DRAFTER, MAIN_VARIANTS, load_recording, record
+from kit.experiments.alternatives import (
+    DRAFTER,
+    MAIN_VARIANTS,
+    alternatives_config,
+    cap_sweep,
+    eager_replay_sizes,
+    load_recording,
+    record,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -53,10 +61,11 @@ def test_each_variant_captures_on_the_streams_it_asks_for(small):
 
 def test_a_lower_cap_never_reserves_more_and_no_cap_is_vllm(small):
     caps = small["cap_replay_sizes"]
-    assert [row["max_replay_size"] for row in caps] == [64, 128, 256, None]
+    config = alternatives_config("small")
+    assert [row["max_replay_size"] for row in caps] == cap_sweep(config)
     pools = [row["graph_pool_bytes"] for row in caps]
     assert pools == sorted(pools) and pools[-1] == small["unpatched"]["graph_pool_bytes"]
-    assert caps[0]["eager_replay_sizes"] == [128, 256]
+    assert caps[0]["eager_replay_sizes"] == eager_replay_sizes(config, caps[0]["max_replay_size"])
 
 
 def test_the_estimate_falls_with_the_patch_and_frees_kv_blocks(small):
