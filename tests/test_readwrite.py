@@ -247,18 +247,23 @@ def test_phases_are_ordered_segment_break_next_segment_and_the_outputs_last():
     assert orders == sorted(orders) and len(set(orders)) == len(orders), orders
 
 
-def test_the_shipped_recording_carries_what_segment_1_reads_across_each_break():
-    """On kit/recordings/readwrite/small.json under the PR: 2,048 bytes per pairing, 18,432 in all, read by segment
-    1's RMS norm (the aux outputs are carried only when early aux shares the stream)."""
+def test_the_shipped_recording_carries_what_is_read_after_the_replay_layers_start():
+    """On kit/recordings/readwrite/small.json under the PR, per model graph N: the replay rows' index (8 bytes a
+    row, N/2 rows) read by the break's scatter after the replay layers, and the final norm's 2,048 bytes read by
+    the last segment (the aux outputs are carried only when early aux shares the stream)."""
     from kit.experiments.readwrite_run import load_recording
 
     recording = ReadWriteRecording.from_records(load_recording("small")["policies"]["pr"]["accesses"])
     table = readwrite_table(recording)
-    assert table["carried_bytes"].tolist() == [2048] * 9 and table["carried_bytes"].sum() == 18_432
     for size in (128, 256, 512):
-        pieces = carried_reads(recording, size)
-        assert {(p.phase, p.op) for p in pieces} == {(f"model graph {size} segment 1", "aten._fused_rms_norm.default")}
-        assert sum(p.end - p.start for p in pieces) == 2048
+        # one break per layer before the replay layers (their attention), then the replay break, the only one paired
+        assert recording.breaks(size) == [0, 1, 2, 3] and recording.replay_breaks(size) == [3]
+        rows = table[table["model_size"] == size]
+        assert (rows["break"] == 3).all() and (rows["carried_bytes"] == 2048 + 8 * (size // 2)).all()
+        assert {(p.phase, p.op, p.end - p.start) for p in carried_reads(recording, size, 3)} == {
+            (f"model graph {size} break 3 after the replay layers", "aten.index_copy_.default", 8 * (size // 2)),
+            (f"model graph {size} segment 4", "aten._fused_rms_norm.default", 2048),
+        }
 
 
 def test_a_recording_round_trips_through_json_records():

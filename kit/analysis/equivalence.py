@@ -9,6 +9,7 @@ bit-exact equality or the largest difference per output.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -60,6 +61,26 @@ def compare(size: int, name: str, graph, eager) -> dict:
         "bit_exact": bool(torch.equal(graph, eager)),
         "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
         "mismatched_elements": int((graph != eager).sum()),
+    }
+
+
+def compare_forward(names: list[str], graph: tuple, eager: tuple) -> dict:
+    """A forward's outputs, `(hidden_states, aux_hidden_states)`, graphs against eager, bit for bit: one row.
+
+    `names` names the hidden states and each aux state in order. A NaN difference (garbage
+    read as a float) counts as the largest there is.
+    """
+    (graph_out, graph_aux), (eager_out, eager_aux) = graph, eager
+    checks = [
+        compare(0, name, g, e)
+        for name, g, e in zip(names, (graph_out, *graph_aux), (eager_out, *eager_aux), strict=True)
+    ]
+    return {
+        "bit_exact": all(c["bit_exact"] for c in checks),
+        "max_abs_diff": max(math.inf if math.isnan(c["max_abs_diff"]) else c["max_abs_diff"] for c in checks),
+        "outputs": len(checks),
+        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
+        "mismatched_elements": sum(c["mismatched_elements"] for c in checks),
     }
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -168,22 +167,9 @@ def output_names(config) -> list[str]:
 
 def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
     """Graph outputs against eager ones, bit for bit: the pair's row figures."""
-    from kit.analysis.equivalence import compare
+    from kit.analysis.equivalence import compare_forward
 
-    (graph_out, graph_aux), (eager_out, eager_aux) = graph, eager
-    names = output_names(config)
-    checks = [
-        compare(0, name, g, e)
-        for name, g, e in zip(names, (graph_out, *graph_aux), (eager_out, *eager_aux), strict=True)
-    ]
-    return {
-        "bit_exact": all(c["bit_exact"] for c in checks),
-        # A NaN difference (garbage read as a float) counts as the largest there is.
-        "max_abs_diff": max(math.inf if math.isnan(c["max_abs_diff"]) else c["max_abs_diff"] for c in checks),
-        "outputs": len(checks),
-        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
-        "mismatched_elements": sum(c["mismatched_elements"] for c in checks),
-    }
+    return compare_forward(output_names(config), graph, eager)
 
 
 def run_pairs(runner, seed: int = SEED) -> list[dict]:

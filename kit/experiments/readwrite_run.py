@@ -107,7 +107,23 @@ def replica_phases(runner, recorder) -> Iterator[None]:
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
-    def break_by_phase(graph_capture, fn):
+    run_layers = layers.run_layers
+    BreakableCUDAGraphWrapper._capture = capture_by_phase
+    BreakableCUDAGraphCapture.add_eager = break_by_phase(recorder, add_eager)
+    layers.run_layers = replay_layers_by_phase(recorder, run_layers)
+    try:
+        yield
+    finally:
+        BreakableCUDAGraphWrapper._capture = capture
+        BreakableCUDAGraphCapture.add_eager = add_eager
+        layers.run_layers = run_layers
+
+
+def break_by_phase(recorder, add_eager):
+    """`add_eager` (a breakable capture's eager break) recorded as break J of the graph being captured, and
+    what follows it as segment J + 1; the replica's and vLLM's breakable captures alike."""
+
+    def wrapped(graph_capture, fn):
         phase = recorder.current_phase
         if phase is None:
             return add_eager(graph_capture, fn)
@@ -117,26 +133,24 @@ def replica_phases(runner, recorder) -> Iterator[None]:
         recorder.set_phase(dataclasses.replace(phase, part=SEGMENT, index=index + 1))
         return result
 
-    run_layers = layers.run_layers
+    return wrapped
 
-    def run_layers_by_phase(*inputs):
+
+def replay_layers_by_phase(recorder, run_layers):
+    """The replay layers' `run_layers` as a model graph's break calls it, recorded as `RUNS_REPLAY` (where a
+    replay graph runs) and what follows it in the break as `AFTER_REPLAY`; elsewhere left as it is."""
+
+    def wrapped(*inputs):
         phase = recorder.current_phase
         if phase is None or phase.graph != MODEL or phase.part != BREAK:
             return run_layers(*inputs)
         recorder.set_phase(dataclasses.replace(phase, part=RUNS_REPLAY))
-        outputs = run_layers(*inputs)
-        recorder.set_phase(dataclasses.replace(phase, part=AFTER_REPLAY))
-        return outputs
+        try:
+            return run_layers(*inputs)
+        finally:
+            recorder.set_phase(dataclasses.replace(phase, part=AFTER_REPLAY))
 
-    BreakableCUDAGraphWrapper._capture = capture_by_phase
-    BreakableCUDAGraphCapture.add_eager = break_by_phase
-    layers.run_layers = run_layers_by_phase
-    try:
-        yield
-    finally:
-        BreakableCUDAGraphWrapper._capture = capture
-        BreakableCUDAGraphCapture.add_eager = add_eager
-        layers.run_layers = run_layers
+    return wrapped
 
 
 # --- the two analyses side by side ----------------------------------------------

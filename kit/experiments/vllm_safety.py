@@ -49,12 +49,11 @@ recording made before them).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kit.analysis.equivalence import compare_forward
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
     BREAK,
@@ -72,8 +71,8 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
+from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
 
-OUTPUTS_READ = "the forward's caller"  # the op name of the caller's reads of a model graph's outputs
 WEAK_REF_OP = "_C.weak_ref_tensor"  # vLLM's view op: recorded as no access
 SEED = 4321
 NOT_RUN = (
@@ -130,33 +129,13 @@ def vllm_phases(runner, recorder) -> Iterator[None]:
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
-    def break_by_phase(graph_capture, fn):
-        phase = recorder.current_phase
-        if phase is None:
-            return add_eager(graph_capture, fn)
-        index = graph_capture.num_eager_breaks
-        with recorder.phase(dataclasses.replace(phase, part=BREAK, index=index)):
-            result = add_eager(graph_capture, fn)
-        recorder.set_phase(dataclasses.replace(phase, part=SEGMENT, index=index + 1))
-        return result
-
-    def run_layers_by_phase(*inputs):
-        phase = recorder.current_phase
-        if phase is None or phase.graph != MODEL or phase.part != BREAK:
-            return run_layers(*inputs)
-        recorder.set_phase(dataclasses.replace(phase, part=RUNS_REPLAY))
-        try:
-            return run_layers(*inputs)
-        finally:
-            recorder.set_phase(dataclasses.replace(phase, part=AFTER_REPLAY))
-
     def add_but_views(phase, op, reads, writes):
         if not op.startswith(WEAK_REF_OP):
             add(phase, op, reads, writes)
 
     BreakableCUDAGraphWrapper._capture = capture_by_phase
-    BreakableCUDAGraphCapture.add_eager = break_by_phase
-    layers.run_layers = run_layers_by_phase
+    BreakableCUDAGraphCapture.add_eager = break_by_phase(recorder, add_eager)
+    layers.run_layers = replay_layers_by_phase(recorder, run_layers)
     recorder.add = add_but_views
     try:
         yield
@@ -300,24 +279,6 @@ def output_names(runner) -> list[str]:
     return ["hidden_states", *(f"aux_hidden_state[{i}]" for i in runner.model.model.aux_hidden_state_layers)]
 
 
-def compare_forwards(names: list[str], graph: tuple, eager: tuple) -> dict:
-    """Graph outputs against eager ones, bit for bit (a NaN difference counts as the largest there is)."""
-    from kit.analysis.equivalence import compare
-
-    (graph_out, graph_aux), (eager_out, eager_aux) = graph, eager
-    checks = [
-        compare(0, name, g, e)
-        for name, g, e in zip(names, (graph_out, *graph_aux), (eager_out, *eager_aux), strict=True)
-    ]
-    return {
-        "bit_exact": all(c["bit_exact"] for c in checks),
-        "max_abs_diff": max(math.inf if math.isnan(c["max_abs_diff"]) else c["max_abs_diff"] for c in checks),
-        "outputs": len(checks),
-        "differing_outputs": [c["output"] for c in checks if not c["bit_exact"]],
-        "mismatched_elements": sum(c["mismatched_elements"] for c in checks),
-    }
-
-
 def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dict:
     """Every dispatchable (N, R) through vLLM's path, graphs against eager; the rows, the verdict, how they ran.
 
@@ -345,7 +306,7 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dic
         row.update(
             dispatched=int(batch.forward_context.batch_descriptor.num_tokens) if batch.run_graph else None,
             replayed=list(replayed),
-            **compare_forwards(names, graph, eager),
+            **compare_forward(names, graph, eager),
         )
         if replayed != [replay_size]:
             row["error"] = f"the replay batch of {rows} rows replayed {replayed or 'no graph'}, not [{replay_size}]"
