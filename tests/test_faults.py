@@ -551,7 +551,7 @@ def test_an_interrupted_scenario_run_leaves_the_previous_snapshot_whole(tmp_path
 
     out = tmp_path / "unpatched.pickle"
     out.write_bytes(b"the good one")
-    monkeypatch.setattr(scenarios, "run_scenario", lambda name, preset: {"segments": []})
+    monkeypatch.setattr(scenarios, "run_scenario", lambda name, preset, speculator=False: {"segments": []})
     _interrupt_before_rename(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         scenarios.main(["unpatched", "-o", str(out)])

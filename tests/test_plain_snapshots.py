@@ -165,8 +165,9 @@ def test_inferred_capture_windows_attribute_what_the_recorder_did():
 
 def test_inferred_windows_group_a_captures_graphs_around_its_eager_breaks():
     table = capture_table(plain("replica/small_unpatched.pickle"))
-    # The model graphs' stream: 3 captures of 2 graphs, taken as one capture (no empty_cache between them).
-    assert list(table["graphs"]) == [6, 3]
+    # The model graphs' stream: 3 captures of 2 graphs, taken as one capture (no empty_cache between them); the
+    # replay graphs' stream: 6 captures of one graph each (vLLM's replay sizes 96, 192, ..., 512)
+    assert list(table["graphs"]) == [6, 6]
     assert table.attrs["inferred"]
     live = liveness_table(plain("replica/small_unpatched.pickle"))
     assert "inferred" in live.source and len(live.model_captures) == 2

@@ -243,6 +243,12 @@ def _with_window(change: dict, tmp_path) -> tuple[str, dict]:
     return str(path), raw
 
 
+def _trace_entries() -> int:
+    from kit.recordings import recording
+
+    return len(load_snapshot(recording("replica/small_unpatched.pickle")).raw["device_traces"][0])
+
+
 MALFORMED_WINDOWS = {
     "wrong type": ({"trace_begin": "290"}, "capture window 1: 'trace_begin' is '290', expected an integer"),
     "begin after end": (
@@ -251,7 +257,7 @@ MALFORMED_WINDOWS = {
     ),
     "past the trace": (
         {"trace_end": 5000},
-        "capture window 1: ends at trace index 5000, past the trace's 1151 entries "
+        f"capture window 1: ends at trace index 5000, past the trace's {_trace_entries()} entries "
         "(a window written for another trace)",
     ),
     "unknown pool": (
