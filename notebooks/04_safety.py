@@ -55,10 +55,11 @@ import kit
 import kit.patch.replica
 from kit.analysis.readwrite import OBLIGATION
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
+from kit.experiments.dispatch import default_step_replay_graph
 from kit.experiments.pairings import pair_verdicts
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
-from kit.replica.model import replay_rows
+from kit.replica.model import PRESETS
 from kit.show.safety import (
     SafetyView,
     agreement_table,
@@ -224,11 +225,11 @@ kit.style_table(overview_table(snapshots))
 # A bar runs from allocation to free in capture order: the model graphs first, then the
 # replay graphs, so a replay graph's mark sits right of the block it lands on. A cross marks
 # the replay graph the replica's default step runs in that block's break (its last N/2 rows,
-# `replay_rows`), a circle one that runs in another's; vLLM's dispatch can run others there too
-# (section 1).
+# `replay_rows`, padded to vLLM's replay sizes), a circle one that runs in another's; vLLM's
+# dispatch can run others there too (section 1).
 
 # %%
-display(SafetyView(snapshots, replay_size_for=replay_rows).widget)
+display(SafetyView(snapshots, replay_size_for=default_step_replay_graph(PRESETS["small"])).widget)
 
 # %% [markdown]
 # These captures carry no breaks' reads, so a block the forward kept bound would count as

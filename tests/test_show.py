@@ -12,9 +12,10 @@ import pytest
 import kit
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
 from kit.experiments.alternatives import SHARE_ALL, load_recording
+from kit.experiments.dispatch import dispatch_replay_size
 from kit.experiments.scenarios import replica_runs
 from kit.markup import html_text
-from kit.replica.model import replay_rows
+from kit.replica.model import PRESETS, replay_rows
 from kit.show import explorer as explorer_module
 from kit.show.alternatives import (
     DIMMED,
@@ -91,8 +92,13 @@ def runs() -> dict[str, kit.Snapshot]:
     return replica_runs("small", source="recorded")
 
 
+def replay_graph_of(num_tokens: int) -> int | None:
+    """The replay graph the replica's default step of `num_tokens` runs: its N/2 rows padded to vLLM's sizes."""
+    return dispatch_replay_size(replay_rows(num_tokens), PRESETS["small"].decoder_replay_cudagraph_capture_sizes)
+
+
 def _paired(snapshot: kit.Snapshot) -> kit.Liveness:
-    return kit.liveness_table(snapshot, replay_size_for=replay_rows)
+    return kit.liveness_table(snapshot, replay_size_for=replay_graph_of)
 
 
 # --- kit.show.timeline ------------------------------------------------------------------------------
@@ -143,7 +149,8 @@ def test_replay_rows_are_each_replay_allocation_over_a_held_block_once_with_its_
     fig = timeline_figure(snap, liveness, "t")
     bars = {t.name: t for t in fig.data if t.type == "bar"}
     assert sum(len(bars[role].y) for role in (REPLAY_OUTPUT, REPLAY_ACTIVATION)) == len(replays)
-    assert "replay graph 128: output" in fig.layout.yaxis.categoryarray
+    labels = fig.layout.yaxis.categoryarray
+    assert any(label.startswith("replay graph ") and label.endswith(": output") for label in labels)
 
 
 @pytest.mark.parametrize(
@@ -217,10 +224,10 @@ def test_capture_ticks_name_each_capture_inside_its_windows(runs):
     windows = {}
     for w in snap.captures:
         windows.setdefault(w["capture"], []).append(w)
-    assert len(values) == len(texts) == len(windows) == 6
+    assert len(values) == len(texts) == len(windows) == 3 + 6  # three model graphs, six replay graphs
     for value, ws in zip(values, windows.values(), strict=True):
         assert ws[0]["trace_begin"] < value < ws[-1]["trace_end"]
-    assert texts[0] == "model graph<br>512" and texts[-1] == "replay graph<br>64"
+    assert texts[0] == "model graph<br>512" and texts[-1] == "replay graph<br>96"
 
 
 # --- kit.show.safety ---------------------------------------------------------------------------------
@@ -236,27 +243,32 @@ def test_load_safety_reads_both_h200_recordings_with_their_sources(safety):
     assert safety.readwrite["source"].startswith("recorded on NVIDIA H200")
     assert safety.readwrite["source"].endswith("(kit/recordings/readwrite/small.json)")
     checks = safety.checks
-    assert len(checks) == 27 and list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared"]
+    assert len(checks) == 3 * 18 and list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared"]
     with pytest.raises(kit.KitError, match="live safety runs need CUDA"):
         load_safety("small", "live GPU")  # no CUDA here
 
 
 def test_agreement_table_lists_the_pairings_each_check_flags(safety):
     table = agreement_table(safety).set_index("policy")
-    bad = "(128, 128)*, (256, 64), (256, 128), (256, 256)*, (512, 128)"
+    early = safety.pairs[safety.pairs["policy"] == "early_aux_shared"]
+    bad = pair_list(early[~early["bit_exact"].astype(bool)])  # what the GPU measured, as the other checks must flag
+    assert bad.startswith("(128, 384)*")
     assert list(table.columns) == ["pairings", *CHECKS]
-    assert (table.loc["early_aux_shared", list(CHECKS)] == bad).all()
+    # graphs vs eager, the obligation and the lifetime analysis with the breaks' reads flag the same pairings; from
+    # the trace alone it flags those and the break inputs' pairings besides
+    assert (table.loc["early_aux_shared", list(CHECKS)[:3]] == bad).all()
+    assert set(bad.split(", ")) < set(table.loc["early_aux_shared", list(CHECKS)[3]].split(", "))
     assert (table.loc["unpatched", list(CHECKS)] == "none").all()
     pr = table.loc["pr"]
     assert (pr[list(CHECKS)[:3]] == "none").all()
     flagged = pr["lifetime conflict (trace only)"].split(", (")
-    assert len(flagged) == 7 and "(512, 64)" in pr["lifetime conflict (trace only)"]
+    trace_only = [p for p in safety.readwrite["pairs"] if p["policy"] == "pr" and p["trace_only_conflict"]]
+    assert len(flagged) == len(trace_only) > 0 and "(512, 96)" in pr["lifetime conflict (trace only)"]
     # the table reads the recordings: one changed verdict moves one cell
     safety.pairs.loc[(safety.pairs["policy"] == "pr") & (safety.pairs["model_size"] == 512), "bit_exact"] = False
     try:
-        assert agreement_table(safety).set_index("policy").loc["pr", "graphs differ from eager"] == (
-            "(512, 64), (512, 128), (512, 256)"
-        )
+        pr_512 = safety.pairs[(safety.pairs["policy"] == "pr") & (safety.pairs["model_size"] == 512)]
+        assert agreement_table(safety).set_index("policy").loc["pr", "graphs differ from eager"] == pair_list(pr_512)
     finally:
         safety.pairs.loc[safety.pairs["policy"] == "pr", "bit_exact"] = True
 
@@ -270,13 +282,18 @@ def test_pair_list_marks_the_pairings_vllm_cannot_produce():
 def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_sentence(safety):
     lines = disagreement_lines(safety)
     assert len(lines) == 3
-    pr = lines[0]
-    assert pr.startswith("pr, lifetime analysis from the trace alone: flags 7 pairing(s) the obligation clears")
-    assert "residual, post_mix, res_mix" in pr and "break inputs the forward keeps bound" in pr
-    assert lines[1:] == [
-        "unpatched: the lifetime analysis agrees with the obligation on all 9 pairings",
-        "early_aux_shared: the lifetime analysis agrees with the obligation on all 9 pairings",
-    ]
+
+    def trace_only(policy: str) -> int:
+        pairs = [p for p in safety.readwrite["pairs"] if p["policy"] == policy]
+        return sum(p["trace_only_conflict"] and p["readwrite_holds"] for p in pairs)
+
+    for line, policy in ((lines[0], "pr"), (lines[2], "early_aux_shared")):
+        assert line.startswith(
+            f"{policy}, lifetime analysis from the trace alone: flags {trace_only(policy)} pairing(s) the obligation "
+            "clears"
+        )
+        assert "residual, post_mix, res_mix" in line and "break inputs the forward keeps bound" in line
+    assert lines[1] == "unpatched: the lifetime analysis agrees with the obligation on all 18 pairings"
 
 
 def test_a_disagreement_of_another_kind_gets_its_recorded_explanation(safety):
@@ -288,17 +305,25 @@ def test_a_disagreement_of_another_kind_gets_its_recorded_explanation(safety):
     odd = next(p for p in changed["pairs"] if p["policy"] == "unpatched")
     odd.update(agree=False, explanation="something else")
     lines = disagreement_lines(SafetyRecords(safety.pairs, changed))
-    assert "flags 6 pairing(s)" in lines[0]
+    flagged = sum(p["trace_only_conflict"] for p in safety.readwrite["pairs"] if p["policy"] == "pr")
+    assert f"flags {flagged - 1} pairing(s)" in lines[0]
     pair = f"pr ({first['model_size']}, {first['replay_size']})"
     assert lines[1].startswith(f"{pair}, from the trace alone: the lifetime analysis flags")
-    assert "unpatched (128, 64), with the breaks' reads: something else" in lines
+    assert f"unpatched ({odd['model_size']}, {odd['replay_size']}), with the breaks' reads: something else" in lines
 
 
 def test_pairings_table_puts_every_policy_in_one_table_and_marks_differences(safety):
     page = pairings_table(safety.pairs).to_html()
-    assert page.count("early_aux_shared") == 3 and "differs 6.906 *" in page and "stress only" in page
+    early = safety.pairs[(safety.pairs["policy"] == "early_aux_shared") & ~safety.pairs["dispatchable"]]
+    stress = early[~early["bit_exact"].astype(bool)].iloc[0]
+    assert page.count("early_aux_shared") == 3 and f"differs {stress['max_abs_diff']:.4g} *" in page
+    assert "stress only" in page
     styled = page.split("<style", 1)[1].split("</style>", 1)[0]
-    assert styled.count("#fadbd8") == 1 and styled.count("_col") == 6  # five differing pairings, one replay alone
+    alone = safety.pairs[safety.pairs["policy"] == "early_aux_shared"]
+    differing = (~alone["bit_exact"].astype(bool)).sum() + alone.groupby("model_size")["alone_bit_exact"].first().eq(
+        False
+    ).sum()
+    assert styled.count("#fadbd8") == 1 and styled.count("_col") == differing > 0  # each shaded once
 
 
 @pytest.mark.parametrize(
@@ -345,12 +370,12 @@ def test_liveness_view_shows_roles_bytes_and_replay_graphs_in_few_columns(runs):
     page = view.to_html()
     first = liveness.rows.iloc[0]
     assert kit.format_bytes(first["bytes"]) in page and f"{first['addr']:#x}" not in page
-    assert "256, 128, 64" in page  # model graph 256's aux hidden state, under three replay graphs
+    assert "512, 480, 384, 288" in page  # model graph 512's aux hidden state, under the larger replay graphs
     assert liveness.source in page
 
 
 def test_safety_view_shows_the_capture_the_rule_picks_and_redraws_in_place(runs):
-    view = SafetyView(runs, replay_size_for=replay_rows)
+    view = SafetyView(runs, replay_size_for=replay_graph_of)
     widget = view.timeline
     assert (view.policy.value, view.early_aux.value, view.scenario) == ("pr", True, "early_aux_pr")
     assert "keep a stream of their own" in view.status.value and "CONFLICT" not in view.status.value
@@ -443,7 +468,8 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys()
         for name, mib in zip(trace.y, trace.x, strict=True):
             drawn[name] += mib
     assert drawn == pytest.approx({r.variant: r.graph_pool_bytes / 2**20 for r in table.itertuples()})
-    assert "share_all 24.00 MiB" in figure.layout.title.text and f"source: {data['source']}" in figure.layout.title.text
+    title = figure.layout.title.text
+    assert "share_all 24.00 MiB" in title and f"source: {html_text(data['source'])}" in title
     assert "saves 24.00 MiB (25,165,824 bytes)" in variant_saving_line(table, "pr")
     assert cap_line(table, "cap 64", [128, 256, 512], replay_rows).endswith(
         "replay batches of 128, 256 rows would run eagerly (in steps of 256, 512 tokens)"
@@ -699,9 +725,9 @@ def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
         window.update(size=None, capture=SCRIPT_NAME + window.get("capture", window["graph"]))
     ticks = capture_ticks(kit.Snapshot(unsized, origin="unsized"))[1]
     assert ticks and all(t.startswith(html_text(SCRIPT_NAME)) for t in ticks), ticks
-    view = SafetyView({**runs, "early_aux_shared": hostile}, replay_size_for=replay_rows)
+    view = SafetyView({**runs, "early_aux_shared": hostile}, replay_size_for=replay_graph_of)
     view.policy.value = "share"
     assert view.scenario == "early_aux_shared" and "CONFLICT" in view.status.value
     assert not raw_markup(view.status.value) and f"allocated at {html_text(SCRIPT_NAME)}" in view.status.value
-    assert f"({html_text(SCRIPT_NAME)}aux_hidden_state[1] at size 256)" in view.status.value  # graphs vs eager
+    assert f"({html_text(SCRIPT_NAME)}aux_hidden_state[1] at size " in view.status.value  # graphs vs eager
     assert not raw_markup(view.blocks_html.value) and html_text(GPU) in view.blocks_html.value

@@ -88,3 +88,18 @@ def can_run(config):
         return replay_size in dispatchable_replay_sizes(model_size, replay_sizes, threshold)
 
     return check
+
+
+def default_step_replay_graph(config):
+    """`replay_graph(num_tokens)`: the replay graph the replica's default step runs (its `replay_rows` padded to
+    the config's replay sizes), None where the model graph keeps its replay layers or the rows run eagerly."""
+    from kit.replica.model import replay_rows
+
+    replay_sizes, threshold = config_rule(config)
+
+    def replay_graph(num_tokens: int) -> int | None:
+        if not breaks_out(num_tokens, threshold):
+            return None
+        return dispatch_replay_size(replay_rows(num_tokens), replay_sizes)
+
+    return replay_graph
