@@ -522,6 +522,38 @@ MUTATIONS = (
         ),
         "plotly draws a trace's name as HTML: a stream label from the snapshot is escaped first",
     ),
+    Mutation(
+        "obligation_ignores_reads_after_the_replay_layers_in_the_break",
+        "kit/analysis/readwrite.py",
+        "        elif order > boundary:",
+        "        elif order > boundary and access.phase.part != AFTER_REPLAY:",
+        ("tests/test_readwrite.py",),
+        "a read of a break input after R starts, in the rest of the break, is carried across R",
+    ),
+    Mutation(
+        "dispatch_allows_only_replay_graphs_smaller_than_the_model_graph",
+        "kit/experiments/dispatch.py",
+        "    return {s for s in replay_sizes if largest is None or s <= largest}",
+        "    return {s for s in replay_sizes if s < model_size}",
+        ("tests/test_dispatch.py", "tests/test_safety_recording.py"),
+        "vLLM's dispatch pads N rows to the smallest replay size that fits: R = N and R > N can run",
+    ),
+    Mutation(
+        "eager_replay_rows_not_padded_to_the_graphs_size",
+        "kit/replica/model_state.py",
+        "ForwardContext(num_rows, CUDAGraphMode.NONE), num_padded=size)",
+        "ForwardContext(num_rows, CUDAGraphMode.NONE), num_padded=None)",
+        ("tests/test_dispatch.py",),
+        "an eager forward multiplies the graph's shapes only when its rows are padded to the replay size",
+    ),
+    Mutation(
+        "child_error_keeps_the_last_line",
+        "kit/experiments/recorded.py",
+        "    error = raised[-1].removeprefix(\"kit: error: \") if raised else (lines[-1] if lines else \"no output\")",
+        "    error = lines[-1] if lines else \"no output\"",
+        ("tests/test_child_error.py",),
+        "a failed child's error is the raised line, not torch's closing advice",
+    ),
 )
 
 
