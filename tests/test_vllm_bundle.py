@@ -24,7 +24,7 @@ import torch
 
 from kit.errors import KitError
 from kit.experiments import vllm_capture as vc
-from tests.vllm_standins import StandInCuda
+from tests.vllm_standins import StandInCuda, StandInGraph
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -308,29 +308,6 @@ def test_capturing_needs_cuda(tmp_path, capsys):
     with pytest.raises(KitError, match="needs CUDA"):
         vc.record(tmp_path)
     assert list(tmp_path.iterdir()) == []
-
-
-class StandInGraph:
-    """`torch.cuda.CUDAGraph` on the CPU: remembers the stream and pool of its capture, replays nothing."""
-
-    made: list = []
-    cuda: StandInCuda | None = None
-
-    def __init__(self, *args, **kwargs) -> None:
-        StandInGraph.made.append(self)
-        self.stream = None
-
-    def capture_begin(self, pool=None, **kwargs) -> None:
-        self.stream, self._pool = StandInGraph.cuda.current, pool
-
-    def capture_end(self) -> None:
-        pass
-
-    def replay(self) -> None:
-        pass
-
-    def pool(self):
-        return self._pool
 
 
 @pytest.fixture

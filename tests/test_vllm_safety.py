@@ -38,7 +38,7 @@ from kit.errors import KitError
 from kit.experiments import vllm_capture as vc
 from kit.experiments import vllm_safety as vs
 from kit.recordings import RECORDINGS
-from tests.vllm_standins import StandInCuda
+from tests.vllm_standins import StandInCuda, StandInGraph
 
 SMALL = vc.StandInConfig(hidden_size=64, vocab_size=512).with_early_aux()
 REPLAY_SIZES = [96, 192, 288, 384, 480, 512]
@@ -50,27 +50,6 @@ DISPATCHABLE = [
 ]  # fmt: skip
 NEW_KEYS = ("pairings", "pairings_verdict", "readwrite", "readwrite_verdict", "readwrite_verdicts", "readwrite_holds")
 SHIPPED = RECORDINGS / "vllm"
-
-
-class StandInGraph:
-    """`torch.cuda.CUDAGraph` on the CPU: remembers its stream and pool, replays nothing."""
-
-    cuda: StandInCuda | None = None
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.stream = None
-
-    def capture_begin(self, pool=None, **kwargs) -> None:
-        self.stream, self._pool = StandInGraph.cuda.current, pool
-
-    def capture_end(self) -> None:
-        pass
-
-    def replay(self) -> None:
-        pass
-
-    def pool(self):
-        return self._pool
 
 
 def stand_in_cuda(monkeypatch) -> None:

@@ -126,6 +126,29 @@ def manager(cls, sizes: tuple[int, ...] = (), **attrs):
     return m
 
 
+class StandInGraph:
+    """`torch.cuda.CUDAGraph` on the CPU: remembers the stream and pool of its capture, replays nothing."""
+
+    made: list = []
+    cuda: StandInCuda | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        StandInGraph.made.append(self)
+        self.stream = None
+
+    def capture_begin(self, pool=None, **kwargs) -> None:
+        self.stream, self._pool = StandInGraph.cuda.current, pool
+
+    def capture_end(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        pass
+
+    def pool(self):
+        return self._pool
+
+
 class StandInBackbone:
     """The model's backbone: where DeepSeek-V4.1 keeps its aux layer ids and the replay start."""
 

@@ -21,10 +21,11 @@ in the same fresh process as each variant's capture:
   runtime) and the rest of the break (`model_after_replay`: the scatter back
   to batch rows, the copy into the break's buffers). The replay graphs'
   wrapper holds its own reference to `run_layers`, so their captures are not
-  affected. vLLM's `weak_ref_tensor` op is left out of the recording: it
-  makes a view of the same memory and touches no data, but its schema has no
-  alias annotation, so the recorder would count its output as written (the
-  model graph's outputs, rewritten after the break, would never be carried).
+  affected. vLLM's `weak_ref_tensor` op is left out of the recording (the
+  recorder's `NO_DATA`): it makes a view of the same memory and touches no
+  data, but its schema has no alias annotation, so the recorder would count
+  its output as written (the model graph's outputs, rewritten after the
+  break, would never be carried).
   Everything is put back as found;
 - **the obligation** (`kit.analysis.readwrite.readwrite_table`) over the
   pairings vLLM's dispatch can produce (`kit.experiments.dispatch`), with
@@ -73,7 +74,6 @@ from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
 from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
 
-WEAK_REF_OP = "_C.weak_ref_tensor"  # vLLM's view op: recorded as no access
 SEED = 4321
 NOT_RUN = (
     "pairings vLLM's dispatch cannot produce (a replay graph above the one N's rows can reach, or N below the trim "
@@ -96,8 +96,8 @@ def vllm_phases(runner, recorder) -> Iterator[None]:
 
     Wraps `BreakableCUDAGraphWrapper._capture` and
     `BreakableCUDAGraphCapture.add_eager` (class attributes), the replay
-    layers' `run_layers` and the recorder's `add` (instance attributes); all
-    four are put back as found, on an error too.
+    layers' `run_layers` (an instance attribute); all three are put back as
+    found, on an error too.
     """
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
 
@@ -106,8 +106,6 @@ def vllm_phases(runner, recorder) -> Iterator[None]:
     layers = state.decoder_replay_layers
     replay_wrapper = state.replay_cudagraphs.breakable_cg_runner
     run_layers = layers.run_layers  # an instance attribute, set by DecoderReplayLayers.__init__
-    had_add = "add" in vars(recorder)
-    add = recorder.add
 
     def graph_of(wrapper) -> str | None:
         if wrapper is replay_wrapper:
@@ -129,24 +127,15 @@ def vllm_phases(runner, recorder) -> Iterator[None]:
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
-    def add_but_views(phase, op, reads, writes):
-        if not op.startswith(WEAK_REF_OP):
-            add(phase, op, reads, writes)
-
     BreakableCUDAGraphWrapper._capture = capture_by_phase
     BreakableCUDAGraphCapture.add_eager = break_by_phase(recorder, add_eager)
     layers.run_layers = replay_layers_by_phase(recorder, run_layers)
-    recorder.add = add_but_views
     try:
         yield
     finally:
         BreakableCUDAGraphWrapper._capture = capture
         BreakableCUDAGraphCapture.add_eager = add_eager
         layers.run_layers = run_layers
-        if had_add:
-            recorder.add = add
-        else:
-            vars(recorder).pop("add", None)
 
 
 def phases_seen(recording: ReadWriteRecording) -> dict:

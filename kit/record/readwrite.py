@@ -49,7 +49,9 @@ WRITE_ONLY = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "expo
 WRITE_ONLY |= {"cauchy_", "log_normal_"}
 # Factories whose output holds no written values.
 UNWRITTEN = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
-NO_DATA = {"record_stream"}
+# Ops that touch no data: `record_stream`, and vLLM's `weak_ref_tensor` (a view whose schema declares no alias,
+# so it would otherwise count as writing its output).
+NO_DATA = {"record_stream", "weak_ref_tensor"}
 
 
 def tensors_in(value: Any) -> list:
