@@ -389,6 +389,20 @@ def is_drafter_capture(manager: str) -> bool:
     return "speculator" in manager.lower() or "drafter" in manager.lower()
 
 
+def target_captures(captures: Mapping[str, list[dict]]) -> list[str]:
+    """The target model's captures a drafter may follow: every capture neither a replay nor a drafter capture.
+
+    Whole graphs count as much as broken ones: a model graph below the trim
+    threshold never breaks (one graph), yet its forward leaves outputs the
+    drafter's graph may allocate over.
+    """
+    return [
+        name
+        for name, gs in captures.items()
+        if not is_replay_capture(gs[0].get("manager", "")) and not is_drafter_capture(gs[0].get("manager", ""))
+    ]
+
+
 @dataclass
 class DrafterLiveness:
     """What `drafter_liveness_table` found: one row per (model capture, output block, drafter capture)."""
@@ -461,11 +475,7 @@ def drafter_liveness_table(
         for name, gs in captures.items()
         if is_drafter_capture(gs[0].get("manager", ""))
     }
-    models = [
-        name
-        for name, gs in captures.items()
-        if len(gs) > 1 and not is_replay_capture(gs[0].get("manager", "")) and name not in drafters
-    ]
+    models = target_captures(captures)
     rows = []
     for name in models:
         graphs, pool = captures[name], tuple(captures[name][0]["pool"])

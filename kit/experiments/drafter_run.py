@@ -40,13 +40,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kit.analysis.liveness import DrafterLiveness, drafter_liveness_table, drafter_liveness_verdicts
+from kit.analysis.liveness import (
+    DrafterLiveness,
+    drafter_liveness_table,
+    drafter_liveness_verdicts,
+    target_captures,
+)
 from kit.analysis.readwrite import (
     DRAFTER_OBLIGATION,
-    MODEL,
     ReadWriteRecording,
     attach_break_reads,
-    capture_names,
     drafter_graph,
     drafter_summary,
     drafter_table,
@@ -134,6 +137,14 @@ def _without_step_reads(raw: dict) -> dict:
     return {**raw, "kit": {k: v for k, v in raw["kit"].items() if k != "step_reads"}}
 
 
+def target_sizes(raw: dict) -> dict[int, str]:
+    """`size -> capture name` of the target model's captures (`target_captures`: broken or whole)."""
+    captures: dict[str, list[dict]] = {}
+    for c in raw["kit"]["captures"]:
+        captures.setdefault(c["capture"], []).append(c)
+    return {captures[name][0]["size"]: name for name in target_captures(captures)}
+
+
 def drafter_names(raw: dict) -> dict[int, str]:
     """Drafter graph size -> its capture name, from the capture recorder's windows."""
     from kit.analysis.liveness import is_drafter_capture
@@ -180,7 +191,7 @@ def explain(row: dict, lifetime: dict, trace_only: bool) -> str | None:
 def compare_drafter(raw: dict, recording: ReadWriteRecording, can_run=None) -> list[dict]:
     """Per (model graph, drafter graph): the read/write verdict and the lifetime verdicts, with and without reads."""
     table = drafter_table(recording, can_run=can_run)
-    models = {size: name for (graph, size), name in capture_names(raw["kit"]["captures"]).items() if graph == MODEL}
+    models = target_sizes(raw)
     drafters = drafter_names(raw)
     with_reads = drafter_liveness_table(raw)
     trace_only = drafter_liveness_table(_without_step_reads(raw))
@@ -244,7 +255,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
             steps = [runner.step(torch.randint(config.vocab_size, (n,), generator=generator).cuda()) for n in sizes]
     recording = rw.recording()
     raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
-    models = {size: name for (graph, size), name in capture_names(raw["kit"]["captures"]).items() if graph == MODEL}
+    models = target_sizes(raw)
     raw["kit"]["step_reads"] = step_read_entries(recording, models)
 
     def drafter_can_run(model_size: int, drafter_size: int) -> bool:

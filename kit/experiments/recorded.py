@@ -14,6 +14,7 @@ are per process. `recording_main` is each of those modules' command line.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import datetime
 import hashlib
 import json
@@ -182,16 +183,40 @@ def child_error(output: str) -> str:
     return error
 
 
+# Where `run_each` keeps each run's file when the command line names a folder (`--runs`); None: a temporary one.
+RUNS_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("RUNS_DIR", default=None)
+
+
 def run_each(
     names: Iterable[str], run_one: Callable[[str, str, Path], dict], preset: str, prefix: str
 ) -> dict[str, dict]:
-    """`run_one(name, preset, out)` for every name, each into a file of a temporary folder; runs by name."""
+    """`run_one(name, preset, out)` for every name, each into a file of a folder; runs by name.
+
+    The folder is temporary unless `RUNS_DIR` names one (`--runs`). There each
+    run is `<preset>-<name>.json`, and a run whose file is already there is read,
+    not run again: a recording cut off by a time limit resumes where it stopped.
+    """
+    names = list(names)
+    label = f"{prefix.strip('-')} ({preset}), one process each"
+
+    def run_all(folder: Path) -> dict[str, dict]:
+        runs = {}
+        for name in progress.track(names, label):
+            out = folder / f"{preset}-{name}.json"
+            runs[name] = _kept_run(out) if out.exists() else run_one(name, preset, out)
+        return runs
+
+    if RUNS_DIR.get() is not None:
+        return run_all(output_dir(RUNS_DIR.get()))
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        names = list(names)
-        return {
-            name: run_one(name, preset, Path(tmp) / f"{name}.json")
-            for name in progress.track(names, f"{prefix.strip('-')} ({preset}), one process each")
-        }
+        return run_all(Path(tmp))
+
+
+def _kept_run(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise KitError(f"{path}: a kept run that cannot be read ({e}); delete it to run it again") from None
 
 
 def output_dir(out_dir: str | Path) -> Path:
@@ -224,8 +249,11 @@ def recording_main(
     parser.add_argument("--preset", default="small")
     every = f"folder for <preset>.json (every {flag}), or with --{flag} a file"
     parser.add_argument("--out", required=True, help=every)
+    keep = f"keep each {flag}'s run in this folder and reuse those already there (resume a cut-off recording)"
+    parser.add_argument("--runs", type=Path, help=keep)
     args = parser.parse_args(argv)
     name = getattr(args, flag)
+    token = RUNS_DIR.set(args.runs)
     try:
         if name:
             result = run_one(name, args.preset)
@@ -238,4 +266,6 @@ def recording_main(
     except KitError as e:
         print(f"kit: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        RUNS_DIR.reset(token)
     return 0

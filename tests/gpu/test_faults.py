@@ -33,6 +33,8 @@ TINY = dict(
     decoder_replay_start=2,
     aux_hidden_state_layers=(3,),
     cudagraph_capture_sizes=(32, 64),
+    window=16,  # small enough that both model graphs reach the trim threshold and break
+    decoder_replay_trim_threshold=32,
     vocab_size=512,
 )
 
@@ -189,8 +191,9 @@ def exception_inside_an_eager_break() -> None:
     run_layers = layers.run_layers
 
     def failing_run_layers(*args):
-        if BreakableCUDAGraphCapture.current() is not None:  # in a model graph's eager break
-            assert not torch.cuda.is_current_stream_capturing()
+        # In a capture but not capturing: a model graph's eager break. Model graphs below the trim threshold
+        # (and the replay graphs) run the layers inside the graph, while capturing.
+        if BreakableCUDAGraphCapture.current() is not None and not torch.cuda.is_current_stream_capturing():
             raise RuntimeError("inside the eager break")
         return run_layers(*args)
 
@@ -202,6 +205,35 @@ def exception_inside_an_eager_break() -> None:
     _assert_clean(before)
 
 
+class _CtrlC(threading.Thread):
+    """Presses Ctrl-C after `delay` seconds, and again every `again` seconds until stopped.
+
+    Python runs the SIGINT handler at the main thread's next bytecode, and that
+    may be inside a finaliser (a graph or tensor freed by the collector), where
+    the KeyboardInterrupt is printed and dropped ("Exception ignored in"). A
+    user presses Ctrl-C again; so does this. `again` is long enough that a
+    second press never lands in the cleanup of the first.
+    """
+
+    def __init__(self, delay: float, again: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.delay, self.again, self.sent = delay, again, 0
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        if self._stopped.wait(self.delay):
+            return
+        while True:
+            _thread.interrupt_main()
+            self.sent += 1
+            if self._stopped.wait(self.again):
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+
 def keyboard_interrupt_during_a_long_recording() -> None:
     import kit.patch.replica as replica_patch
     from kit import CaptureRecorder
@@ -209,19 +241,19 @@ def keyboard_interrupt_during_a_long_recording() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt here, as in a kernel
     before = _state()
     for delay in (0.3, 0.9, 1.7):
-        timer = threading.Timer(delay, _thread.interrupt_main)
         deadline = time.monotonic() + 120
         interrupted = False
+        sender = _CtrlC(delay)
         try:
-            timer.start()
+            sender.start()
             with replica_patch.patched("pr"), CaptureRecorder():
                 while time.monotonic() < deadline:  # captures until Ctrl-C
                     _runner().capture_model()
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            timer.cancel()
-        assert interrupted, "the interrupt never came"
+            sender.stop()
+        assert interrupted, f"no interrupt reached the loop ({sender.sent} sent)"
         _assert_clean(before)
 
 

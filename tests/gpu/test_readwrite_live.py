@@ -52,8 +52,13 @@ def test_with_early_aux_shared_the_obligation_fails_where_the_lifetime_analysis_
     assert all(p["reading_ops"] == [OUTPUTS_READ] for p in pairs if not p["readwrite_holds"])  # the early aux
     # the replica's own pairing (N, the replay graph N/2 rows pad to) differs from eager exactly where it fails
     config = small["policies"]["early_aux_shared"]["config"]
-    replay_sizes = ReplicaConfig(**{**config, "cudagraph_capture_sizes": tuple(config["cudagraph_capture_sizes"]),
-                                    "aux_hidden_state_layers": tuple(config["aux_hidden_state_layers"])})
+    replay_sizes = ReplicaConfig(
+        **{
+            **config,
+            "cudagraph_capture_sizes": tuple(config["cudagraph_capture_sizes"]),
+            "aux_hidden_state_layers": tuple(config["aux_hidden_state_layers"]),
+        }
+    )
     own = {n: dispatch_replay_size(n // 2, replay_sizes.decoder_replay_cudagraph_capture_sizes) for n, _ in violated}
     assert _paired(small, "early_aux_shared") == {n for n, r in violated if r == own[n]}
 
