@@ -67,7 +67,7 @@ from kit.show.alternatives import (
 )
 
 SOURCE = default_source()  # live on a GPU (a fresh process per variant, some minutes), else the H200 recording
-PRESET = "small"  # the only preset recorded; `python -m kit alternatives --live --preset large` on a GPU
+PRESET = "small"  # or "large": both recorded on the H200 (`python -m kit alternatives --preset large`)
 data = run_alternatives_live(PRESET) if SOURCE == LIVE else load_alternatives(PRESET)
 table = variant_table(data)
 print(f"data source: {SOURCE}: {data['source']}")

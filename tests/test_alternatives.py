@@ -39,6 +39,7 @@ from kit.analysis.kv_cache import (
     swa_requests,
 )
 from kit.cli import main as kit_main
+from kit.experiments import recorded
 from kit.experiments.alternatives import (
     SHARE_ALL,
     assemble,
@@ -60,7 +61,7 @@ from kit.experiments.alternatives import (
     variants_to_run,
 )
 from kit.replica import model_runner, speculator
-from kit.replica.model import PRESETS, ReplicaConfig
+from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
 from kit.replica.model_runner import GPUModelRunner
 from kit.replica.speculator import DFlashCudaGraphManager, speculator_capture_sizes
 
@@ -754,9 +755,10 @@ def test_live_without_cuda_is_one_line(tmp_path):
 # --- the shipped H200 recordings (recorded by the lead: python -m kit.experiments.alternatives) ---
 
 
-@pytest.mark.parametrize("preset", ["small"])  # the large preset is not recorded yet (device time)
+@pytest.mark.parametrize("preset", ["small", "large"])
 def test_the_shipped_recording_makes_sense(preset):
     data = alternatives.load_recording(preset)
+    assert data["preset"] == preset and not recorded.predates_vllm_sizing(data)
     assert data["config"]["speculator"] is True and data["provenance"]["gpu"].startswith("NVIDIA")
     assert data["unpatched"]["saved_bytes"] == 0
     assert data["pr"]["saved_bytes"] > 0
@@ -767,9 +769,12 @@ def test_the_shipped_recording_makes_sense(preset):
     pools = [row["graph_pool_bytes"] for row in caps]
     assert pools == sorted(pools)  # a lower cap never reserves more
     assert data["kv_cache"]["replica"]["freed"]["pr"]["blocks"] > 0
-    drops = data.get("drop_intermediate_sizes")  # absent from a recording made before the kept sets were measured
-    if drops is not None:
-        every = data["replay_capture_sizes"]
-        assert drops[-1]["kept_replay_sizes"] == every and drops[-1]["measured_in"] == "unpatched"
-        assert all(row["kept_replay_sizes"][-1] == every[-1] and not row["eager_replay_sizes"] for row in drops)
-        assert replay_group_lines(data)[-1].startswith("  so: dropping intermediate sizes did")
+    drops = data["drop_intermediate_sizes"]
+    every = data["replay_capture_sizes"]
+    config = data["config"]
+    assert data["config"]["replay_sizing"] == "vllm" and every == default_replay_capture_sizes(
+        max(config["cudagraph_capture_sizes"]), config["max_num_seqs"], config["window"]
+    )
+    assert drops[-1]["kept_replay_sizes"] == every and drops[-1]["measured_in"] == "unpatched"
+    assert all(row["kept_replay_sizes"][-1] == every[-1] and not row["eager_replay_sizes"] for row in drops)
+    assert replay_group_lines(data)[-1].startswith("  so: dropping intermediate sizes did")

@@ -196,9 +196,9 @@ def test_the_steps_reads_come_from_the_snapshots_kit_key():
 # --- the H200 recording --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def recording() -> dict:
-    return drafter_run.load_recording("small")
+@pytest.fixture(scope="module", params=["small", "large"])
+def recording(request) -> dict:
+    return drafter_run.load_recording(request.param)
 
 
 def _pairs(data: dict, variant: str) -> pd.DataFrame:
@@ -208,7 +208,10 @@ def _pairs(data: dict, variant: str) -> pd.DataFrame:
 def test_under_share_all_the_drafter_overwrites_the_targets_outputs_and_the_obligation_holds(recording):
     share = _pairs(recording, "share_all")
     running = share[share["dispatchable"]]
-    assert len(running) == len(set(share["model_size"]))  # one drafter graph per model graph
+    # At most one drafter graph per model graph: the one its step dispatches to (none above the largest).
+    assert not running.empty and running.groupby("model_size").size().max() == 1
+    # Every model graph is paired, whole ones (below the trim threshold: no break) too.
+    assert set(share["model_size"]) == set(recording["variants"]["share_all"]["config"]["cudagraph_capture_sizes"])
     assert running["readwrite_holds"].all() and (running["outputs_overwritten_bytes"] > 0).any()
     assert not running["lifetime_conflict"].any() and share["agree"].all()
     # From the trace alone, every overwritten output is flagged: the step's reads are what clears it.
@@ -255,15 +258,16 @@ def test_the_model_graphs_obligation_holds_on_the_same_run(recording):
 
 
 def test_share_alls_verdict_is_backed_by_both_drafter_analyses(recording):
-    data = drafter_run.load_alternatives("small")
+    preset = recording["preset"]
+    data = drafter_run.load_alternatives(preset)
     entry = data["share_all"]
     assert entry["drafter_analyses"]["safe"] and entry["graphs_vs_eager"]["safe"] and entry["safe"]
     assert "drafter read/write obligation holds" in entry["evidence"]
     assert "lifetime analysis with the step's reads: no conflict" in entry["evidence"]
-    assert "drafter_analyses" not in alternatives.load_recording("small")["share_all"]  # graphs vs eager alone
+    assert "drafter_analyses" not in alternatives.load_recording(preset)["share_all"]  # graphs vs eager alone
     # A violated drafter obligation makes share_all unsafe, whatever graphs vs eager said.
     broken = {**recording, "pairs": [{**p, "readwrite_holds": False} for p in recording["pairs"]]}
-    fresh = drafter_run.load_alternatives("small")
+    fresh = drafter_run.load_alternatives(preset)
     drafter_run.with_drafter_analyses(fresh, broken)
     assert not fresh["share_all"]["safe"] and "VIOLATED" in fresh["share_all"]["evidence"]
 

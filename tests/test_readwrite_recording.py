@@ -170,13 +170,14 @@ def test_the_summary_counts_only_the_dispatchable_pairings():
     assert all(" of 11 dispatchable pairings;" in line for line in recorded)
 
 
-def test_the_shipped_small_recording():
+@pytest.mark.parametrize("preset", ["small", "large"])
+def test_the_shipped_recording(preset):
     from kit.recordings import RECORDINGS
-    from tests.test_safety_recording import early_aux_differs
+    from tests.test_safety_recording import early_aux_differs, unattributed
 
-    path = RECORDINGS / "readwrite" / "small.json"
-    check_readwrite_recording(path)
-    pairs = load_recording("small", path)["pairs"]
+    path = RECORDINGS / "readwrite" / f"{preset}.json"
+    check_readwrite_recording(path, preset)
+    pairs = load_recording(preset, path)["pairs"]
 
     def flagged(policy: str, key: str, bad: bool) -> set:
         return {(r["model_size"], r["replay_size"]) for r in pairs if r["policy"] == policy and bool(r[key]) == bad}
@@ -184,9 +185,12 @@ def test_the_shipped_small_recording():
     # The obligation fails exactly where graphs differ from eager in the adversarial pairings, and the
     # lifetime analysis with the breaks' reads agrees; from the trace alone it also flags the PR's
     # pairings over the hyper-connection inputs, which the break reads and nothing reads after it.
-    differs = early_aux_differs()  # measured: the pairings whose graphs differed from eager on the H200
-    assert differs and flagged("early_aux_shared", "readwrite_holds", False) == differs
-    assert flagged("early_aux_shared", "lifetime_conflict", True) == differs
+    differs = early_aux_differs(preset)  # measured: the pairings whose graphs differed from eager on the H200
+    # Where the model graph differs with its own replay graph alone, an adversary's R is not shown to be the cause
+    # or not: those pairings are compared nowhere (at the large preset the analyses clear some of them, flag others).
+    unknown = unattributed(preset)
+    assert differs and flagged("early_aux_shared", "readwrite_holds", False) - unknown == differs
+    assert flagged("early_aux_shared", "lifetime_conflict", True) - unknown == differs
     for policy in ("pr", "unpatched"):
         assert flagged(policy, "readwrite_holds", False) == set() == flagged(policy, "lifetime_conflict", True)
     assert flagged("pr", "trace_only_conflict", True) > set() and all(

@@ -366,9 +366,10 @@ def test_demo_command_prints_the_recorded_figures(capsys):
 
     assert main(["demo", "--preset", "large"]) == 0
     out = capsys.readouterr().out
-    saved = summarize(REPLICA / "large_unpatched.pickle")["graph_pool_reserved"] - summarize(
-        REPLICA / "large_patched.pickle"
-    )["graph_pool_reserved"]
+    saved = (
+        summarize(REPLICA / "large_unpatched.pickle")["graph_pool_reserved"]
+        - summarize(REPLICA / "large_patched.pickle")["graph_pool_reserved"]
+    )
     assert f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)" in out
     assert "recorded on NVIDIA H200" in out
 

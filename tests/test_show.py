@@ -440,11 +440,20 @@ def test_change_figure_draws_both_sides_of_every_group():
 # --- kit.show.alternatives ----------------------------------------------------------------------------
 
 
-def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys():
-    data = load_recording("small")
+@pytest.mark.parametrize("preset", ["small", "large"])
+def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys(preset):
+    data = load_recording(preset)
     table = variant_table(data)
     caps = [c for c in data["cap_replay_sizes"] if c["max_replay_size"] is not None]
-    assert list(table["variant"]) == ["unpatched", "pr", "share_all", *(f"cap {c['max_replay_size']}" for c in caps)]
+    kept = [k for k in data["drop_intermediate_sizes"] if k["measured_in"] != "unpatched"]
+    assert kept, "the recording measures dropping intermediate sizes"
+    assert list(table["variant"]) == [
+        "unpatched",
+        "pr",
+        "share_all",
+        *(f"cap {c['max_replay_size']}" for c in caps),
+        *(f"keep {', '.join(map(str, k['kept_replay_sizes']))}" for k in kept),
+    ]
     rows = table.set_index("variant")
     base = data["unpatched"]["graph_pool_bytes"]
     for name in ("unpatched", "pr", "share_all"):
@@ -460,6 +469,10 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys()
             and row["graph_pool_bytes"] == cap["graph_pool_bytes"]
         )
         assert row["safe"] is (data[cap["measured_in"]]["safe"] if cap["measured_in"] == "unpatched" else None)
+    for k in kept:
+        row = rows.loc[f"keep {', '.join(map(str, k['kept_replay_sizes']))}"]
+        assert row["graph_pool_bytes"] == k["graph_pool_bytes"] and row["saved_bytes"] == base - k["graph_pool_bytes"]
+        assert row["safe"] is None and row["eager_replay_sizes"] == k["eager_replay_sizes"]
     # The figure: per variant, the streams' bars add up to its graph pool; the picked one solid, the rest dimmed.
     figure = pool_figure(table, "share_all")
     drawn = {name: 0.0 for name in table["variant"]}
@@ -469,18 +482,31 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys()
             drawn[name] += mib
     assert drawn == pytest.approx({r.variant: r.graph_pool_bytes / 2**20 for r in table.itertuples()})
     title = figure.layout.title.text
-    assert "share_all 24.00 MiB" in title and f"source: {html_text(data['source'])}" in title
-    assert "saves 24.00 MiB (25,165,824 bytes)" in variant_saving_line(table, "pr")
-    assert cap_line(table, "cap 64", [128, 256, 512], replay_rows).endswith(
-        "replay batches of 128, 256 rows would run eagerly (in steps of 256, 512 tokens)"
+    share_all = data["share_all"]["graph_pool_bytes"]
+    assert f"share_all {kit.format_bytes(share_all)}" in title and f"source: {html_text(data['source'])}" in title
+    saved = data["pr"]["saved_bytes"]
+    assert f"saves {kit.format_bytes(saved)} ({saved:,} bytes)" in variant_saving_line(table, "pr")
+    # A cap's steps that can go eager follow vLLM's rule: padded to N at or over the threshold, N above the cap.
+    cap = next(c for c in caps if c["eager_replay_sizes"])
+    threshold = data["config"]["decoder_replay_trim_threshold"]
+    steps = [
+        n for n in sorted(data["config"]["cudagraph_capture_sizes"]) if n >= threshold and n > cap["max_replay_size"]
+    ]
+    assert cap_line(table, f"cap {cap['max_replay_size']}", data["config"]).endswith(
+        f"replay batches of {', '.join(map(str, cap['eager_replay_sizes']))} rows would run eagerly "
+        f"(in steps padded to {', '.join(map(str, steps))} tokens)"
     )
-    assert kv_line(table, "pr").endswith("56.00 MiB more KV budget = 112 blocks, 1,792 tokens")
+    freed = data["kv_cache"]["replica"]["freed"]["pr"]
+    assert kv_line(table, "pr").endswith(
+        f"{kit.format_bytes(freed['bytes'])} more KV budget = {freed['blocks']:,} blocks, {freed['tokens']:,} tokens"
+    )
     estimates = estimate_table(data).set_index("variant")
     assert (
         estimates["outside_graph_pool"] == estimates["capture_free_memory_delta"] - estimates["graph_pool_bytes"]
     ).all()
     checks = checks_table(data, "share_all")
-    assert len(checks) == 9 and checks["target_outputs_overwritten"].all() and checks["bit_exact"].all()
+    overwritten = int(checks["target_outputs_overwritten"].sum())
+    assert len(checks) == len(data["config"]["cudagraph_capture_sizes"]) ** 2 and checks["bit_exact"].all()
     flash = deepseek_table(data).iloc[0]
     assert flash["blocks"] == flash["saved_bytes"] // (flash["bytes per token"] * flash["block size"])
     extra = extra_diff(SHARE_ALL.diff())  # what (a) adds beyond the PR: the speculator's capture, not the replay's
@@ -489,12 +515,16 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys()
     view = AlternativesView(data)
     widget = view.bars
     assert "kit-main-control" in view.variant._dom_classes and view.variant.value == "unpatched"
-    view.variant.value = "cap 64"
-    assert view.bars is widget and "cap 64 50.00 MiB" in widget.layout.title.text
-    assert "replay batches that run eagerly: 128, 256" in view.details.value and "not checked" in view.details.value
+    name = f"cap {cap['max_replay_size']}"
+    view.variant.value = name
+    assert view.bars is widget and f"{name} {kit.format_bytes(cap['graph_pool_bytes'])}" in widget.layout.title.text
+    eager = ", ".join(map(str, cap["eager_replay_sizes"]))
+    assert f"replay batches that run eagerly: {eager}" in view.details.value and "not checked" in view.details.value
     view.variant.value = "share_all"
     assert "DFlash speculator graphs on the model graphs stream" in view.details.value
-    assert "overwrote the target&#x27;s outputs in the pool in 9 of them" in view.details.value
+    assert f"overwrote the target&#x27;s outputs in the pool in {overwritten} of them" in view.details.value
+    view.variant.value = f"keep {', '.join(map(str, kept[0]['kept_replay_sizes']))}"
+    assert "only replay sizes" in view.details.value and "every replay batch has a graph" in view.details.value
 
 
 def test_alternatives_figure_shows_stream_names_and_its_source_as_text():

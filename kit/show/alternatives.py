@@ -5,8 +5,9 @@ They read the alternatives JSON (`kit.experiments.drafter_run.load_alternatives`
 `source` line every table and figure carries:
 
 - `variant_table`: one row per variant, the three of alternative (a) (`unpatched`, `pr`,
-  `share_all`) and one per cap of alternative (b) (`cap 64`, ...): the graph pool, what it
-  saves against `unpatched`, the replay batches that run eagerly, the profile estimate
+  `share_all`), one per cap of alternative (b) (`cap 96`, ...) and one per kept set of
+  replay sizes (`keep 96, 512`, ...): the graph pool, what it saves against `unpatched`,
+  the replay batches that run eagerly, the profile estimate
   (`capture_model(profile_only=True)`) and the KV cache its drop frees in the replica;
 - `pool_figure`: the graph pool of every variant, split by the stream that captured into it,
   one variant picked out;
@@ -20,7 +21,6 @@ They read the alternatives JSON (`kit.experiments.drafter_run.load_alternatives`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import fields
 
 import ipywidgets as widgets
@@ -57,6 +57,10 @@ def cap_name(max_replay_size: int) -> str:
     return f"cap {max_replay_size}"
 
 
+def keep_name(kept: list[int]) -> str:
+    return f"keep {_sizes(kept)}"
+
+
 def replica_layout_of(data: dict) -> KVLayout:
     """The replica's KV layout as the recording states it (`kv_cache.replica.layout`)."""
     stated = data["kv_cache"]["replica"]["layout"]
@@ -82,6 +86,7 @@ def _row(data: dict, name: str, what: str, entry: dict, eager: list[int], base_e
         "kv_tokens": freed["tokens"],
         "by_stream": dict(entry.get("graph_pool_by_stream", {})),
         "eager_replay_sizes": list(eager),
+        "max_replay_size": None,
     }
 
 
@@ -112,6 +117,18 @@ def variant_table(data: dict) -> pd.DataFrame:
             else "not checked: a cap shares no stream; the replica's replay dispatch has no eager fallback to compare"
         )
         rows.append({**row, "safe": bool(data[measured_in]["safe"]) if checked else None, "evidence": evidence})
+        rows[-1]["max_replay_size"] = cap["max_replay_size"]
+    for kept in data.get("drop_intermediate_sizes", []):
+        if kept.get("measured_in") in MAIN:
+            continue  # every size kept: unpatched itself
+        sizes = kept["kept_replay_sizes"]
+        what = (
+            f"alternative (b): only replay sizes {_sizes(sizes)} captured; a batch runs in the smallest kept size "
+            "that fits it"
+        )
+        row = _row(data, keep_name(sizes), what, kept, kept["eager_replay_sizes"], base_estimate)
+        evidence = "not checked: dropping sizes shares no stream; batches only pad further, as vLLM's dispatch does"
+        rows.append({**row, "safe": None, "evidence": evidence})
     table = pd.DataFrame(rows)
     table.attrs.update(source=data.get("source", "?"), byte_columns=BYTE_COLUMNS)
     return table
@@ -141,15 +158,21 @@ def saving_line(table: pd.DataFrame, variant: str) -> str:
     )
 
 
-def cap_line(table: pd.DataFrame, variant: str, capture_sizes: list[int], rows_of: Callable[[int], int]) -> str:
-    """One sentence: a cap's graph pool and saving, and the replay batches (and model steps) it leaves to eager."""
+def cap_line(table: pd.DataFrame, variant: str, config: dict) -> str:
+    """One sentence: a cap's graph pool and saving, and the replay batches (and model steps) it leaves to eager.
+
+    `config` is the recording's replica config: which steps can make a replay batch above the
+    cap follows vLLM's rule (`kit.experiments.alternatives.steps_with_eager_replay`).
+    """
+    from kit.experiments.alternatives import steps_with_eager_replay
+
     row = _get(table, variant)
     eager = row["eager_replay_sizes"]
     line = f"{saving_line(table, variant)}; "
     if not eager:
         return line + "every replay batch still has a graph"
-    steps = _sizes(eager_steps(eager, capture_sizes, rows_of))
-    return line + f"replay batches of {_sizes(eager)} rows would run eagerly (in steps of {steps} tokens)"
+    steps = _sizes(steps_with_eager_replay(config, row["max_replay_size"]))
+    return line + f"replay batches of {_sizes(eager)} rows would run eagerly (in steps padded to {steps} tokens)"
 
 
 def kv_line(table: pd.DataFrame, variant: str) -> str:
@@ -310,11 +333,6 @@ def extra_diff(diff: str) -> str:
         blocks.append(current)
     kept = [b for b in blocks if any(k in b[0] for k in ("speculator", "capture_model"))]
     return "\n".join(line.replace("(PR 63155)", "(alternative (a))") for block in kept for line in block)
-
-
-def eager_steps(sizes: list[int], capture_sizes: list[int], rows_of: Callable[[int], int]) -> list[int]:
-    """The model step sizes whose replay batch (`rows_of(step)`) is one of `sizes`: the steps that replay eagerly."""
-    return sorted(n for n in capture_sizes if rows_of(n) in set(sizes))
 
 
 def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
