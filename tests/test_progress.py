@@ -7,12 +7,14 @@ once, and left at its two seconds where it must not.
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import os
 import select
 import struct
 import sys
 import termios
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,8 @@ from kit.scale import main as generate
 from kit.scale import write_scale_snapshot
 
 from .conftest import RECORDED
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Terminal:
@@ -191,3 +195,21 @@ def test_live_runs_show_one_step_per_process(terminal, at_once, monkeypatch):
         runs = recorded.run_each(["pr", "unpatched"], lambda name, preset, out: {"name": name}, "small", "kit-x-")
     assert runs == {"pr": {"name": "pr"}, "unpatched": {"name": "unpatched"}}
     assert "kit-x (small), one process each" in terminal.written()
+
+
+def tqdm_importers() -> list[str]:
+    """The kit's files that import tqdm themselves, anywhere in them."""
+    found = []
+    for path in sorted((ROOT / "kit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "tqdm" for name in names):
+                found.append(str(path.relative_to(ROOT)))
+                break
+    return found
+
+
+def test_only_kit_progress_imports_tqdm():
+    """Every bar goes through `kit.progress`, so quiet mode, the delay and a missing tqdm hold everywhere."""
+    assert tqdm_importers() == ["kit/progress.py"]

@@ -187,11 +187,9 @@ def replica_runs(
             raise KitError(f"no recorded replica fixtures for preset {preset!r}; run with --live on a GPU")
         return runs
     require_cuda()
-    from tqdm.auto import tqdm
-
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-replica-"))
     runs = {}
-    for name in tqdm(names, desc=f"replica {preset}, a fresh process each"):
+    for name in progress.track(list(names), f"replica {preset}, a fresh process each"):
         run_all(preset, out, names=(name,))
         raw = load_snapshot(out / f"{preset}_{name}.pickle").raw
         runs[name] = Snapshot(raw, origin=f"{preset} {name}, captured just now in a fresh process", live=True)
