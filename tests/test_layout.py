@@ -1,9 +1,11 @@
-"""The package's layout holds: no import loop among the kit's modules, and every file and module named exists.
+"""The package's layout holds: the package map, the layer order, no import loop, the public API, named files exist.
 
-Import loops are counted the strict way: an import inside a function counts,
-and importing `kit.a.b` counts as importing the sub-package `kit.a` too (its
-`__init__` runs first). Only the top-level `kit/__init__.py`, which gathers
-the public API, is left out of that: every module imports it implicitly.
+The package map and the layers are read from `docs/architecture.md`'s table,
+the one place they are written. Imports are counted the strict way: an import
+inside a function counts, and importing `kit.a.b` counts as importing the
+sub-package `kit.a` too (its `__init__` runs first). Only the top-level
+`kit/__init__.py`, which gathers the public API, is left out of that: every
+module imports it implicitly.
 """
 
 from __future__ import annotations
@@ -98,6 +100,122 @@ def test_sub_packages_init_import_nothing_of_the_kit_but_errors():
     for name, path in MODULES.items():
         if path.name == "__init__.py" and name != "kit":
             assert imports_of(name) <= {"kit.errors"}, name
+
+
+# --- the package map and its layers (docs/architecture.md) -------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# Imports that break the layer order, each allowed by name with its reason. Keep this list short.
+LAYER_EXCEPTIONS = {
+    # on_gpu runs a workload under memory history; that code is moving into kit.record, and this entry goes with it.
+    ("kit.allocator.on_gpu", "kit.record"): "on_gpu uses kit.record.history (being moved into kit.record)",
+}
+
+
+def package_map(text: str) -> dict[str, tuple[int, list[str]]]:
+    """The map's rows: each package or top-level module, with its layer and the modules it names."""
+    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or not cells[0].isdigit():
+            continue  # prose, the header or its rule
+        unit = cells[1].strip("`")
+        rows[unit] = (int(cells[0]), [f"{unit}.{m}" for m in re.findall(r"`([\w.]+)`", cells[2])])
+    return rows
+
+
+MAP = package_map(ARCHITECTURE.read_text())
+
+
+def named_by_the_map(rows: dict[str, tuple[int, list[str]]]) -> set[str]:
+    """Every module the map names, with the packages those live in."""
+    named = set(rows)
+    for _, modules in rows.values():
+        for module in modules:
+            while module.count("."):
+                named.add(module)
+                module = module.rpartition(".")[0]
+    named.discard("kit")
+    return named
+
+
+def unit_of(module: str) -> str:
+    """The map's row `module` belongs to: the longest package or module it is, or is inside."""
+    return max((u for u in MAP if module == u or module.startswith(u + ".")), key=len)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, row) for each import of a row of the same layer or a higher one, the exceptions left out."""
+    found = set()
+    for module, imported in graph.items():
+        mine = unit_of(module)
+        for target in imported:
+            theirs = unit_of(target)
+            if theirs != mine and MAP[theirs][0] >= MAP[mine][0]:
+                found.add((module, theirs))
+    return found - set(LAYER_EXCEPTIONS)
+
+
+def test_the_package_map_names_every_module_and_only_those():
+    modules = set(MODULES) - {"kit"}
+    named = named_by_the_map(MAP)
+    assert not modules - named, f"docs/architecture.md's package map does not name {sorted(modules - named)}"
+    assert not named - modules, f"docs/architecture.md's package map names missing modules {sorted(named - modules)}"
+
+
+def test_no_module_imports_a_higher_layer_or_its_own():
+    graph = {m: imports_of(m) for m in MODULES if m != "kit"}
+    assert not layer_violations(graph), sorted(layer_violations(graph))
+
+
+def test_every_layer_exception_is_still_an_import():
+    graph = {m: imports_of(m) for m in MODULES if m != "kit"}
+    stale = {(m, u) for m, u in LAYER_EXCEPTIONS if m not in graph or u not in {unit_of(t) for t in graph[m]}}
+    assert not stale, f"LAYER_EXCEPTIONS lists imports that are gone, remove them: {sorted(stale)}"
+
+
+def test_the_layer_check_sees_a_lower_layer_importing_a_higher_one():
+    assert MAP["kit.load"][0] < MAP["kit.analysis"][0] < MAP["kit.show"][0]
+    assert layer_violations({"kit.load.rows": {"kit.analysis.tables"}}) == {("kit.load.rows", "kit.analysis")}
+    assert layer_violations({"kit.errors": {"kit.progress"}}) == {("kit.errors", "kit.progress")}  # same layer
+    assert not layer_violations({"kit.show.report": {"kit.analysis.tables", "kit.show.pictures"}})
+    # on_gpu's one allowed import, while the other modules of kit.allocator may not import kit.record
+    assert not layer_violations({"kit.allocator.on_gpu": {"kit.record.history"}})
+    assert layer_violations({"kit.allocator.simulator": {"kit.record"}}) == {("kit.allocator.simulator", "kit.record")}
+
+
+def test_the_map_check_sees_a_module_left_out_and_one_made_up():
+    rows = package_map("## Package map\n\n| 1 | `kit.load` | `rows`, `trace.replay` | x |\n| 2 | `kit.cli` | — | y |\n")
+    assert rows == {"kit.load": (1, ["kit.load.rows", "kit.load.trace.replay"]), "kit.cli": (2, [])}
+    assert named_by_the_map(rows) == {"kit.load", "kit.load.rows", "kit.load.trace", "kit.load.trace.replay", "kit.cli"}
+
+
+# --- the public API: what the notebooks, the README and the docs use as kit.X -----------------
+
+USER_FACING = sorted([*(ROOT / "notebooks").glob("*.py"), ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+
+
+def used_as_kit_attributes(text: str) -> set[str]:
+    """The names `text` uses as `kit.X` or `from kit import X`, modules and dunders left out."""
+    names = set(re.findall(r"(?<![\w./-])kit\.([A-Za-z_]\w*)", text))
+    for imported in re.findall(r"^\s*from kit import ([^\n(]+|\([^)]*\))", text, re.M):
+        names |= set(re.findall(r"\w+", imported.replace(" as ", " ").split("#")[0]))
+    return {n for n in names if f"kit.{n}" not in MODULES and not n.startswith("__")}
+
+
+def test_kits_public_api_is_what_the_notebooks_readme_and_docs_use():
+    import kit
+
+    used = set().union(*(used_as_kit_attributes(p.read_text()) for p in USER_FACING))
+    assert not used - set(kit.__all__), f"used as kit.X but not public: {sorted(used - set(kit.__all__))}"
+    assert not set(kit.__all__) - used, f"public but used nowhere: {sorted(set(kit.__all__) - used)}"
+    assert all(getattr(kit, name) is not None for name in kit.__all__)
+
+
+def test_the_public_api_check_reads_kit_attributes():
+    text = "kit.load_snapshot(p); kit.load.rows; kit.__file__\nfrom kit import KitError, segment_table\n"
+    assert used_as_kit_attributes(text) == {"load_snapshot", "KitError", "segment_table"}
 
 
 # --- every file and module the project names exists ---------------------------------------------

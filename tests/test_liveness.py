@@ -7,8 +7,8 @@ import copy
 import pandas as pd
 import pytest
 
-from kit import Equivalence, KitError, break_allocations, format_bytes, liveness_table, liveness_verdicts
-from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness
+from kit import Equivalence, KitError, format_bytes, liveness_table
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations, liveness_verdicts
 from kit.analysis.trace.replay import replay_trace
 
 from .conftest import FIXTURES, segment

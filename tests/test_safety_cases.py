@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit import liveness_table, liveness_verdicts
-from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
+from kit import liveness_table
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, liveness_verdicts
 
 from .conftest import MIB, segment
 

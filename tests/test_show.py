@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import kit
-from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED
+from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations
 from kit.experiments.alternatives import SHARE_ALL, load_recording
 from kit.experiments.dispatch import dispatch_replay_size
 from kit.experiments.scenarios import replica_runs
@@ -97,7 +97,7 @@ def replay_graph_of(num_tokens: int) -> int | None:
     return dispatch_replay_size(replay_rows(num_tokens), PRESETS["small"].decoder_replay_cudagraph_capture_sizes)
 
 
-def _paired(snapshot: kit.Snapshot) -> kit.Liveness:
+def _paired(snapshot: kit.Snapshot) -> Liveness:
     return kit.liveness_table(snapshot, replay_size_for=replay_graph_of)
 
 
@@ -211,7 +211,7 @@ def test_break_bands_shade_each_eager_break_and_each_replay_capture(runs):
     bands = break_bands(snap)
     grey = [(b["x0"], b["x1"]) for b in bands if b["fillcolor"] == BREAK_COLOUR]
     orange = [(b["x0"], b["x1"]) for b in bands if b["fillcolor"] == REPLAY_COLOUR]
-    breaks = kit.break_allocations(snap)
+    breaks = break_allocations(snap)
     assert grey == list(zip(breaks["break_begin"], breaks["break_end"], strict=True)) and grey
     replay = [w for w in snap.captures if "replay" in w["manager"]]
     assert orange == [(w["trace_begin"], w["trace_end"]) for w in replay] and orange

@@ -7,7 +7,8 @@ import pickle
 
 import pytest
 
-from kit import Block, KitError, Segment, Snapshot, TraceEntry, load_snapshot
+from kit import KitError, Snapshot, load_snapshot
+from kit.load.rows import Block, Segment, TraceEntry
 from kit.load.unpickle import safe_unpickle
 
 from .conftest import MIB

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kit import Equivalence, break_allocations, liveness_table
+from kit import Equivalence, liveness_table
+from kit.analysis.liveness import break_allocations
 
 pytestmark = pytest.mark.gpu
 
