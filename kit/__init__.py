@@ -88,6 +88,7 @@ __all__ = [
     "KitError",
 ]
 
+
 def __getattr__(name: str):
     if name in ("group_bar_figure", "segment_map_figure", "show_in"):
         from kit.show import pictures
