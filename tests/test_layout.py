@@ -191,6 +191,19 @@ def test_the_map_check_sees_a_module_left_out_and_one_made_up():
     assert named_by_the_map(rows) == {"kit.load", "kit.load.rows", "kit.load.trace", "kit.load.trace.replay", "kit.cli"}
 
 
+def unnamed_in_docstring(package: str) -> list[str]:
+    """The modules directly in `package` that its `__init__` docstring does not name in backticks."""
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    named = set(re.findall(r"`(\w+)", doc))
+    children = {m.rpartition(".")[2] for m in MODULES if m.rpartition(".")[0] == package}
+    return sorted(children - named)
+
+
+@pytest.mark.parametrize("package", [m for m, p in MODULES.items() if p.name == "__init__.py" and m != "kit"])
+def test_a_sub_packages_docstring_names_each_of_its_modules(package):
+    assert not unnamed_in_docstring(package), f"{package}'s docstring leaves out {unnamed_in_docstring(package)}"
+
+
 # --- the public API: what the notebooks, the README and the docs use as kit.X -----------------
 
 USER_FACING = sorted([*(ROOT / "notebooks").glob("*.py"), ROOT / "README.md", *(ROOT / "docs").glob("*.md")])

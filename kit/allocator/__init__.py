@@ -8,4 +8,6 @@
 - `simulator`: `CachingAllocatorSim`, which runs a workload and writes a
   snapshot in torch's own format;
 - `on_gpu`: the same workload run on this process's real allocator.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

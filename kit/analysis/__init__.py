@@ -16,5 +16,8 @@
 - `check`: the CI guard (no graph pool stranded memory);
 - `kv_cache`: what freed graph-pool bytes buy in KV cache blocks and tokens;
 - `ranks`: the ranks of a multi-GPU run side by side;
+- `workspaces`: per-stream cuBLAS workspaces in a trace, which what-if leaves out;
 - `frames`: stack frames as one short line.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

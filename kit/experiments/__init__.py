@@ -15,10 +15,14 @@
 - `alternatives`: the PR's alternatives measured (every capture on one
   stream, the speculator included; capped replay sizes) and the KV cache the
   saving buys (`kit alternatives`);
+- `drafter_run`: alternative (a)'s own lifetime argument, what the drafter's
+  graphs write against what the step still reads;
 - `vllm_capture`: vLLM 0.33's own capture code (not the replica) with real
   CUDA graphs around a stand-in DeepSeek-V4.1, unpatched and under the PR,
   from vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`), with
   `vllm_safety`: the read/write obligation and the pairings on that path;
 - `recorded`: what those three share: their JSON recordings read and written
   with their provenance, and each policy or variant run in a fresh process.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

@@ -12,4 +12,6 @@ The layers, each importing only those before it:
 - `cache`: the columns of a large snapshot kept beside it and memory-mapped
   when it is opened again;
 - `snapshot`: `Snapshot` and `load_snapshot`, what the rest of the kit reads.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

@@ -2,4 +2,6 @@
 
 `policy` is the PR's replay-stream rule, `source` rewrites a function by hunks,
 `install` replaces attributes all or nothing.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

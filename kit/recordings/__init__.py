@@ -4,30 +4,11 @@ Each file here was recorded on an NVIDIA H200 with torch 2.11; `PROVENANCE.json`
 beside it names the GPU, the torch and CUDA versions, the date, the command
 that made it and its sha256. They let every notebook, command and test run
 on a machine without a GPU, and they are what the simulator was checked
-against:
+against. `docs/recordings.md` lists them, what each holds and the script that
+records it; `make recordings` records them all again on a CUDA machine.
 
-- `two_streams.pickle`, `shared_stream.pickle`: the two-capture experiment
-  (`kit.experiments.two_captures`), replay capture on a new stream and on the
-  model capture's stream;
-- `replica/{small,large}_{scenario}.pickle`: the replica's experiments
-  (`kit.experiments.scenarios`);
-- `corpus/`: 70 workloads (seeded random ones, the PR's story, six boundary workloads) run on the
-  real allocator, each beside its workload JSON: the simulator's fidelity
-  corpus;
-- `plain/`: plain `torch.cuda.memory._dump_snapshot()` files of programs the
-  kit did not write (`scripts/plain_programs/`: two captures into one pool on
-  two streams or one, torch.compile's reduce-overhead mode, record_stream),
-  with no `kit` key and traces that start mid-process, as a user brings them;
-  `replay_graphs_{separate,shared}` is vLLM's capture order with matmuls;
-- `merged/`: 13 workloads run as written and with one stream merged into
-  another (`scripts/record_merged.py`): what-if's ground truth.
-
-- `safety/`, `readwrite/`, `alternatives/`: the replica's safety and
-  alternatives experiments (`kit.experiments.pairings`, `readwrite_run`,
-  `alternatives`), one JSON per preset.
-
-`make recordings` records them all again on a CUDA machine (`make
-plain-recordings` the plain ones).
+`recording(name)` is the path of one, `default_source()` chooses between a
+live GPU and the recordings.
 """
 
 from __future__ import annotations

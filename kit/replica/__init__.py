@@ -6,6 +6,7 @@ changes, with vLLM's names, real kernels, real CUDA graphs and the real
 caching allocator:
 
 - `parallel_state.graph_capture`: a new CUDA stream for every call (vLLM 0.33);
+- `forward_context`: the batch size and graph mode of the running forward;
 - `cudagraph_utils.CudaGraphManager`: one graph per capture size, largest
   first, into the global graph pool, each after a warm-up;
 - `breakable_cudagraph`: breakable PIECEWISE capture, graph segments separated
@@ -31,4 +32,6 @@ to vLLM: by editing their lines in-process.
 
 Everything imports and the model builds and runs eagerly on the CPU; capture
 needs CUDA.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

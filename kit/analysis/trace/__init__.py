@@ -5,4 +5,6 @@ same state (`state`): the columnar walk (`columnar`, numpy, millions of
 events) or, for expandable segments, the walk entry by entry (`rows`), which
 is also the columnar walk's reference in the tests. `reports` turns a walk
 into the reuse table and the stranding verdicts.
+
+The map of all the kit's packages and their layers is `docs/architecture.md`.
 """
