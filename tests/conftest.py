@@ -1,4 +1,4 @@
-"""Shared test setup: the GPU marker, the recorded fixtures, synthetic snapshots.
+"""Shared test setup: the GPU marker and the fixtures; the helpers tests import are in tests/helpers.py.
 
 Tests marked `gpu` need CUDA. The default run (`make test`, CI) deselects them;
 `scripts/gpu_tests.sh` runs them on a GPU machine. Asking for them where there
@@ -11,11 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.recordings import RECORDINGS
-
-FIXTURES = RECORDINGS  # the H200 recordings shipped with the kit
-RECORDED = {"two_streams": FIXTURES / "two_streams.pickle", "shared_stream": FIXTURES / "shared_stream.pickle"}
-MIB = 1024 * 1024
+from .helpers import MIB, RECORDED, segment
 
 
 def pytest_collection_finish(session):
@@ -30,35 +26,6 @@ def pytest_collection_finish(session):
 @pytest.fixture(params=sorted(RECORDED))
 def recorded_path(request) -> Path:
     return RECORDED[request.param]
-
-
-def block(address: int, size: int, state: str = "active_allocated") -> dict:
-    return {"address": address, "size": size, "requested_size": size, "state": state, "frames": []}
-
-
-def segment(address: int, sizes_states: list[tuple[int, str]], *, stream: int = 0, pool=(0, 0)) -> dict:
-    """A torch-shaped segment dict built from its blocks, in address order."""
-    blocks, cursor = [], address
-    for size, state in sizes_states:
-        blocks.append(block(cursor, size, state))
-        cursor += size
-    allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
-    pending = sum(b["size"] for b in blocks if b["state"] == "active_pending_free")
-    total = cursor - address
-    return {
-        "device": 0,
-        "address": address,
-        "total_size": total,
-        "allocated_size": allocated,
-        "active_size": allocated + pending,
-        "requested_size": allocated,
-        "stream": stream,
-        "segment_type": "small" if total <= 2 * MIB else "large",
-        "segment_pool_id": pool,
-        "is_expandable": False,
-        "frames": [],
-        "blocks": blocks,
-    }
 
 
 @pytest.fixture

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import copy
 
-MIB = 1 << 20
+from .helpers import MIB
+
 A, B, C = 0x7F00_0000_0000, 0x7F00_0400_0000, 0x7F00_0800_0000
 S1, S2 = 0x5555_0000_1000, 0x5555_0000_2000
 GRAPH_POOL = (0, 1)

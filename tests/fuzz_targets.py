@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import KitError
-from kit.recordings import RECORDINGS
 
-FIXTURES = RECORDINGS
+from .helpers import FIXTURES, MIB
+
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz"  # inputs that once crashed the kit, kept as regression tests
-MIB = 1 << 20
 
 
 class CodeExecution(Exception):

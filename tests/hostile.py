@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from .conftest import MIB
+from .helpers import MIB
 
 SCRIPT_NAME = "<script>window.__pwned=2</script>"
 IMG_FILE = '<b><img src=x onerror="window.__pwned=1;alert(1)">.py'  # no "/": the kit keeps a file's name only

@@ -64,8 +64,8 @@ from kit.replica import model_runner, speculator
 from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
 from kit.replica.model_runner import GPUModelRunner
 from kit.replica.speculator import DFlashCudaGraphManager, speculator_capture_sizes
-
-MIB = 1 << 20
+from tests import helpers
+from tests.helpers import MIB
 
 
 def _one_line_error(capsys, argv) -> str:
@@ -85,20 +85,7 @@ def sized(replay_sizes, model_sizes=(128, 256, 512), **fields):
 # vLLM's default replay sizing for the small preset's shape (window 96, model graphs up to 512), and the old N/2 one.
 VLLM_SMALL = sized([96, 192, 288, 384, 480, 512])
 HALF_SMALL = sized([64, 128, 256])
-TINY = ReplicaConfig(
-    hidden_size=64,
-    num_layers=4,
-    decoder_replay_start=2,
-    aux_hidden_state_layers=(3,),
-    vocab_size=97,
-    cudagraph_capture_sizes=(8, 16),
-    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
-    window=2,
-    decoder_replay_trim_threshold=4,
-    replay_sizing="half",
-    dtype="float32",
-    speculator=True,
-)
+TINY = dataclasses.replace(helpers.TINY, dtype="float32", speculator=True)
 PROVENANCE = {
     "gpu": "NVIDIA H200",
     "torch": "2.11.0+cu130",
@@ -353,8 +340,8 @@ def test_no_speculator_and_the_wrong_aux_count_are_one_line_errors():
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """tests/test_faults.py's FakeCuda, and `torch.cuda.graph` (the drafter's FULL capture) on it."""
-    from tests.test_faults import FakeCuda
+    """tests/helpers.py's FakeCuda, and `torch.cuda.graph` (the drafter's FULL capture) on it."""
+    from tests.helpers import FakeCuda
 
     cuda = FakeCuda(monkeypatch)
 

@@ -13,9 +13,8 @@ from kit.analysis.attribution import capture_windows
 from kit.analysis.trace.replay import replay_trace
 from kit.load.snapshot import Snapshot
 
-from .conftest import MIB, segment
+from .helpers import KIB, MIB, segment
 
-KIB = 1024
 MODEL, OTHER = 7, 9  # streams
 EAGER, POOL_1, POOL_2 = 0x1000_0000, 0x2000_0000, 0x3000_0000  # segments: default pool, graph pools (0, 1), (0, 2)
 

@@ -23,7 +23,7 @@ from kit import KitError, load_snapshot
 from kit.load.stream import SINK_NAME
 from kit.load.unpickle import safe_unpickle, snapshot_unpickler
 
-from .test_tables import run_kit
+from .helpers import run_kit
 
 
 class _RunsAShellCommand:
@@ -92,7 +92,7 @@ def _bad_inputs(tmp_path, recorded):
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, case):
-    from .conftest import RECORDED
+    from .helpers import RECORDED
 
     path = _bad_inputs(tmp_path, RECORDED["two_streams"])[case]
     out = tmp_path / "out.html"

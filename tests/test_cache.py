@@ -40,7 +40,7 @@ from kit.analysis.trace.reports import reuse_table
 from kit.cli import main
 from kit.scale import write_scale_snapshot
 
-from .conftest import FIXTURES, segment
+from .helpers import FIXTURES, segment
 
 ROOT = Path(__file__).resolve().parents[1]
 PICKLES = sorted(FIXTURES.rglob("*.pickle"))

@@ -33,7 +33,7 @@ from kit.experiments.scenarios import summarize
 from kit.recordings import RECORDINGS, recording
 from kit.replica.model import DecoderLayer
 
-from .conftest import MIB, RECORDED
+from .helpers import MIB, RECORDED
 from .test_tables import run_kit
 
 REPLICA = {

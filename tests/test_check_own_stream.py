@@ -30,8 +30,7 @@ from kit.analysis.check import DEFAULT_OWN_STREAM, check_snapshot
 from kit.analysis.liveness import is_drafter_capture
 from kit.recordings import RECORDINGS
 
-from .conftest import MIB
-from .test_tables import run_kit
+from .helpers import MIB, run_kit
 
 SEGMENT = 20 * MIB  # an 8 MiB request gets a 20 MiB segment (1 to 10 MiB requests: 20 MiB segments)
 MANAGERS = {"model graph": "model graphs", "replay graph": "replay graphs", "drafter graph": "DFlash speculator graphs"}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from kit.analysis.names import pool_frames, user_frame
 from kit.errors import KitError
 from kit.load.unpickle import safe_unpickle
 
-from .conftest import MIB
+from .helpers import MIB, run_kit
 
 PLAIN = Path(__file__).resolve().parents[1] / "kit" / "recordings" / "plain"
 SEPARATE, SHARED = PLAIN / "two_captures_separate.pickle", PLAIN / "two_captures_shared.pickle"
@@ -32,10 +30,6 @@ OLD_FRAMES = [
     {"name": "old_capture", "filename": "/home/me/old_run.py", "line": 12},
 ]
 LEFTOVER_STREAM = 777_000_000
-
-
-def run_kit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True)
 
 
 def raw_of(path: Path) -> dict:

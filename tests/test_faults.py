@@ -1,6 +1,6 @@
 """Faults mid-capture, threads, and interrupted writes, on the CPU.
 
-What CUDA would do is stood in for by `FakeCuda`: streams with a current one
+What CUDA would do is stood in for by tests/helpers.py's `FakeCuda`: streams with a current one
 per thread, graphs whose capture makes their stream capturing (and CUDA
 refuse to synchronize meanwhile), and memory history as torch keeps it (a
 flag, a trace only `enabled="all"` fills, cleared when switched off). On it
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import _thread
 import ast
-import contextlib
-import itertools
 import json
 import pickle
 import signal
@@ -37,133 +35,12 @@ from kit.patch.install import interrupts_deferred
 from kit.replica import cudagraph_utils, parallel_state
 from kit.replica.breakable_cudagraph import (
     BreakableCUDAGraphCapture,
-    BreakableCUDAGraphWrapper,
     eager_break_during_capture,
 )
-from kit.replica.forward_context import CUDAGraphMode, set_forward_context
+
+from .helpers import FakeCuda, FakeStream, capture_replica_like
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class FakeStream:
-    _ids = itertools.count(0x1000, 0x100)
-
-    def __init__(self, device=None, priority: int = 0) -> None:
-        self.cuda_stream = next(self._ids)
-
-    def wait_stream(self, other) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"<stream {self.cuda_stream:#x}>"
-
-
-class FakeCuda:
-    """The parts of torch.cuda the recorder, the replica and the patches use, on the CPU."""
-
-    def __init__(self, monkeypatch, history: str | None = None, getter: bool = True) -> None:
-        self.local = threading.local()
-        self.default = FakeStream()
-        self.capturing: dict[int, object] = {}  # stream id -> graph
-        self.history = history
-        self.trace: list[dict] = [self._entry("alloc")] * 3 if history == "all" else []
-        self.history_calls: list = []
-        self.lock = threading.Lock()
-        self.pools = itertools.count(1)
-        cuda = self
-
-        class Graph:
-            def __init__(self) -> None:
-                self._pool = None
-
-            def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
-                stream = cuda.current_stream()
-                with cuda.lock:
-                    if stream.cuda_stream in cuda.capturing:
-                        raise RuntimeError("the stream is capturing already")
-                    cuda.capturing[stream.cuda_stream] = self
-                self._pool = tuple(pool) if pool is not None else (next(cuda.pools), 0)
-                cuda.event("segment_alloc")
-
-            def capture_end(self) -> None:
-                stream = cuda.current_stream()
-                with cuda.lock:
-                    if cuda.capturing.get(stream.cuda_stream) is not self:
-                        raise RuntimeError("Capture must end on the same stream it began on.")
-                    del cuda.capturing[stream.cuda_stream]
-                if getattr(self, "invalidated", False):  # CUDA ends an invalidated capture, then fails
-                    raise RuntimeError("operation failed due to a previous error during capture")
-                cuda.event("alloc")
-
-            def pool(self):
-                return self._pool
-
-            def replay(self) -> None:
-                pass
-
-        @contextlib.contextmanager
-        def stream(s):
-            previous = cuda.current_stream()
-            cuda.local.stream = s
-            try:
-                yield
-            finally:
-                cuda.local.stream = previous
-
-        def synchronize(device=None) -> None:
-            if cuda.capturing:
-                raise RuntimeError("operation not permitted when stream is capturing")
-
-        def record_memory_history(enabled="all", *args, **kwargs) -> None:
-            cuda.history_calls.append(enabled)
-            cuda.history = enabled
-            if enabled is None:
-                cuda.trace.clear()  # as torch does
-
-        def set_stream(s) -> None:
-            cuda.local.stream = s
-
-        self.Graph = Graph
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-        monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
-        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-        monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cuda.current_stream())
-        monkeypatch.setattr(torch.cuda, "stream", stream)
-        monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in GPU")
-        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(cuda.pools)))
-        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", cuda.is_current_stream_capturing)
-        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record_memory_history)
-        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda device=None: cuda.snapshot())
-        if getter:
-            monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: cuda.history is not None, raising=False)
-        else:
-            monkeypatch.delattr(torch._C, "_cuda_isHistoryEnabled", raising=False)
-        monkeypatch.setattr(cudagraph_utils, "_global_graph_pool", None)
-
-    def _entry(self, action: str) -> dict:
-        return {"action": action, "addr": 0, "size": 0, "stream": 0}
-
-    def current_stream(self) -> FakeStream:
-        return getattr(self.local, "stream", self.default)
-
-    def is_current_stream_capturing(self) -> bool:
-        return self.current_stream().cuda_stream in self.capturing
-
-    def event(self, action: str) -> None:
-        with self.lock:
-            if self.history == "all":
-                self.trace.append(self._entry(action))
-            elif self.history == "state":
-                self.trace[:] = [self._entry(action)]
-
-    def snapshot(self) -> dict:
-        with self.lock:
-            self.trace.append(self._entry("snapshot")) if self.history == "all" else None
-            return {"segments": [], "device_traces": [list(self.trace)]}
 
 
 @pytest.fixture
@@ -216,49 +93,6 @@ def still_works(cuda: FakeCuda) -> None:
         ("after the fault", stream.cuda_stream, True)
     ]
     assert rec.errors == []
-
-
-# --- a tiny model with an eager break, captured by the replica's graph manager -------------------
-
-
-def model_forward(fail: str | None):
-    @eager_break_during_capture
-    def eager_break(x):
-        if fail == "eager break" and BreakableCUDAGraphCapture.current() is not None:
-            raise RuntimeError("inside the eager break")
-        return (x + 1,)
-
-    def model(x):
-        y = x * 2
-        if fail == "capture" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("inside the capture")
-        if fail == "interrupt" and torch.cuda.is_current_stream_capturing():
-            time.sleep(0.001)  # a long recording: the interrupt lands anywhere in here
-        (z,) = eager_break(y)
-        return z * 3
-
-    return model
-
-
-def create_forward_fn_for(model, pool):
-    wrapper = BreakableCUDAGraphWrapper(model, pool)
-
-    def create_forward_fn(num_tokens: int, warmup: bool):
-        x = torch.ones(num_tokens)
-
-        def forward_fn(mode: CUDAGraphMode) -> None:
-            with set_forward_context(num_tokens, mode):
-                wrapper(x)
-
-        return forward_fn
-
-    return create_forward_fn
-
-
-def capture_replica_like(fail: str | None, sizes=(16, 8)) -> cudagraph_utils.CudaGraphManager:
-    manager = cudagraph_utils.CudaGraphManager(torch.device("cpu"), list(sizes), "model graphs")
-    manager.capture(create_forward_fn_for(model_forward(fail), manager.pool))
-    return manager
 
 
 def test_a_clean_recording_sees_every_graph_of_the_breakable_capture(clean):
@@ -518,7 +352,7 @@ def test_atomic_write_interrupted_leaves_the_old_file_and_no_temporary(tmp_path,
 def test_an_interrupted_command_leaves_the_previous_output_whole(tmp_path, monkeypatch, capsys, command):
     from kit.cli import main
 
-    from .conftest import FIXTURES, RECORDED
+    from .helpers import FIXTURES, RECORDED
 
     out = tmp_path / "out"
     out.write_bytes(b"the good one")
@@ -537,7 +371,7 @@ def test_an_interrupted_command_leaves_the_previous_output_whole(tmp_path, monke
 def test_a_missing_output_folder_is_a_one_line_error(tmp_path, capsys):
     from kit.cli import main
 
-    from .conftest import FIXTURES
+    from .helpers import FIXTURES
 
     assert (
         main(["sim", str(FIXTURES / "corpus" / "pr_two_streams.json"), "-o", str(tmp_path / "no" / "out.pickle")]) == 2

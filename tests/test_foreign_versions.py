@@ -16,20 +16,8 @@ from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.rows import replay_rows
 
 from . import foreign_snapshots as foreign
-from .conftest import RECORDED
-
-
-def run_kit(capsys, *args: str) -> tuple[int, str, str]:
-    """`python -m kit ARGS` in this process: exit status, stdout, stderr."""
-    from kit.cli import main
-
-    capsys.readouterr()
-    status = main(list(args))
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-MIB = 1 << 20
+from .helpers import MIB, RECORDED
+from .helpers import run_kit_in_process as run_kit
 
 
 def test_the_key_sets_are_what_each_version_writes():

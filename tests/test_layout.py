@@ -204,6 +204,34 @@ def test_a_sub_packages_docstring_names_each_of_its_modules(package):
     assert not unnamed_in_docstring(package), f"{package}'s docstring leaves out {unnamed_in_docstring(package)}"
 
 
+# --- docs/testing.md: which test files cover which module ---------------------------------------
+
+
+def only_a_docstring(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+
+
+def modules_in_the_test_table(text: str) -> set[str]:
+    """The modules `docs/testing.md`'s table of tests names, one a row."""
+    section = text.split("## Which tests cover which module", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(kit[\w.]*)` \|", section, re.M))
+
+
+def test_every_module_has_its_tests_named_in_docs_testing():
+    expected = {m for m, p in MODULES.items() if not (p.name == "__init__.py" and only_a_docstring(p))}
+    named = modules_in_the_test_table((ROOT / "docs" / "testing.md").read_text())
+    assert not expected - named, f"docs/testing.md names no tests for {sorted(expected - named)}"
+    assert not named - expected, f"docs/testing.md names modules that do not exist: {sorted(named - expected)}"
+
+
+def test_the_test_table_check_reads_module_rows():
+    text = "## Which tests cover which module\n\n| module | tests |\n| --- | --- |\n| `kit.load.rows` | x |\n"
+    text += "| `kit` | y |\n"
+    assert modules_in_the_test_table(text) == {"kit.load.rows", "kit"}
+    assert only_a_docstring(KIT / "load" / "__init__.py") and not only_a_docstring(KIT / "recordings" / "__init__.py")
+
+
 # --- the public API: what the notebooks, the README and the docs use as kit.X -----------------
 
 USER_FACING = sorted([*(ROOT / "notebooks").glob("*.py"), ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -258,6 +286,8 @@ def names_a_kit_object(dotted: str) -> bool:
     if module is None:
         return False
     rest = dotted[len(module) :].strip(".").split(".")
+    if rest == [""]:
+        return True  # a module that exists; not imported (importing kit.__main__ would run the command line)
     obj = importlib.import_module(module)
     for attr in filter(None, rest):
         if not hasattr(obj, attr):

@@ -11,10 +11,9 @@ from kit import Equivalence, KitError, format_bytes, liveness_table
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations, liveness_verdicts
 from kit.analysis.trace.replay import replay_trace
 
-from .conftest import FIXTURES, segment
+from .helpers import FIXTURES, KIB, segment
 
 SCENARIOS = ["small_patched", "small_unpatched", "small_early_aux_pr", "small_early_aux_shared"]
-KIB = 1024
 POOL = (0, 1)
 STREAM = 7
 

@@ -35,19 +35,8 @@ from kit.experiments.scenarios import SCENARIOS
 from kit.replica.forward_context import CUDAGraphMode, get_forward_context
 from kit.replica.model import PRESETS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
+from tests.helpers import TINY
 
-TINY = ReplicaConfig(
-    hidden_size=64,
-    num_layers=4,
-    decoder_replay_start=2,
-    aux_hidden_state_layers=(3,),
-    vocab_size=97,
-    cudagraph_capture_sizes=(8, 16),
-    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
-    window=2,
-    decoder_replay_trim_threshold=4,
-    replay_sizing="half",
-)
 PROVENANCE = {
     "gpu": "NVIDIA H200",
     "torch": "2.11.0+cu130",

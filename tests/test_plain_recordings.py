@@ -29,6 +29,8 @@ from kit.analysis.trace.reports import reuse_table
 from kit.load.snapshot import load_snapshot
 from kit.recordings import RECORDINGS
 
+from .helpers import MIB
+
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = RECORDINGS / "plain"
 PROVENANCE = json.loads((PLAIN / "PROVENANCE.json").read_text())
@@ -45,7 +47,6 @@ SEPARATE = [n for n in NAMES if n.endswith("_separate.pickle")]
 ONE_STREAM = [n for n in NAMES if not n.endswith("_separate.pickle")]  # shared variants and torch.compile
 FIELDS = ("description", "gpu", "torch", "cuda", "python", "date", "command", "program", "reserved_by_pool_stream")
 PROGRAMS = sorted((ROOT / "scripts" / "plain_programs").glob("*.py"))
-MIB = 2**20
 
 
 def raw(name: str) -> dict:

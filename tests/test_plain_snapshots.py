@@ -23,12 +23,13 @@ from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.recordings import RECORDINGS, recording
 
+from .helpers import MIB
+
 # Every recording but the merged pairs: cut mid-trace, three of those rewind to a start the
 # trace walk gets wrong (an unsplit remainder kept in a live block, a segment's pool), which
 # the what-if's own tests on them (tests/test_whatif_merged.py) do not need: they start at the
 # trace's beginning.
 ALL = sorted(str(p.relative_to(RECORDINGS)) for p in RECORDINGS.rglob("*.pickle") if p.parent.name != "merged")
-MIB = 2**20
 
 
 def plain(name: str, cut: float = 0.0) -> Snapshot:

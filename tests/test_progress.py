@@ -24,7 +24,7 @@ from kit.cli import main
 from kit.scale import main as generate
 from kit.scale import write_scale_snapshot
 
-from .conftest import RECORDED
+from .helpers import RECORDED
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from kit import KitError, load_snapshot
 from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 from kit.analysis.tables import segment_table
 
-from .conftest import FIXTURES, MIB, segment
+from .helpers import FIXTURES, MIB, segment
 
 REPLICA = FIXTURES / "replica"
 

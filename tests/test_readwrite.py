@@ -39,22 +39,11 @@ from kit.record.readwrite import ReadWriteRecorder, byte_span
 from kit.replica.model import ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 
-from .test_liveness import KIB, A, B, D, Trace, _kept_bound_capture, _replay_capture
+from . import helpers
+from .helpers import KIB
+from .test_liveness import A, B, D, Trace, _kept_bound_capture, _replay_capture
 
-TINY = ReplicaConfig(
-    hidden_size=64,
-    num_layers=4,
-    decoder_replay_start=2,
-    aux_hidden_state_layers=(3,),
-    vocab_size=97,
-    cudagraph_capture_sizes=(8, 16),
-    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
-    window=2,
-    decoder_replay_trim_threshold=4,
-    replay_sizing="half",
-    dtype="float32",
-    hyper_connections=True,
-)
+TINY = dataclasses.replace(helpers.TINY, dtype="float32", hyper_connections=True)
 
 
 def span(t: torch.Tensor) -> tuple[int, int]:
@@ -284,9 +273,9 @@ def test_can_run_limits_the_verdicts_to_the_pairings_that_can_run():
 
 
 def _captured(monkeypatch, config: ReplicaConfig, spy=None):
-    """Capture the replica on the CPU (tests/test_faults.py's FakeCuda) under the read/write recorder."""
+    """Capture the replica on the CPU (tests/helpers.py's FakeCuda) under the read/write recorder."""
     from kit.replica.decoder_replay_cudagraph import DecoderReplayCudaGraphManager
-    from tests.test_faults import FakeCuda
+    from tests.helpers import FakeCuda
 
     FakeCuda(monkeypatch)
     runner = GPUModelRunner(config, "cpu")

@@ -22,8 +22,7 @@ from kit.analysis.names import pool_labels
 from kit.load.snapshot import Snapshot
 from kit.record.recorder import label_from_stack
 from kit.replica import cudagraph_utils
-from tests.conftest import MIB, segment
-from tests.test_faults import FakeCuda, FakeStream, capture_replica_like
+from tests.helpers import MIB, FakeCuda, FakeStream, capture_replica_like, segment
 
 TREES = "/site-packages/torch/_inductor/cudagraph_trees.py"
 

@@ -25,23 +25,10 @@ from kit.record.recorder import label_from_stack, manager_name
 from kit.replica import cudagraph_utils, decoder_replay_cudagraph, model_state, parallel_state
 from kit.replica.model import ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
-from tests.conftest import FIXTURES
 from tests.diff_lines import diff_changes, hunk_changes
+from tests.helpers import FIXTURES, MIB, TINY
 
 REPLICA = FIXTURES / "replica"
-TINY = ReplicaConfig(
-    hidden_size=64,
-    num_layers=4,
-    decoder_replay_start=2,
-    aux_hidden_state_layers=(3,),
-    vocab_size=97,
-    cudagraph_capture_sizes=(8, 16),
-    # One replay graph of N/2 rows per model graph (the "half" sizing), every model graph breaking out.
-    window=2,
-    decoder_replay_trim_threshold=4,
-    replay_sizing="half",
-)
-MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")

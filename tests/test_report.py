@@ -18,7 +18,7 @@ from kit.errors import KitError
 from kit.markup import html_text
 from kit.show.report import render_report, write_report
 
-from .conftest import MIB, RECORDED
+from .helpers import MIB, RECORDED
 from .hostile import GPU, MODULE_LABEL, POOL_NAME, SCRIPT_LABEL, figure_texts, hostile_snapshot, raw_markup
 from .test_tables import run_kit
 

@@ -24,9 +24,8 @@ import pytest
 from kit import liveness_table
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, liveness_verdicts
 
-from .conftest import MIB, segment
+from .helpers import KIB, MIB, segment
 
-KIB = 1024
 STREAM, POOL = 7, (0, 1)
 GRAPH_POOL, EAGER = 0x1000_0000, 0x2000_0000
 INPUT, AUX, FREED, NEXT = (GRAPH_POOL + i * 64 * KIB for i in range(4))

@@ -36,7 +36,7 @@ from kit.scale import scale_snapshot, summary, write_scale_snapshot
 from kit.show.pictures import segment_map_figure
 
 from . import rowwise
-from .conftest import FIXTURES, MIB, segment
+from .helpers import FIXTURES, MIB, segment
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_FILES = sorted(FIXTURES.rglob("*.pickle"))

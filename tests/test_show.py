@@ -66,7 +66,7 @@ from kit.show.timeline import (
 )
 from kit.show.timeline import replay_rows as timeline_replay_rows
 
-from .conftest import FIXTURES, RECORDED
+from .helpers import FIXTURES, MIB, RECORDED
 from .hostile import (
     EXPLORER_HTML,
     GPU,
@@ -168,7 +168,8 @@ def test_block_role_from_class_and_where_the_block_was_freed(cls, alloc, free, r
 
 
 def test_timeline_of_several_break_inputs_names_each_kept_bound_input_once():
-    from .test_liveness import KIB, A, B, D, Trace, _kept_bound_capture, _replay_capture
+    from .helpers import KIB
+    from .test_liveness import A, B, D, Trace, _kept_bound_capture, _replay_capture
 
     t = Trace()
     _kept_bound_capture(t)
@@ -626,7 +627,6 @@ def test_snapshot_explorer_loads_each_choice_and_says_what_is_wrong_in_one_line(
 
 # --- the explorer on a plain snapshot: labels, check, attribution, the what-if panel -----------------------
 
-MiB = 1 << 20
 PLAIN = "kit/recordings/plain/two_captures_separate.pickle"
 FIRST = "stream of capture_first (two_captures.py:44)"
 SECOND = "stream of capture_second (two_captures.py:61)"
@@ -644,11 +644,11 @@ def test_explorer_whatif_panel_predicts_the_shared_stream_pool_by_default_and_ag
     html = explorer.whatif_html.value
     assert "graph pool 1 (0, 1): 56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)" in html
     assert "source: simulator (what-if on the trace of recorded snapshot" in html and "two_captures_separate" in html
-    assert explorer.whatif.saved[(0, 1)] == 22 * MiB and explorer.whatif.stream_map == {404756496: 357844048}
+    assert explorer.whatif.saved[(0, 1)] == 22 * MIB and explorer.whatif.stream_map == {404756496: 357844048}
     predicted = _graph_pool(explorer.whatif.predicted)
-    assert predicted["stream_label"].tolist() == [FIRST] and predicted["reserved"].sum() == 34 * MiB
+    assert predicted["stream_label"].tolist() == [FIRST] and predicted["reserved"].sum() == 34 * MIB
     shared = _graph_pool(kit.segment_table(kit.load_snapshot(shipped_path("two_captures_shared"))))
-    assert shared["reserved"].sum() == 34 * MiB  # what the shared-stream run measured
+    assert shared["reserved"].sum() == 34 * MIB  # what the shared-stream run measured
     explorer.whatif_to.value = SECOND  # observed: the identity map, which must reproduce the recording
     html = explorer.whatif_html.value
     assert "identity map" in html and "56.00 MiB reserved as recorded, 56.00 MiB predicted (no change)" in html

@@ -21,7 +21,7 @@ from kit.allocator.simulator import CachingAllocatorSim, recorded_segment_addres
 from kit.allocator.workload import load_workload, parse_workload, pr_scenario
 from kit.recordings import RECORDINGS
 
-from .conftest import MIB
+from .helpers import MIB
 from .test_tables import run_kit
 
 CORPUS = RECORDINGS / "corpus"

@@ -11,7 +11,7 @@ from kit import KitError, Snapshot, load_snapshot
 from kit.load.rows import Block, Segment, TraceEntry
 from kit.load.unpickle import safe_unpickle
 
-from .conftest import MIB
+from .helpers import MIB
 
 
 def test_recorded_fixture_normalises_into_records(recorded_path):

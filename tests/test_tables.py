@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
-import sys
 
 from kit import diff_tables, format_bytes, load_snapshot, segment_table, style_table
 from kit.analysis.tables import FIGURES
 from kit.load.unpickle import safe_unpickle
 
-from .conftest import MIB, RECORDED
+from .helpers import MIB, RECORDED, run_kit
 from .hostile import MODULE_LABEL, hostile_snapshot, raw_markup
-
-
-def run_kit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=300)
 
 
 def independent_grouping(raw: dict) -> dict:

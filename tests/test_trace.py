@@ -11,9 +11,8 @@ from kit import load_snapshot
 from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_verdicts
 
-from .conftest import RECORDED
+from .helpers import RECORDED, run_kit
 from .test_simulator import CORPUS
-from .test_tables import run_kit
 
 
 def _graph_pool_rows(snap, table):

@@ -29,7 +29,7 @@ from kit.load.columns import _fast_segment_columns
 from kit.load.rows import MAX_DEVICE_BYTES, parse_segment, parse_trace_entry
 from kit.load.snapshot import snapshot_from_bytes
 
-from .conftest import FIXTURES, MIB, RECORDED, segment
+from .helpers import FIXTURES, MIB, RECORDED, segment
 
 TIB = 1 << 40
 

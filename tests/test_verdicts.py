@@ -18,7 +18,7 @@ from kit import load_snapshot, segment_table, stranding_report
 from kit.allocator.rules import round_size
 from kit.analysis.trace.reports import WHY_PENDING, WHY_STREAM, reuse_table, stranding_verdicts
 
-from .conftest import MIB, RECORDED
+from .helpers import MIB, RECORDED
 from .test_tables import run_kit
 
 A, B = 7, 9

@@ -13,7 +13,7 @@ from kit.analysis.whatif import layout_differences, prediction_table
 from kit.replica import parallel_state
 from kit.show.stepthrough import FITS, TAKEN, StepThrough, pool_view
 
-from .conftest import FIXTURES, RECORDED
+from .helpers import FIXTURES, RECORDED
 
 REPLICA = FIXTURES / "replica"
 MAPPING = {"replay graphs stream": "model graphs stream"}

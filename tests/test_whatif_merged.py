@@ -29,7 +29,8 @@ from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.recordings import RECORDINGS, recording
 
-MIB = 1 << 20
+from .helpers import MIB
+
 MERGED = RECORDINGS / "merged"
 PAIRS = sorted(p.stem for p in MERGED.glob("merged_*.pickle") if not p.stem.endswith("_merged"))
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .test_tables import run_kit
+from .helpers import run_kit
 
 A = {"op": "alloc", "id": "t0", "bytes": 4096, "stream": "s1"}
 BEGIN = {"op": "capture_begin", "graph": "g0", "pool": "p0", "stream": "s1"}
