@@ -232,6 +232,35 @@ def test_the_test_table_check_reads_module_rows():
     assert only_a_docstring(KIT / "load" / "__init__.py") and not only_a_docstring(KIT / "recordings" / "__init__.py")
 
 
+# --- scripts/README.md: one row a script -----------------------------------------------------------
+
+SCRIPTS = ROOT / "scripts"
+
+
+def scripts_on_disk() -> set[str]:
+    """Every script under scripts/, relative to it: its files, plain_programs/'s, and vllm_stubs/ as one folder."""
+    found = {p.name for p in SCRIPTS.iterdir() if p.is_file() and p.name != "README.md"}
+    found |= {f"plain_programs/{p.name}" for p in (SCRIPTS / "plain_programs").glob("*.py")}
+    return found | {
+        f"{p.name}/" for p in SCRIPTS.iterdir() if p.is_dir() and p.name not in ("plain_programs", "__pycache__")
+    }
+
+
+def scripts_in_readme(text: str) -> set[str]:
+    return set(re.findall(r"^\| `([^`]+)` \|", text, re.M))
+
+
+def test_scripts_readme_lists_every_script_and_only_those():
+    listed, present = scripts_in_readme((SCRIPTS / "README.md").read_text()), scripts_on_disk()
+    assert not present - listed, f"scripts/README.md does not list {sorted(present - listed)}"
+    assert not listed - present, f"scripts/README.md lists scripts that do not exist: {sorted(listed - present)}"
+
+
+def test_the_scripts_check_sees_each_kind_of_script():
+    assert {"fuzz.py", "gpu_tests.sh", "plain_programs/two_captures.py", "vllm_stubs/"} <= scripts_on_disk()
+    assert scripts_in_readme("| script | role |\n| --- | --- |\n| `fuzz.py` | check |\n") == {"fuzz.py"}
+
+
 # --- the public API: what the notebooks, the README and the docs use as kit.X -----------------
 
 USER_FACING = sorted([*(ROOT / "notebooks").glob("*.py"), ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
