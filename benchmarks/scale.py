@@ -13,7 +13,7 @@ maximum resident set) is its own:
   `KIT_CACHE_DIR`, emptied before every first load);
 - kit, reopen: `load_snapshot` again in a fresh process, from the cache; then,
   each on a snapshot just opened the same way: the segment-by-stream table,
-  the reuse analysis (`python -m kit reuse`: `replay_trace`, `reuse_table`,
+  the reuse analysis (`python -m kit reuse`: `walk_trace`, `reuse_table`,
   `stranding_report`) and the HTML report (`render_report`);
 - PyTorch (`torch.cuda._memory_viz`, which reads a file with `pickle.load`):
   `segsum`, and `trace_plot` and `segment_plot` up to their HTML template
@@ -108,8 +108,8 @@ def run_load(path: str, only: set[str]) -> dict:
 def run_reopen(path: str, only: set[str]) -> dict:
     """Opening the file again, from its cache; then each kit figure on a snapshot opened the same way."""
     from kit.analysis.tables import segment_table
-    from kit.analysis.trace.replay import replay_trace
     from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.analysis.trace.walk import walk_trace
     from kit.load.snapshot import Snapshot, load_snapshot
     from kit.show.report import render_report
 
@@ -117,7 +117,7 @@ def run_reopen(path: str, only: set[str]) -> dict:
     out = {"reopen": seconds, "peak reopen": peak_gib()}
 
     def reuse(s: Snapshot) -> None:
-        replay = replay_trace(s)
+        replay = walk_trace(s)
         reuse_table(s, replay)
         stranding_report(s, replay)
 

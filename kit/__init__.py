@@ -8,7 +8,7 @@ The public API: what the notebooks, the README and the docs call as `kit.X`, by 
 - report: `write_report`
 - simulator and workloads: `simulate`, `parse_workload`, `load_workload`, `generate_workload`,
   `pr_scenario`, `run_on_gpu`
-- trace analysis: `replay_trace`, `reuse_table`, `stranding_report`, `capture_attribution`,
+- trace analysis: `walk_trace`, `reuse_table`, `stranding_report`, `capture_attribution`,
   `what_if` (a `WhatIf`), `simulate_trace`
 - a guard for CI: `check_snapshot`, `assert_no_stranding` (for a pytest test)
 - capture recorder: `CaptureRecorder`, `capture_table`
@@ -33,8 +33,8 @@ from kit.analysis.names import pool_labels, stream_labels
 from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 from kit.analysis.readwrite import readwrite_table
 from kit.analysis.tables import diff_summary, diff_tables, format_bytes, segment_table, style_table
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_report
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, simulate_trace, what_if
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -65,7 +65,7 @@ __all__ = [
     "pr_scenario",
     "run_on_gpu",
     # trace analysis
-    "replay_trace",
+    "walk_trace",
     "reuse_table",
     "stranding_report",
     "capture_attribution",

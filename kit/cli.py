@@ -2,7 +2,7 @@
 
 Commands (their output is a contract, `docs/commands.md`): `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
-`vllm-patch` (what PR 63155 changes in the installed vLLM) and `ranks` (a
+`vllm-diff` (what PR 63155 changes in the installed vLLM; `vllm-patch` is its old name) and `ranks` (a
 multi-GPU run's ranks side by side), `check` (a CI guard: exit 1 when a
 graph pool stranded memory), `safety` (every replay graph inside every model
 graph's break, against eager) and `alternatives` (the PR's alternatives and
@@ -89,13 +89,13 @@ def cmd_diff(args: argparse.Namespace) -> None:
 def cmd_reuse(args: argparse.Namespace) -> None:
     from kit.analysis.attribution import checked_capture_windows
     from kit.analysis.tables import format_bytes, table_records
-    from kit.analysis.trace.replay import replay_trace
     from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.analysis.trace.walk import walk_trace
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(args.snapshot)
     checked_capture_windows(snap)
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     table = reuse_table(snap, replay)
     report = stranding_report(snap, replay, min_bytes=args.min_bytes)
     if args.json:
@@ -308,7 +308,7 @@ def cmd_alternatives(args: argparse.Namespace) -> None:
     print("\n".join(alternatives_lines(data)))
 
 
-def cmd_vllm_patch(args: argparse.Namespace) -> None:
+def cmd_vllm_diff(args: argparse.Namespace) -> None:
     import kit.patch.vllm as patch_vllm
 
     with patch_vllm.quiet_import():  # diff() imports vLLM, whose import logs and warns on a machine without a GPU
@@ -466,10 +466,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="unpatched, pr, share_all, cap_replay_sizes, kv_cache as JSON")
     p.set_defaults(func=cmd_alternatives)
 
-    p = sub.add_parser("vllm-patch", help="PR 63155's change to the installed vLLM, as a diff (installs nothing)")
+    # Named for what it prints; `vllm-patch`, its first name, read as if it installed something.
+    p = sub.add_parser(
+        "vllm-diff",
+        aliases=["vllm-patch"],
+        help="PR 63155's change to the installed vLLM, as a diff (installs nothing)",
+    )
     p.add_argument("--check", action="store_true", help="only say whether it applies (exit 2 with the reason if not)")
-    p.set_defaults(func=cmd_vllm_patch)
-    for command in sub.choices.values():
+    p.set_defaults(func=cmd_vllm_diff)
+    for command in {id(c): c for c in sub.choices.values()}.values():  # an alias maps to its command's parser
         _add_run_flags(command, default=argparse.SUPPRESS)  # given after the command, they count too
     return parser
 

@@ -65,7 +65,7 @@ SHARED_PATH = str(recording("plain/two_captures_shared.pickle").relative_to(REPO
 HAS_CUDA = default_source() == LIVE  # offers "live" in the explorer; the default stays the recording
 
 snap = kit.load_snapshot(REPO / DEFAULT_PATH)
-replay = kit.replay_trace(snap)
+replay = kit.walk_trace(snap)
 print(f"data source: {snap.data_source}: {snap.source_label}")
 print(f"  kit key: {snap.kit or 'none (a plain torch snapshot)'}")
 print(f"  trace: {len(snap.traces[0])} entries, starting mid-process: {replay.rewound_segments} segments already there")

@@ -355,7 +355,7 @@ MUTATIONS = (
     ),
     Mutation(
         "stream_streams_a_trace_listed_before_the_segments",
-        "kit/load/stream.py",
+        "kit/load/incremental.py",
         '    if "segments" in keys and keys.index("segments") > keys.index("device_traces"):\n'
         "        return None  # segments after the trace could list an entry the sink emptied\n",
         "",
@@ -411,11 +411,11 @@ MUTATIONS = (
     Mutation(
         "readwrite_phase_order_puts_the_next_segment_beside_the_break",
         "kit/analysis/readwrite.py",
-        "else 2 * self.index + (self.part == BREAK)",
-        "else self.index + (self.part == BREAK)",
+        "else 2 * self.index + _PART_ORDER[self.part]",
+        "else self.index + _PART_ORDER[self.part]",
         (
             "tests/test_readwrite.py::test_phases_are_ordered_segment_break_next_segment_and_the_outputs_last",
-            "tests/test_readwrite.py::test_the_shipped_recording_carries_what_segment_1_reads_across_each_break",
+            "tests/test_readwrite.py::test_the_shipped_recording_carries_what_is_read_after_the_replay_layers_start",
         ),
         "segment J + 1 comes after break J: its reads are carried across it (small.json's 18,432 bytes, not 0)",
     ),
@@ -549,8 +549,8 @@ MUTATIONS = (
     Mutation(
         "child_error_keeps_the_last_line",
         "kit/experiments/recorded.py",
-        "    error = raised[-1].removeprefix(\"kit: error: \") if raised else (lines[-1] if lines else \"no output\")",
-        "    error = lines[-1] if lines else \"no output\"",
+        '    error = raised[-1].removeprefix("kit: error: ") if raised else (lines[-1] if lines else "no output")',
+        '    error = lines[-1] if lines else "no output"',
         ("tests/test_child_error.py",),
         "a failed child's error is the raised line, not torch's closing advice",
     ),

@@ -108,8 +108,8 @@ def snapshot_target(data: bytes, *, report: bool = False) -> str:
     """Load `data` as a snapshot file and run every analysis the command line offers on it."""
     from kit.analysis.attribution import capture_table
     from kit.analysis.tables import diff_tables, segment_table, stream_labels
-    from kit.analysis.trace.replay import replay_trace
     from kit.analysis.trace.reports import reuse_table, stranding_report
+    from kit.analysis.trace.walk import walk_trace
     from kit.analysis.whatif import what_if
     from kit.cli import _print_table
     from kit.load.snapshot import snapshot_from_bytes
@@ -123,7 +123,7 @@ def snapshot_target(data: bytes, *, report: bool = False) -> str:
             _print_table(table, False)
             _print_table(table, True)
         if snap.has_trace:
-            replay = replay_trace(snap)
+            replay = walk_trace(snap)
             reuse_table(snap, replay)
             stranding_report(snap, replay)
             if snap.kit.get("captures"):

@@ -4,7 +4,7 @@ Kept, unchanged but for imports, as the reference the vectorised versions in
 `kit.analysis.tables` and `kit.show.pictures` must equal on every fixture
 (tests/test_scale.py). They read `Snapshot.segments` and `Snapshot.trace`,
 the typed records. The trace walk's reference is the kit's own walk entry by
-entry, `kit.analysis.trace.rows.replay_rows`.
+entry, `kit.analysis.trace.rows.walk_rows`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ shipped recordings' inferred windows are checked in `test_plain_snapshots.py`.
 from __future__ import annotations
 
 from kit.analysis.attribution import capture_windows
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.load.snapshot import Snapshot
 
 from .helpers import KIB, MIB, segment
@@ -61,12 +61,12 @@ def _windows(snap: Snapshot) -> list[tuple]:
 
 def test_a_window_ends_just_after_its_last_allocation_and_holds_every_one_of_its_run():
     snap = _snapshot(other_between=False)
-    assert replay_trace(snap).mismatches == []
+    assert walk_trace(snap).mismatches == []
     (first, second, other) = _windows(snap)
     assert first[:2] == (2, 5) and second[:2] == (6, 7) and other[:2] == (7, 8)
     # no other stream allocated into a graph pool between MODEL's two graphs: one capture around its break
     assert (first[3], first[4]) == (second[3], 0) and second[4] == 1
-    allocs = replay_trace(snap).allocs
+    allocs = walk_trace(snap).allocs
     in_pool = allocs[allocs["pool"].map(lambda p: tuple(p) != (0, 0))]
     for index, stream in zip(in_pool["index"], in_pool["stream"], strict=True):
         assert [w for w in _windows(snap) if w[0] <= index < w[1] and w[2] == stream], index
@@ -74,7 +74,7 @@ def test_a_window_ends_just_after_its_last_allocation_and_holds_every_one_of_its
 
 def test_another_streams_graph_pool_allocation_right_after_a_window_starts_another_capture():
     snap = _snapshot(other_between=True)
-    assert replay_trace(snap).mismatches == []
+    assert walk_trace(snap).mismatches == []
     first, other, second = _windows(snap)
     assert first[:3] == (2, 5, MODEL) and other[:3] == (5, 6, OTHER) and second[:3] == (7, 8, MODEL)
     assert first[3] != second[3] and first[4] == second[4] == 0  # two captures, each of one graph

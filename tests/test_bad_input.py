@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from kit import KitError, load_snapshot
-from kit.load.stream import SINK_NAME
+from kit.load.incremental import SINK_NAME
 from kit.load.unpickle import safe_unpickle, snapshot_unpickler
 
 from .helpers import run_kit
@@ -223,7 +223,7 @@ def test_a_named_global_of_any_module_is_refused_without_being_looked_up(tmp_pat
 SINK_TOKEN = "kit-sink-" + "5" * 32  # the module name the stream makes up for one load
 
 
-@pytest.mark.parametrize("module", ["kit.load.stream", "kit-sink-" + "0" * 32, "builtins", "os"])
+@pytest.mark.parametrize("module", ["kit.load.incremental", "kit-sink-" + "0" * 32, "builtins", "os"])
 def test_the_trace_sinks_name_under_any_module_but_the_loads_token_is_refused_without_lookup(module):
     """The unpickler admits the sink by (token, name): the sink's class name under another module is any global."""
     global _AUDIT

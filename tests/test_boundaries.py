@@ -27,8 +27,8 @@ import pytest
 from kit import load_snapshot
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
-from kit.analysis.trace.columnar import replay_columns
-from kit.analysis.trace.rows import replay_rows
+from kit.analysis.trace.columnar import walk_columns
+from kit.analysis.trace.rows import walk_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from record_corpus import boundary_workloads  # noqa: E402
@@ -105,7 +105,7 @@ def test_the_simulator_splits_as_derived_by_hand(name):
 
 def _walks(sim) -> tuple:
     snap = load_snapshot(sim.snapshot())
-    rows, columns = replay_rows(snap, 0), replay_columns(snap, 0)
+    rows, columns = walk_rows(snap, 0), walk_columns(snap, 0)
     assert rows.mismatches == [] and columns.mismatches == []
     # One row per allocation, in the order the simulator served them (its decisions, the RNG state's included).
     assert len(rows.allocs) == len(columns.allocs) == len(sim.decisions)

@@ -17,8 +17,8 @@ import json
 import pytest
 
 from kit import load_snapshot
-from kit.analysis.trace.columnar import replay_columns
-from kit.analysis.trace.rows import replay_rows
+from kit.analysis.trace.columnar import walk_columns
+from kit.analysis.trace.rows import walk_rows
 from kit.recordings import RECORDINGS
 
 from .test_boundaries import SPLIT_WORKLOADS, SPLITS, STRANDED, STRANDED_WORKLOADS, WORKLOADS
@@ -77,7 +77,7 @@ def test_the_real_allocator_splits_as_derived_by_hand(name):
 @pytest.mark.parametrize("name", SPLIT_WORKLOADS + STRANDED_WORKLOADS)
 def test_both_walks_end_at_the_recording(name):
     snap = load_snapshot(CORPUS / f"{name}.pickle")
-    rows, columns = replay_rows(snap, 0), replay_columns(snap, 0)
+    rows, columns = walk_rows(snap, 0), walk_columns(snap, 0)
     assert rows.mismatches == [] and columns.mismatches == []
     assert rows.allocs.drop(columns="frames").equals(columns.allocs.drop(columns="frames"))
 
@@ -86,7 +86,7 @@ def test_both_walks_end_at_the_recording(name):
 def test_the_walks_find_the_recorded_exact_fit_stranded(name):
     blocks, raw = _blocks_by_id(name)
     snap = load_snapshot(raw)
-    for walk in (replay_rows(snap, 0), replay_columns(snap, 0)):
+    for walk in (walk_rows(snap, 0), walk_columns(snap, 0)):
         allocs = walk.allocs.set_index("addr", drop=False)
         for pool, (block, over, exact) in STRANDED.items():
             above = allocs.loc[blocks[f"{pool}_stranded:over:request"]["address"]]

@@ -1,6 +1,6 @@
 """Large snapshots: the trace streamed into columns while unpickled, and the cache of the columns.
 
-The streamed load (`kit.load.stream`) must give exactly what the plain load
+The streamed load (`kit.load.incremental`) must give exactly what the plain load
 gives, on every recording and on a generated snapshot, and fall back to the
 plain load, with the same result, wherever the stream is unusual (an entry
 listed twice, an entry referenced from the `kit` key, several devices, an
@@ -32,11 +32,11 @@ from hypothesis import strategies as st
 
 import kit.load.cache as cache
 import kit.load.columns
+import kit.load.incremental as incremental
 import kit.load.snapshot
-import kit.load.stream as stream
 from kit import KitError, Snapshot, load_snapshot, segment_table
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table
+from kit.analysis.trace.walk import walk_trace
 from kit.cli import main
 from kit.scale import write_scale_snapshot
 
@@ -64,7 +64,7 @@ def snapshot_file(generated, tmp_path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _caches_for_every_size(monkeypatch, tmp_path):
-    monkeypatch.setattr(stream.TraceSink, "GROUP", 1000)  # small files still see entries in several groups
+    monkeypatch.setattr(incremental.TraceSink, "GROUP", 1000)  # small files still see entries in several groups
     monkeypatch.setattr(cache, "MIN_BYTES", 0)
     monkeypatch.delenv("KIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
@@ -98,7 +98,7 @@ def from_cache_only(monkeypatch, path: Path) -> Snapshot:
         raise AssertionError("read the snapshot file instead of its cache")
 
     with monkeypatch.context() as m:
-        m.setattr(kit.load.snapshot, "read_streamed", refuse)
+        m.setattr(kit.load.snapshot, "read_incremental", refuse)
         m.setattr(kit.load.snapshot, "load_file", refuse)
         return load_snapshot(path)
 
@@ -110,7 +110,7 @@ def _streamed(path: Path) -> tuple | None:
     """What the streamed read gives (None: it does not apply, and the file is read plainly)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return stream.read_streamed(path, fd)
+        return incremental.read_incremental(path, fd)
     finally:
         os.close(fd)
 
@@ -130,7 +130,7 @@ def test_streamed_load_equals_the_plain_load_on_a_generated_snapshot(generated):
     assert snap._raw is None  # only the columns are kept
     same(snap, plain(generated))
     pd.testing.assert_frame_equal(segment_table(snap), segment_table(plain(generated)))
-    pd.testing.assert_frame_equal(replay_trace(snap).allocs, replay_trace(plain(generated)).allocs)
+    pd.testing.assert_frame_equal(walk_trace(snap).allocs, walk_trace(plain(generated)).allocs)
 
 
 def _entries(n: int) -> list[dict]:
@@ -218,7 +218,7 @@ def test_the_key_inside_a_string_is_passed_over(tmp_path):
 
 def test_a_file_cannot_name_the_trace_sink(tmp_path):
     """The sink's name is a token made for one load: a pickle that guesses at it is refused like any global."""
-    module, name = "kit-sink-" + "0" * 32, stream.SINK_NAME
+    module, name = "kit-sink-" + "0" * 32, incremental.SINK_NAME
     call = b"\x8c" + bytes([len(module)]) + module.encode() + b"\x8c" + bytes([len(name)]) + name.encode() + b"\x93)R"
     placeholder = "X" * (len(call) - 2)  # pickled as SHORT_BINUNICODE: as long as the call, so no frame changes
     data = pickle.dumps({"segments": [], "device_traces": [_entries(1500)], "kit": placeholder}, protocol=4)

@@ -12,8 +12,8 @@ import pickle
 import pytest
 
 from kit import KitError, load_snapshot, reuse_table, segment_table
-from kit.analysis.trace.replay import replay_trace
-from kit.analysis.trace.rows import replay_rows
+from kit.analysis.trace.rows import walk_rows
+from kit.analysis.trace.walk import walk_trace
 
 from . import foreign_snapshots as foreign
 from .helpers import MIB, RECORDED
@@ -71,7 +71,7 @@ def test_without_a_trace_it_tabulates_and_the_trace_analyses_say_so_in_one_line(
     assert snap.history == ("state" if variant == "state_only" else "none") and not snap.has_trace
     assert segment_table(snap)["reserved"].sum() == 34 * MIB
     with pytest.raises(KitError, match="enabled='state'" if variant == "state_only" else "no trace recorded"):
-        replay_trace(snap)
+        walk_trace(snap)
     path = tmp_path / "snap.pickle"
     path.write_bytes(pickle.dumps(raw))
     assert run_kit(capsys, "table", str(path))[0] == 0
@@ -89,7 +89,7 @@ def test_expandable_segments_load_and_their_mapped_pages_count_as_new_segments()
     assert len(default) == 1 and default[0].is_expandable and default[0].total_size == 6 * MIB
     table = segment_table(snap).set_index(["pool", "stream"])
     assert table.loc[((0, 0), 0), "reserved"] == 6 * MIB
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     assert replay.mismatches == []
     assert replay.rewound_segments == 0  # every page was mapped within the trace
     default_allocs = replay.allocs[replay.allocs["pool"] == (0, 0)]
@@ -111,7 +111,7 @@ def test_an_unmap_in_the_middle_splits_the_mapped_range_in_two():
     raw["segments"].insert(1, {**seg, **empty, "address": foreign.A + 8 * MIB, "total_size": 2 * MIB, "blocks": blocks})
     snap = load_snapshot(raw)
     assert [s.total_size for s in snap.segments[:2]] == [6 * MIB, 2 * MIB]
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     assert replay.mismatches == []
 
 
@@ -122,13 +122,13 @@ def test_a_trace_that_contradicts_the_snapshot_is_reported_not_fatal():
     trace.insert(2, {"action": "segment_free", "addr": foreign.A, "size": 2 * MIB})  # a live segment freed
     trace.append({"action": "alloc", "addr": foreign.B, "size": MIB})  # over a live block
     snap = load_snapshot(raw)
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     # Said, not hidden: the freed segment A is still in the snapshot, and the alloc over B's live block changes its
     # blocks (B starts its segment); the free of a block never allocated changes nothing.
     assert replay.mismatches == [
         f"segment {foreign.A:#x} is in the snapshot but not in the replayed trace",
         f"segment {foreign.B:#x}: blocks differ between the replayed trace and the snapshot",
     ]
-    assert replay_rows(snap, 0).mismatches == replay.mismatches  # the walk entry by entry says the same
+    assert walk_rows(snap, 0).mismatches == replay.mismatches  # the walk entry by entry says the same
     assert len(replay.allocs) == 5  # the story's four, and the one over a live block
     assert replay.allocs.iloc[-1][["addr", "size", "served"]].tolist() == [foreign.B, MIB, "reused"]

@@ -243,8 +243,8 @@ def test_every_valid_workload_simulates_to_a_consistent_snapshot(seed, n_ops):
     """A valid workload runs, and what the simulator writes adds up, whichever way it is read."""
     from kit.allocator.simulator import simulate
     from kit.allocator.workload import generate_workload, parse_workload
-    from kit.analysis.trace.columnar import replay_columns
-    from kit.analysis.trace.rows import replay_rows
+    from kit.analysis.trace.columnar import walk_columns
+    from kit.analysis.trace.rows import walk_rows
 
     workload = generate_workload(seed, n_ops)
     assert ft.workload_target(json.dumps(workload).encode()) == "ok"
@@ -270,7 +270,7 @@ def test_every_valid_workload_simulates_to_a_consistent_snapshot(seed, n_ops):
     if len(trace) < 2:
         return  # nothing to walk (a workload of one empty capture)
     loaded = load_snapshot(snap)
-    for walk in (replay_rows(loaded, 0), replay_columns(loaded, 0)):
+    for walk in (walk_rows(loaded, 0), walk_columns(loaded, 0)):
         assert walk.mismatches == []
         # every segment_alloc is followed by the allocation that needed it
         assert (walk.allocs["served"] != "reused").sum() == sum(e["action"] == "segment_alloc" for e in trace)

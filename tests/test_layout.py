@@ -91,9 +91,9 @@ def test_no_import_loop_among_the_kits_modules():
 def test_the_loop_check_sees_a_loop_through_an_import_inside_a_function():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
-    # kit.analysis.trace.replay imports the columnar walk at the top; a function-level import back would be a loop
-    assert "kit.analysis.trace.columnar" in imports_of("kit.analysis.trace.replay")
-    assert "kit.analysis.trace" in imports_of("kit.analysis.trace.replay")  # the sub-package's __init__ runs first
+    # kit.analysis.trace.walk imports the columnar walk at the top; a function-level import back would be a loop
+    assert "kit.analysis.trace.columnar" in imports_of("kit.analysis.trace.walk")
+    assert "kit.analysis.trace" in imports_of("kit.analysis.trace.walk")  # the sub-package's __init__ runs first
 
 
 def test_sub_packages_init_import_nothing_of_the_kit_but_errors():

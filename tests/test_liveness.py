@@ -9,7 +9,7 @@ import pytest
 
 from kit import Equivalence, KitError, format_bytes, liveness_table
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations, liveness_verdicts
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 
 from .helpers import FIXTURES, KIB, segment
 
@@ -267,7 +267,7 @@ def test_synthetic_trace_replays_to_its_own_snapshot():
     t = Trace()
     _model_capture(t)
     _replay_capture(t, 32, [(A, 64 * KIB)])
-    assert replay_trace(t.snapshot()).mismatches == []
+    assert walk_trace(t.snapshot()).mismatches == []
 
 
 def test_classes_on_either_side_of_the_next_segments_first_allocation():
@@ -310,7 +310,7 @@ def test_a_block_freed_by_the_breaks_first_entry_is_held_across_it_and_released_
 
     t = Trace()
     _capture_around_a_break(t, free_b_at_once)
-    assert replay_trace(t.snapshot()).mismatches == []
+    assert walk_trace(t.snapshot()).mismatches == []
     rows = _by_addr(liveness_table(t.snapshot()))
     assert set(rows) == {A, B}
     assert rows[B]["free_index"] == rows[B]["break_begin"] == 3 and rows[B]["class"] == RELEASED
@@ -329,7 +329,7 @@ def test_a_block_is_freed_when_its_free_is_requested_not_when_it_completes():
 
     t = Trace()
     _capture_around_a_break(t, request_then_complete_later)
-    assert replay_trace(t.snapshot()).mismatches == []
+    assert walk_trace(t.snapshot()).mismatches == []
     rows = _by_addr(liveness_table(t.snapshot()))
     assert rows[B]["free_index"] == 3 and t.entries[3]["action"] == "free_requested"
     assert rows[B]["class"] == RELEASED and rows[A]["class"] == HELD

@@ -24,8 +24,8 @@ import pytest
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import stream_labels
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table
+from kit.analysis.trace.walk import walk_trace
 from kit.load.snapshot import load_snapshot
 from kit.recordings import RECORDINGS
 
@@ -119,7 +119,7 @@ def test_the_programs_import_nothing_of_the_kit(program):
 @pytest.mark.parametrize("name", ["two_captures_separate.pickle", "two_captures_shared.pickle"])
 def test_two_captures_traces_start_mid_process(name):
     """The model, inputs and buffers were made before history began: the trace must be rewound to start."""
-    assert replay_trace(load_snapshot(PLAIN / name)).rewound_segments > 0
+    assert walk_trace(load_snapshot(PLAIN / name)).rewound_segments > 0
 
 
 def stranded_in_graph_pools(name: str) -> int:

@@ -17,7 +17,7 @@ from kit.analysis.attribution import capture_attribution, capture_table, capture
 from kit.analysis.liveness import liveness_table
 from kit.analysis.names import generated_labels, pool_labels, resolve_stream, stream_labels
 from kit.analysis.tables import diff_summary, diff_tables, segment_table
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import layout_differences, simulate_trace, trace_to_workload, what_if
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -92,7 +92,7 @@ def test_the_trace_replayed_from_its_rewound_start_ends_at_the_recording(name, c
 
 def test_what_if_on_a_plain_mid_process_snapshot_predicts_the_shared_stream_run():
     snap = plain("two_streams.pickle", cut=0.5)  # starts after the first capture began
-    assert snap.captures == [] and replay_trace(snap).rewound_segments > 0
+    assert snap.captures == [] and walk_trace(snap).rewound_segments > 0
     ids = {name: sid for sid, name in load_snapshot(recording("two_streams.pickle")).stream_names.items()}
     second, first = ids["replay graphs stream"], ids["model graphs stream"]
     labels = stream_labels(snap)
@@ -214,7 +214,7 @@ def _graph_pool_bytes(table) -> int:
 
 def _capture_streams(snap: Snapshot) -> list[int]:
     """The streams that allocated in a graph pool, in the order they first did."""
-    allocs = replay_trace(snap).allocs
+    allocs = walk_trace(snap).allocs
     in_pool = allocs[allocs["pool"].map(lambda p: tuple(p) != (0, 0))]
     return list(dict.fromkeys(in_pool["stream"].tolist()))
 
@@ -223,7 +223,7 @@ def _capture_streams(snap: Snapshot) -> list[int]:
 def test_what_if_on_a_plain_separate_stream_recording_predicts_the_shared_stream_run(program):
     separate = load_snapshot(recording(f"plain/{program}_separate.pickle"))
     shared = load_snapshot(recording(f"plain/{program}_shared.pickle"))
-    assert separate.kit == {} and replay_trace(separate).rewound_segments > 0
+    assert separate.kit == {} and walk_trace(separate).rewound_segments > 0
     first, second = _capture_streams(separate)
     labels = stream_labels(separate)
     measured = _graph_pool_bytes(segment_table(shared))

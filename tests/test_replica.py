@@ -378,11 +378,11 @@ def test_what_if_from_the_unpatched_trace_predicts_the_patched_graph_pool(preset
 
 def test_eager_breaks_allocate_outside_the_graph_pool():
     """What a break allocates (its output buffers, the gathered rows) lands in the default pool."""
-    from kit.analysis.trace.replay import replay_trace
+    from kit.analysis.trace.walk import walk_trace
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(REPLICA / "small_unpatched.pickle")
-    allocs = replay_trace(snap).allocs
+    allocs = walk_trace(snap).allocs
     graphs = [g for g in snap.kit["captures"] if g["manager"] == "model graphs"]
     in_breaks = 0
     for before, after in zip(graphs, graphs[1:], strict=False):

@@ -3,7 +3,7 @@
 Correctness first: every vectorised table and figure must equal what the
 per-row implementations they replaced give (tests/rowwise.py), and the
 columnar walk (`kit.analysis.trace.columnar`) what the walk entry by entry gives
-(`kit.analysis.trace.rows.replay_rows`), on every recorded fixture, on traces cut to start
+(`kit.analysis.trace.rows.walk_rows`), on every recorded fixture, on traces cut to start
 mid-process, on a generated snapshot, and on inconsistent traces that take
 the walk's slow paths.
 """
@@ -27,10 +27,10 @@ import kit.load.unpickle
 from kit import KitError, Snapshot, load_snapshot
 from kit.analysis.tables import segment_table, stream_labels
 from kit.analysis.trace.columnar import _holders
-from kit.analysis.trace.columnar import replay_columns as fast_replay
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.columnar import walk_columns as fast_walk
 from kit.analysis.trace.reports import reuse_table, stranding_report
-from kit.analysis.trace.rows import replay_rows as _replay_rows
+from kit.analysis.trace.rows import walk_rows as _walk_rows
+from kit.analysis.trace.walk import walk_trace
 from kit.load.columns import _record_columns
 from kit.scale import scale_snapshot, summary, write_scale_snapshot
 from kit.show.pictures import segment_map_figure
@@ -75,7 +75,7 @@ def test_generated_snapshot_loads_tabulates_and_replays(generated, tmp_path):
     table = segment_table(snap)
     assert table["reserved"].sum() == sum(s["total_size"] for s in generated["segments"])
     assert table["segments"].sum() == len(generated["segments"])
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     assert replay.mismatches == []  # the walk ends exactly at the snapshot
     reuse = reuse_table(snap, replay).set_index("stream_label")
     # The replay graphs capture into the model graphs' pool on their own stream: PR 63155's stranding.
@@ -155,7 +155,7 @@ def test_tables_equal_the_per_row_tables(generated):
 
 
 def _same_replay(snap: Snapshot, name: str) -> None:
-    new, old = fast_replay(snap), _replay_rows(snap, 0)
+    new, old = fast_walk(snap), _walk_rows(snap, 0)
     pd.testing.assert_frame_equal(new.allocs, old.allocs, obj=name)
     pd.testing.assert_frame_equal(new.new_segments, old.new_segments, obj=name)
     assert (new.mismatches, new.rewound_segments, new.device) == (old.mismatches, old.rewound_segments, old.device)
@@ -169,8 +169,8 @@ def test_walk_equals_the_per_row_walk(generated):
         snap = Snapshot(raw)
         if snap.has_trace:
             _same_replay(snap, name)
-            stranded += (replay_trace(snap).allocs["served"] == "stranded").sum()
-            assert replay_trace(snap).allocs["frames"].map(type).eq(list).all()
+            stranded += (walk_trace(snap).allocs["served"] == "stranded").sum()
+            assert walk_trace(snap).allocs["frames"].map(type).eq(list).all()
     assert stranded > 100  # the stranded search, ties and all, was exercised
 
 
@@ -239,8 +239,8 @@ def test_expandable_segments_are_walked_entry_by_entry():
     events += [("alloc", BASE + 4096, 3 * MIB, 0)]
     final = [segment(BASE, [(4096, "active_allocated"), (4 * MIB - 4096, "active_allocated")])]  # no room to split
     snap = Snapshot({"segments": final, "device_traces": [_trace(*events)]})
-    assert fast_replay(snap) is None
-    replay = replay_trace(snap)
+    assert fast_walk(snap) is None
+    replay = walk_trace(snap)
     assert list(replay.allocs["served"]) == ["new_segment", "new_segment"] and replay.mismatches == []
 
 

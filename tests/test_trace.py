@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kit import load_snapshot
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_verdicts
+from kit.analysis.trace.walk import walk_trace
 
 from .helpers import RECORDED, run_kit
 from .test_simulator import CORPUS
@@ -51,7 +51,7 @@ def test_reuse_on_a_trace_that_starts_mid_process():
     replay_begin = raw["kit"]["captures"][1]["trace_begin"]
     raw["device_traces"][0] = raw["device_traces"][0][replay_begin - 20 :]
     snap = load_snapshot(raw)
-    replay = replay_trace(snap)
+    replay = walk_trace(snap)
     assert replay.mismatches == []
     assert replay.rewound_segments > 0  # the state at the first entry is not empty
     table = reuse_table(snap)
@@ -85,7 +85,7 @@ def test_reuse_needs_a_trace(tmp_path):
 
 @pytest.mark.parametrize("workload", sorted(CORPUS.glob("*.pickle")), ids=lambda p: p.stem)
 def test_forward_walk_ends_at_the_snapshot(workload):
-    assert replay_trace(workload).mismatches == []
+    assert walk_trace(workload).mismatches == []
 
 
 def test_capture_attribution_names_each_captures_segments():

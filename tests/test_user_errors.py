@@ -79,11 +79,12 @@ def test_an_unknown_demo_preset_lists_the_presets_and_suggests_no_live_run():
         _refused(_kit(*args, env={"CUDA_VISIBLE_DEVICES": ""}), refusal)
 
 
-# 4. vllm-patch --check
+# 4. vllm-diff --check (and its old name)
 
 
-def test_vllm_patch_check_prints_its_answer_and_nothing_else():
-    done = _kit("vllm-patch", "--check")
+@pytest.mark.parametrize("name", ["vllm-diff", "vllm-patch"])  # vllm-patch: the command's old name, kept
+def test_vllm_diff_check_prints_its_answer_and_nothing_else(name):
+    done = _kit(name, "--check", "--quiet")
     assert (done.returncode, done.stderr, done.stdout) == (0, "", "PR 63155 applies to the installed vLLM 0.33.0\n")
 
 

@@ -129,7 +129,7 @@ def test_each_patched_function_is_the_installed_one_with_the_prs_edits():
 
 
 def test_the_command_line_prints_the_diff():
-    run = subprocess.run([sys.executable, "-m", "kit", "vllm-patch"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "kit", "vllm-diff"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "+++ vllm.distributed.parallel_state.graph_capture (PR 63155)" in run.stdout
     assert "capture_replay_graphs(prepare, stream=replay_stream(self, stream))" in run.stdout

@@ -8,7 +8,7 @@ import pytest
 
 import kit
 import kit.patch.replica as replica_patch
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import layout_differences, prediction_table
 from kit.replica import parallel_state
 from kit.show.stepthrough import FITS, TAKEN, StepThrough, pool_view
@@ -30,7 +30,7 @@ def _group(table, pool, label) -> dict:
 
 
 def test_steps_are_the_recorded_graph_pool_allocations(two_streams):
-    replay = replay_trace(two_streams.recorded)
+    replay = walk_trace(two_streams.recorded)
     in_pool = replay.allocs[replay.allocs["pool"].map(tuple) == two_streams.pool]
     assert len(two_streams.steps) == len(in_pool) > 0
     assert [s.number for s in two_streams.steps] == list(range(len(two_streams.steps)))

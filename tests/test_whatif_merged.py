@@ -22,7 +22,7 @@ from kit.allocator.simulator import simulate
 from kit.allocator.workload import load_workload
 from kit.analysis.names import stream_labels
 from kit.analysis.tables import segment_table
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import what_if
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
@@ -99,7 +99,7 @@ def _replay_graphs(variant: str) -> Snapshot:
 
 
 def _capture_streams(snap: Snapshot) -> list[int]:
-    allocs = replay_trace(snap).allocs
+    allocs = walk_trace(snap).allocs
     in_pool = allocs[allocs["pool"].map(lambda p: tuple(p) != (0, 0))]
     return list(dict.fromkeys(in_pool["stream"].tolist()))
 

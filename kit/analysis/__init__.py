@@ -4,7 +4,7 @@
   streams as users type them;
 - `tables`: the segment-by-stream table per (pool, stream) group, diffs;
 - `trace`: the walk that infers how every allocation of a trace was served
-  (`trace.replay.replay_trace`) and its reports (`trace.reports`: reuse,
+  (`trace.walk.walk_trace`) and its reports (`trace.reports`: reuse,
   stranding);
 - `attribution`: which capture added which segments (the recorder's windows,
   or windows inferred from the trace);

@@ -38,7 +38,7 @@ import pandas as pd
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import pool_labels, stream_labels
 from kit.analysis.tables import pool_label
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.errors import KitError
 from kit.load.rows import TRACE_ACTIONS, is_pool
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -114,14 +114,14 @@ def _pools_allocated(snap: Snapshot) -> set[tuple]:
     known: set[tuple] = set()
     for device, columns in snap.trace_columns.items():
         if len(columns) >= 2:
-            replay = replay_trace(snap, device)
+            replay = walk_trace(snap, device)
             known |= {tuple(p) for p in replay.allocs["pool"]} | {tuple(p) for p in replay.new_segments["pool"]}
     return known
 
 
 def infer_capture_windows(snapshot: Snapshot, device: int = 0) -> list[dict]:
     """Windows from the trace alone: each run of one stream's allocations into one graph pool, in trace order."""
-    allocs = replay_trace(snapshot, device).allocs
+    allocs = walk_trace(snapshot, device).allocs
     if allocs.empty:
         return []
     streams = allocs["stream"].to_numpy()
@@ -202,7 +202,7 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
     run outside the capture, so outside the graph pool).
     """
     captures = captures_by_name(snapshot)
-    made = replay_trace(snapshot).new_segments if captures else None
+    made = walk_trace(snapshot).new_segments if captures else None
     labels = stream_labels(snapshot)
     pools = pool_labels(snapshot)
     rows = []
@@ -251,7 +251,7 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     snap = load_snapshot(snapshot)
     inferred = windows is None and _inferred(snap)
     windows = windows if windows is not None else capture_windows(snap)
-    made = replay_trace(snap).new_segments
+    made = walk_trace(snap).new_segments
     labels = stream_labels(snap)
     pools = pool_labels(snap)
     rows = []

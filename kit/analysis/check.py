@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.attribution import checked_capture_windows
 from kit.analysis.tables import format_bytes
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import stranding_report
+from kit.analysis.trace.walk import walk_trace
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 
@@ -214,7 +214,7 @@ def check_snapshot(
     windows = checked_capture_windows(snap)
     offending, allowed = [], []
     for device in devices:
-        replay = replay_trace(snap, device)
+        replay = walk_trace(snap, device)
         if replay.mismatches:
             raise KitError(_no_replay(snap, device, replay.mismatches))
         report = stranding_report(snap, replay, min_bytes=0)

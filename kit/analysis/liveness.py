@@ -29,7 +29,7 @@ from kit.analysis.attribution import captures_by_name, is_replay_capture
 from kit.analysis.frames import first_user_frame, frame_line, is_user_frame
 from kit.analysis.readwrite import Ranges, read_break_reads, read_step_reads
 from kit.analysis.tables import format_bytes
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 
@@ -109,7 +109,7 @@ def _captures(snap: Snapshot) -> dict[str, list[dict]]:
 
 def _lifetimes(snap: Snapshot, device: int) -> list[_Life]:
     """Every alloc of the trace with its pool (from the replayed segments) and its free."""
-    allocs = replay_trace(snap, device).allocs
+    allocs = walk_trace(snap, device).allocs
     pools = {int(i): tuple(p) for i, p in zip(allocs["index"], allocs["pool"], strict=True)}
     lives: list[_Life] = []
     live: dict[int, _Life] = {}

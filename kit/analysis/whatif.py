@@ -47,9 +47,9 @@ from kit.allocator.simulator import CachingAllocatorSim, seeded_id
 from kit.allocator.workload import DEFAULT
 from kit.analysis.names import DEFAULT_STREAM_LABEL, pool_labels, resolve_stream, stream_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.rows import initial_state
-from kit.analysis.trace.state import TraceReplay
+from kit.analysis.trace.state import TraceWalk
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -120,9 +120,9 @@ def _stream_id(snap: Snapshot, ref: object, labels: Mapping[int, str]) -> int:
     return resolve_stream(snap, str(ref), labels)
 
 
-def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, int], replay: TraceReplay) -> None:
+def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> None:
     """A stream that captured graphs cannot move onto the default stream: CUDA refuses to capture there."""
-    allocs = replay.allocs
+    allocs = walk.allocs
     in_graph_pool = allocs["pool"].map(lambda pool: tuple(pool) != DEFAULT_POOL)
     for source, target in moves.items():
         if target != DEFAULT_STREAM:
@@ -253,7 +253,7 @@ def simulate_trace(
     snapshot: Snapshot | str | dict,
     stream_map: Mapping | None = None,
     *,
-    replay: TraceReplay | None = None,
+    walk: TraceWalk | None = None,
     device: int = 0,
     placement: str = RECORDED,
 ) -> Snapshot:
@@ -264,7 +264,7 @@ def simulate_trace(
     snap = load_snapshot(snapshot)
     entries = _require_simulable(snap, device)
     moves = resolve_stream_map(snap, stream_map or {})
-    replay = replay or replay_trace(snap, device)
+    walk = walk or walk_trace(snap, device)
     labels = stream_labels(snap)
     seeded = rewound_segments(snap, entries, device)
     recorded = [e.addr for e in entries if e.action == "segment_alloc"]
@@ -290,7 +290,7 @@ def simulate_trace(
         sim.seed_segment(address, size, name(stream), pool, small, blocks, asked)
         live_seeded.update(blocks)
         recorded_pool[address] = tuple(pool)
-    pool_of = dict(zip(replay.allocs["index"].tolist(), replay.allocs["pool"].tolist(), strict=True))
+    pool_of = dict(zip(walk.allocs["index"].tolist(), walk.allocs["pool"].tolist(), strict=True))
     workspaces = find_workspaces(snap, entries, device)
     made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}
     left_out: list[dict] = []
@@ -384,17 +384,17 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     snap = load_snapshot(snapshot)
     _require_simulable(snap, 0)
     moves = resolve_stream_map(snap, stream_map)
-    replay = replay_trace(snap)
-    _refuse_captures_on_the_default_stream(snap, moves, replay)
+    walk = walk_trace(snap)
+    _refuse_captures_on_the_default_stream(snap, moves, walk)
     labels = stream_labels(snap)
-    baseline = segment_table(simulate_trace(snap, {}, replay=replay), stream_names=None)
-    simulated = simulate_trace(snap, moves, replay=replay)
+    baseline = segment_table(simulate_trace(snap, {}, walk=walk), stream_names=None)
+    simulated = simulate_trace(snap, moves, walk=walk)
     predicted = segment_table(simulated)
     recorded = segment_table(snap)
     before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
     saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
-    corrections = _baseline_differences(recorded, baseline, replay.device)
-    spread = placement_spread(snap, moves, replay, after)
+    corrections = _baseline_differences(recorded, baseline, walk.device)
+    spread = placement_spread(snap, moves, walk, after)
     corrections += _spread_lines(snap, spread, after)
     facts = simulated.kit["whatif"]
     modelled = [_left_out_line(w, labels, moves, pool_labels(snap)) for w in facts["workspaces_left_out"]]
@@ -431,7 +431,7 @@ def _baseline_differences(recorded: pd.DataFrame, baseline: pd.DataFrame, device
 
 
 def placement_spread(
-    snap: Snapshot, moves: Mapping[int, int], replay: TraceReplay, predicted: Mapping[tuple, int]
+    snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, predicted: Mapping[tuple, int]
 ) -> dict[tuple[int, int], tuple[int, int]] | None:
     """Per pool whose prediction changes with where cudaMalloc lays new segments: (lowest, highest) bytes.
 
@@ -444,10 +444,10 @@ def placement_spread(
     """
     if not moves:
         return {}
-    if len(snap.require_trace(replay.device)) > SPREAD_EVENTS:
+    if len(snap.require_trace(walk.device)) > SPREAD_EVENTS:
         return None
     tries = [predicted] + [
-        reserved_by_pool(segment_table(simulate_trace(snap, moves, replay=replay, placement=placement)))
+        reserved_by_pool(segment_table(simulate_trace(snap, moves, walk=walk, placement=placement)))
         for placement in PLACEMENTS
     ]
     spread = {}
@@ -496,11 +496,11 @@ def trace_to_workload(snap: Snapshot, stream_map: Mapping[str, str] | None = Non
     from kit.analysis.attribution import capture_windows
 
     stream_map = dict(stream_map or {})
-    replay = replay_trace(snap)
-    if replay.rewound_segments:
+    walk = walk_trace(snap)
+    if walk.rewound_segments:
         raise KitError(
             f"{snap.origin}: a workload starts from an empty allocator and this trace starts mid-process "
-            f"({replay.rewound_segments} segments already there); what_if() handles such traces"
+            f"({walk.rewound_segments} segments already there); what_if() handles such traces"
         )
     labels = stream_labels(snap)
     pools = pool_labels(snap)
@@ -512,7 +512,7 @@ def trace_to_workload(snap: Snapshot, stream_map: Mapping[str, str] | None = Non
 
     # A recorder's window opens before torch.cuda.graph empties the cache and registers the RNG
     # state; the capture itself starts at the window's first graph-pool allocation.
-    pool_of_alloc = dict(zip(replay.allocs["index"], replay.allocs["pool"], strict=True))
+    pool_of_alloc = dict(zip(walk.allocs["index"], walk.allocs["pool"], strict=True))
     begins, ends = {}, {}
     for c in capture_windows(snap):
         end = min(c["trace_end"], len(entries))

@@ -7,7 +7,7 @@ The layers, each importing only those before it:
   `Block`, `TraceEntry`) and the row parsers that check one row at a time;
 - `columns`: whole snapshots checked in bulk into numpy columns, falling back
   to the row parsers for anything unusual; distinct frames and stacks kept once;
-- `stream`: a pickle whose trace becomes columns batch by batch while it is
+- `incremental`: a pickle whose trace becomes columns batch by batch while it is
   unpickled, so the whole trace is never in memory;
 - `cache`: the columns of a large snapshot kept beside it and memory-mapped
   when it is opened again;

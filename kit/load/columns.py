@@ -592,7 +592,7 @@ def _fast_trace_columns(entries: list, *, newer_actions: bool = False) -> dict |
     return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us, "frames": frames}
 
 
-def streamed_trace_columns(entries: list, stacks: Stacks) -> dict | None:
+def incremental_trace_columns(entries: list, stacks: Stacks) -> dict | None:
     """A batch of a trace read from a file, as columns and each entry's stack number in `stacks`; None if unusual.
 
     The checks are `_fast_trace_columns`'s, and an action this kit does not
@@ -637,7 +637,7 @@ def trace_columns_of(
 ) -> dict[int, TraceColumns]:
     """Every device's trace as columns; a malformed entry raises the row parser's one-line error.
 
-    `done`: devices whose columns were made already (streamed from the file: `kit.load.stream`).
+    `done`: devices whose columns were made already (streamed from the file: `kit.load.incremental`).
     """
     out = {}
     with gc_paused():

@@ -10,7 +10,7 @@ are made on first use. The layers go one way: rows, then columns, then this.
 
 A file is opened from its cache when it has a valid one (`kit.load.cache`);
 else a pickle's trace is streamed into columns as it is unpickled
-(`kit.load.stream`), and the cache is written. Such a snapshot keeps only its
+(`kit.load.incremental`), and the cache is written. Such a snapshot keeps only its
 columns: `raw` (and the records made from it) reads the file again on first
 use, and refuses if the file changed since.
 
@@ -34,6 +34,7 @@ from kit import progress
 from kit.errors import KitError, as_text, describe
 from kit.load import cache as caches
 from kit.load.columns import SegmentColumns, TraceColumns, trace_columns_of
+from kit.load.incremental import read_incremental
 from kit.load.rows import (
     INT64_MAX,
     INT64_MIN,
@@ -45,7 +46,6 @@ from kit.load.rows import (
     parse_segment,
     parse_trace_entry,
 )
-from kit.load.stream import read_streamed
 from kit.load.unpickle import decode, load_file
 
 
@@ -107,10 +107,10 @@ def open_file(path: Path, origin: str, cache: bool) -> Snapshot:
 
 
 def _read(path: Path, fd: int, stamp: caches.Stamp, origin: str) -> Snapshot:
-    """Read a snapshot file; a pickle's trace is streamed into columns where it can be (`kit.load.stream`)."""
+    """Read a snapshot file; a pickle's trace is streamed into columns where it can be (`kit.load.incremental`)."""
     if os.pread(fd, 1, 0) == b"\x80":  # a pickle; anything else (JSON, a compressed file) is read plainly
         with progress.bar(f"loading {path.name}", total=stamp.size, unit="B") as shown:
-            streamed = read_streamed(path, fd, shown.update)
+            streamed = read_incremental(path, fd, shown.update)
         if streamed is not None:
             raw, device, trace = streamed
             snap = Snapshot(raw, origin=origin, traces={device: trace})

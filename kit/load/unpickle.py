@@ -74,7 +74,7 @@ class _SnapshotUnpickler(pickle.Unpickler):
     Snapshots hold nothing but dicts, lists, tuples, str, int, float, bool and
     None, which pickle encodes without naming a single global, so refusing
     every global refuses every way a pickle can call code. The one exception
-    is the kit's own trace sink (`kit.load.stream`), which the kit splices into
+    is the kit's own trace sink (`kit.load.incremental`), which the kit splices into
     the bytes it reads under a random token made for that one load: a file
     cannot name it.
     """
@@ -193,7 +193,7 @@ def check_expansion(raw: Any, size: int, where: str, *, streamed: int = 0) -> No
     million times, in a segment listed a million times) and so expand a few
     kilobytes into billions of records. Every real record takes well over two
     bytes of the file. `streamed`: trace entries read into columns as they came
-    (`kit.load.stream`), no longer in `raw`.
+    (`kit.load.incremental`), no longer in `raw`.
     """
     if not isinstance(raw, dict):
         return

@@ -36,8 +36,8 @@ from kit.analysis.check import check_snapshot
 from kit.analysis.liveness import liveness_verdicts
 from kit.analysis.names import DEFAULT_STREAM_LABEL, stream_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
-from kit.analysis.trace.replay import replay_trace
 from kit.analysis.trace.reports import reuse_table, stranding_verdicts
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, what_if
 from kit.errors import KitError
 from kit.experiments.two_captures import two_captures
@@ -146,7 +146,7 @@ def graph_pool_streams(snapshot: Snapshot) -> list[int]:
     """The streams that allocated in a graph pool, in the order they first did (by id without a trace)."""
     if snapshot.has_trace:
         try:
-            allocs = replay_trace(snapshot).allocs
+            allocs = walk_trace(snapshot).allocs
         except KitError:
             allocs = None
         if allocs is not None:

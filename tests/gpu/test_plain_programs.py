@@ -16,7 +16,7 @@ import pytest
 from kit.analysis.check import check_snapshot
 from kit.analysis.names import stream_labels
 from kit.analysis.tables import segment_table
-from kit.analysis.trace.replay import replay_trace
+from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import what_if
 from kit.load.snapshot import load_snapshot
 
@@ -42,7 +42,7 @@ def _graph_pool(table) -> int:
 def test_what_if_on_a_fresh_separate_run_predicts_the_fresh_shared_run(fresh, program):
     separate = load_snapshot(fresh / f"{program}_separate.pickle")
     shared = load_snapshot(fresh / f"{program}_shared.pickle")
-    allocs = replay_trace(separate).allocs
+    allocs = walk_trace(separate).allocs
     in_pool = allocs[allocs["pool"].map(lambda p: tuple(p) != (0, 0))]
     first, second = list(dict.fromkeys(in_pool["stream"].tolist()))
     labels = stream_labels(separate)

@@ -1,6 +1,6 @@
 """The trace walk: how each allocation of a snapshot's trace was served, and what was stranded.
 
-`replay.replay_trace` is the entry point. It runs one of two walks over the
+`walk.walk_trace` is the entry point. It runs one of two walks over the
 same state (`state`): the columnar walk (`columnar`, numpy, millions of
 events) or, for expandable segments, the walk entry by entry (`rows`), which
 is also the columnar walk's reference in the tests. `reports` turns a walk

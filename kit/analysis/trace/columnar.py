@@ -1,10 +1,10 @@
 """The trace walk on the snapshot's columns: the row walk's result, at millions of events.
 
-`kit.analysis.trace.rows.replay_rows` walks the trace entry by entry over
+`kit.analysis.trace.rows.walk_rows` walks the trace entry by entry over
 typed records; at DeepSeek scale (millions of events, tens of thousands of
 segments) that takes minutes, and its question "a fitting free block on
-another stream?" visits every segment for every new one. `replay_columns`
-returns the same `TraceReplay`:
+another stream?" visits every segment for every new one. `walk_columns`
+returns the same `TraceWalk`:
 
 - it reads the trace and the segments as numpy columns (`kit.load.columns`);
 - the rewind visits only the block events of segments that outlive it (a
@@ -19,7 +19,7 @@ returns the same `TraceReplay`:
   refreshed only where blocks changed, answers the stranding question.
 
 Traces of expandable segments (`segment_map`, `segment_unmap`) are left to the
-walk entry by entry (`replay_columns` returns None). tests/test_scale.py
+walk entry by entry (`walk_columns` returns None). tests/test_scale.py
 holds the two walks side by side.
 """
 
@@ -36,7 +36,7 @@ import pandas as pd
 
 from kit import progress
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, round_sizes, split_limit
-from kit.analysis.trace.state import ALLOC_COLUMNS, TraceReplay, WalkSegment, segment_differences
+from kit.analysis.trace.state import ALLOC_COLUMNS, TraceWalk, WalkSegment, segment_differences
 from kit.errors import KitError
 from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns
 from kit.load.snapshot import Snapshot
@@ -85,8 +85,8 @@ def _events(tc: TraceColumns) -> _Events:
     return _Events(index, action, address, size, *lists)
 
 
-def replay_columns(snap: Snapshot, device: int = 0) -> TraceReplay | None:
-    """`replay_trace` on the columns; None for a trace of expandable segments."""
+def walk_columns(snap: Snapshot, device: int = 0) -> TraceWalk | None:
+    """`walk_trace` on the columns; None for a trace of expandable segments."""
     if snap.history != "all":
         snap.require_trace(device)  # raises its one-line error, reading nothing
     tc = snap.trace_columns.get(device)
@@ -98,7 +98,7 @@ def replay_columns(snap: Snapshot, device: int = 0) -> TraceReplay | None:
         return _walk(snap, tc, device)
 
 
-def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
+def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceWalk:
     """Rewind to the trace's start, find each event's segment, walk forward classifying allocs, compare at the end."""
     events = _events(tc)
     final = _FinalSegments(snap, device)
@@ -118,7 +118,7 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceReplay:
     pools[:] = [seg.pool for seg in instances]
     allocs = _alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, new_rows)
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceReplay(allocs, new_segments, _compare(snap, live, device), rewound, device)
+    return TraceWalk(allocs, new_segments, _compare(snap, live, device), rewound, device)
 
 
 class _FinalSegments:

@@ -39,8 +39,8 @@ from kit.allocator.rules import DEFAULT_POOL, is_small_request, round_size, roun
 from kit.analysis.frames import user_frame_line
 from kit.analysis.names import generated_labels, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes
-from kit.analysis.trace.replay import replay_trace
-from kit.analysis.trace.state import TraceReplay
+from kit.analysis.trace.state import TraceWalk
+from kit.analysis.trace.walk import walk_trace
 from kit.load.columns import TraceColumns
 from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -69,14 +69,14 @@ _ALLOC, _FREE_REQUESTED, _FREE_COMPLETED, _SEGMENT_FREE, _SEGMENT_UNMAP = (
 )
 
 
-def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = None) -> pd.DataFrame:
+def reuse_table(snapshot: Snapshot | str | dict, walk: TraceWalk | None = None) -> pd.DataFrame:
     """Per (pool, stream) group: allocs, reused, new segments, their bytes, and the stranded bytes.
 
-    Pass `replay` (from `replay_trace` of the same snapshot) to skip walking the trace again.
+    Pass `walk` (from `walk_trace` of the same snapshot) to skip walking the trace again.
     """
     snap = load_snapshot(snapshot)
-    replay = replay or replay_trace(snap)
-    a = replay.allocs
+    walk = walk or walk_trace(snap)
+    a = walk.allocs
     a = a.assign(
         reused=a["served"] == "reused",
         new=a["served"] != "reused",
@@ -103,13 +103,13 @@ def reuse_table(snapshot: Snapshot | str | dict, replay: TraceReplay | None = No
     table.attrs["generated_labels"] = sorted(
         {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}
     )
-    table.attrs["mismatches"] = replay.mismatches
+    table.attrs["mismatches"] = walk.mismatches
     table.attrs["byte_columns"] = ("new_segment_bytes", "stranded_bytes")
     return table
 
 
 def stranding_report(
-    snapshot: Snapshot | str | dict, replay: TraceReplay | None = None, *, min_bytes: int = MIN_BYTES
+    snapshot: Snapshot | str | dict, walk: TraceWalk | None = None, *, min_bytes: int = MIN_BYTES
 ) -> pd.DataFrame:
     """One verdict per (pool, stream) group that made new segments it need not have, largest first.
 
@@ -127,12 +127,12 @@ def stranding_report(
     groups, ordered alike. `attrs["source"]` names the data source.
     """
     snap = load_snapshot(snapshot)
-    replay = replay or replay_trace(snap)
-    tc = snap.trace_columns[replay.device]
-    a = replay.allocs
+    walk = walk or walk_trace(snap)
+    tc = snap.trace_columns[walk.device]
+    a = walk.allocs
     new = a[a["segment_bytes"] > 0]
-    made = _segments_of(tc, new, replay.new_segments)
-    kept = _still_reserved(snap, tc, replay)
+    made = _segments_of(tc, new, walk.new_segments)
+    kept = _still_reserved(snap, tc, walk)
     waits = _pending_waits(snap, tc, a, new)
     streams, pools = stream_labels(snap), pool_labels(snap)
     rows = []
@@ -149,10 +149,10 @@ def stranding_report(
             "pool_label": pools.get(tuple(pool), str(tuple(pool))),
             "stream_label": streams.get(int(stream), str(stream)),
             "stranded_bytes": int(stranded["segment_bytes"].sum()),
-            "still_reserved": _kept_bytes(stranded, made, kept, replay.new_segments),
+            "still_reserved": _kept_bytes(stranded, made, kept, walk.new_segments),
             "other_streams": sorted({int(s) for s in stranded["other_stream"]}),
             "pending_bytes": int(pending["segment_bytes"].sum()),
-            "pending_still_reserved": _kept_bytes(pending, made, kept, replay.new_segments),
+            "pending_still_reserved": _kept_bytes(pending, made, kept, walk.new_segments),
             "pending_streams": sorted({s for i in pending["index"].tolist() for s in waits[i]}),
             "frames": user_frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
         }
@@ -260,14 +260,14 @@ def _segments_of(tc: TraceColumns, allocs: pd.DataFrame, new_segments: pd.DataFr
     return out
 
 
-def _still_reserved(snap: Snapshot, tc: TraceColumns, replay: TraceReplay) -> np.ndarray:
-    """Per row of `replay.new_segments`: whether that segment is still in the final snapshot.
+def _still_reserved(snap: Snapshot, tc: TraceColumns, walk: TraceWalk) -> np.ndarray:
+    """Per row of `walk.new_segments`: whether that segment is still in the final snapshot.
 
     A segment made at trace index i is gone if a later segment_free at its
     address (or a later segment_unmap over its range) removed it, or if the
     final snapshot holds no segment at its address.
     """
-    ns = replay.new_segments
+    ns = walk.new_segments
     if ns.empty:
         return np.zeros(0, dtype=bool)
     made_at = ns["index"].to_numpy(dtype=np.int64)
@@ -282,7 +282,7 @@ def _still_reserved(snap: Snapshot, tc: TraceColumns, replay: TraceReplay) -> np
         if ((tc.addr[later] < addr[k] + size[k]) & (addr[k] < tc.addr[later] + tc.size[later])).any():
             kept[k] = False
     c = snap.columns
-    on = c.device == replay.device
+    on = c.device == walk.device
     starts, ends = c.address[on], c.address[on] + c.total_size[on]
     order = np.argsort(starts)
     starts, ends = starts[order], ends[order]

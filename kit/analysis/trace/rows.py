@@ -1,8 +1,8 @@
 """The trace walk entry by entry: the reference walk, and the one for expandable segments.
 
-`replay_rows` rewinds the final snapshot to the trace's first entry (segments
+`walk_rows` rewinds the final snapshot to the trace's first entry (segments
 and active blocks), walks the trace forward again, and checks that the walk
-ends at the snapshot; any difference is reported in `TraceReplay.mismatches`,
+ends at the snapshot; any difference is reported in `TraceWalk.mismatches`,
 never ignored. Walking forward it classifies every `alloc`:
 
 - `reused`: served from a cached free block of its stream;
@@ -24,7 +24,7 @@ add up is reported in `mismatches`. Actions a newer torch adds are skipped.
 
 This walk visits every segment for every new one, which takes minutes at
 DeepSeek scale; `kit.analysis.trace.columnar` returns the same result from
-the snapshot's columns and is what `replay_trace` uses where it can.
+the snapshot's columns and is what `walk_trace` uses where it can.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, should_split
-from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceReplay, WalkSegment, segment_differences
+from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceWalk, WalkSegment, segment_differences
 from kit.load.rows import TraceEntry
 from kit.load.snapshot import Snapshot
 
@@ -90,7 +90,7 @@ def initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
     return layout, len(layout.by_start)
 
 
-def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
+def walk_rows(snap: Snapshot, device: int) -> TraceWalk:
     """Walk the snapshot's trace entry by entry from its rewound start; classify every alloc."""
     entries = snap.require_trace(device)
     layout, rewound = initial_state(snap, entries, device)
@@ -120,7 +120,7 @@ def replay_rows(snap: Snapshot, device: int) -> TraceReplay:
             fresh.clear()
     allocs = pd.DataFrame(rows, columns=list(ALLOC_COLUMNS))
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceReplay(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
+    return TraceWalk(allocs, new_segments, _compare_with_snapshot(snap, layout, device), rewound, device)
 
 
 def _freed_later(entries) -> set[int]:
@@ -151,7 +151,7 @@ def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later: bool
 
 
 def _placed_alloc(layout: Layout, i: int, e: TraceEntry, fresh: list[tuple[int, int]]) -> dict | None:
-    """Place alloc entry `i` in its segment and classify it: its row of `TraceReplay.allocs`; None if no segment."""
+    """Place alloc entry `i` in its segment and classify it: its row of `TraceWalk.allocs`; None if no segment."""
     seg = layout.find(e.addr)
     if seg is None:
         return None

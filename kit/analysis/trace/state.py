@@ -6,12 +6,12 @@ are exactly the gaps between its active blocks. A `WalkSegment` keeps a
 segment's active blocks (sorted start addresses and their sizes) and answers
 "how large is the free block at this address" from them. `Layout` indexes the
 live segments by address, and grows and shrinks expandable segments' mapped
-ranges. `TraceReplay` is what a walk returns.
+ranges. `TraceWalk` is what a walk returns.
 
 There are two walks over this state, on purpose: `kit.analysis.trace.rows`
 walks entry by entry over typed records (the reference, and the only walk
 for expandable segments), `kit.analysis.trace.columnar` walks the numpy
-columns at millions of events. `replay_trace` picks one; the tests hold the
+columns at millions of events. `walk_trace` picks one; the tests hold the
 two side by side.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-# One row per allocation of the walk (`TraceReplay.allocs`), in the row walk and the columnar one.
+# One row per allocation of the walk (`TraceWalk.allocs`), in the row walk and the columnar one.
 ALLOC_COLUMNS = (
     "index",
     "time_us",
@@ -148,7 +148,7 @@ class Layout:
 
 
 @dataclass
-class TraceReplay:
+class TraceWalk:
     """The result of walking a trace: one row per alloc, and what did not add up."""
 
     allocs: pd.DataFrame

@@ -7,7 +7,7 @@ never exists whole: the unpickler (`kit.load.unpickle`'s, which admits no
 global the file names and so runs no code from it) hands the trace's entries
 over in the batches the pickle is written in (`APPENDS`, up to 1,000
 entries), and every `TraceSink.GROUP` entries become columns
-(`kit.load.columns.streamed_trace_columns`, the same checks as for a whole
+(`kit.load.columns.incremental_trace_columns`, the same checks as for a whole
 trace) before their dicts are emptied.
 
 How the batches reach the kit: the unpickler calls `extend` on a list
@@ -26,7 +26,7 @@ load peaks at two thirds of `pickle.load`'s memory (docs/scale.md).
 Whatever does not fit (a pickle before protocol 4, which has no frames; a
 trace entry the bulk checks do not take; an entry that comes twice; a sink
 found anywhere but in `device_traces`, or referenced from elsewhere; frames
-not shared as torch shares them) makes `read_streamed` return None, and the
+not shared as torch shares them) makes `read_incremental` return None, and the
 file is read again the plain way, which gives exactly the result and the
 error it always gave.
 """
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from kit.errors import KitError
-from kit.load.columns import Stacks, TraceColumns, streamed_trace_columns
+from kit.load.columns import Stacks, TraceColumns, incremental_trace_columns
 from kit.load.rows import MAX_DEVICE
 from kit.load.unpickle import check_expansion, refuse_legacy_torch_save, snapshot_unpickler
 
@@ -95,7 +95,7 @@ class TraceSink:
         if self.failed or not entries:
             return
         # An entry emptied before and listed again has no action: the bulk checks refuse it, as anything unusual.
-        fields = streamed_trace_columns(entries, self.stacks)
+        fields = incremental_trace_columns(entries, self.stacks)
         if fields is None:
             self.failed = True
             self.chunks, self.shells = [], []
@@ -333,7 +333,7 @@ def _sink_in_place(raw: Any, made: list[TraceSink]) -> int | None:
     return places[0]
 
 
-def read_streamed(path: Path, fd: int, on_read=None) -> tuple[Any, int, TraceColumns] | None:
+def read_incremental(path: Path, fd: int, on_read=None) -> tuple[Any, int, TraceColumns] | None:
     """Unpickle the snapshot file `fd` with its first non-empty trace streamed into columns.
 
     Returns the unpickled data (that trace replaced by an empty list), the

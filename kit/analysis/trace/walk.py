@@ -1,25 +1,25 @@
-"""`replay_trace`: how each allocation of a snapshot's trace was served, by the fastest walk that can tell.
+"""`walk_trace`: how each allocation of a snapshot's trace was served, by the fastest walk that can tell.
 
 The walk on the snapshot's columns (`kit.analysis.trace.columnar`) handles
 every trace but one of expandable segments, which the walk entry by entry
-(`kit.analysis.trace.rows`) handles; both return the same `TraceReplay`.
+(`kit.analysis.trace.rows`) handles; both return the same `TraceWalk`.
 """
 
 from __future__ import annotations
 
 from weakref import WeakKeyDictionary
 
-from kit.analysis.trace.columnar import replay_columns
-from kit.analysis.trace.rows import replay_rows
-from kit.analysis.trace.state import TraceReplay
+from kit.analysis.trace.columnar import walk_columns
+from kit.analysis.trace.rows import walk_rows
+from kit.analysis.trace.state import TraceWalk
 from kit.load.snapshot import Snapshot, load_snapshot
 
 # A snapshot is read-only once loaded, so its walk is kept while the snapshot lives:
 # the tables, verdicts, attribution and what-if of one snapshot walk it once.
-_WALKS: WeakKeyDictionary[Snapshot, dict[int, TraceReplay]] = WeakKeyDictionary()
+_WALKS: WeakKeyDictionary[Snapshot, dict[int, TraceWalk]] = WeakKeyDictionary()
 
 
-def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceReplay:
+def walk_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceWalk:
     """Walk the snapshot's trace from its rewound start; classify every alloc.
 
     `allocs` has one row per alloc; its `frames` is the trace entry's own
@@ -29,6 +29,6 @@ def replay_trace(snapshot: Snapshot | str | dict, device: int = 0) -> TraceRepla
     snap = load_snapshot(snapshot)
     walks = _WALKS.setdefault(snap, {})
     if device not in walks:
-        replay = replay_columns(snap, device)
-        walks[device] = replay if replay is not None else replay_rows(snap, device)
+        walk = walk_columns(snap, device)
+        walks[device] = walk if walk is not None else walk_rows(snap, device)
     return walks[device]
