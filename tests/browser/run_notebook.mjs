@@ -34,7 +34,7 @@ const deadline = started + Number(opt.timeout) * 1000;
 const remaining = (cap) => Math.max(1000, Math.min(cap, deadline - Date.now()));
 const log = (msg) => process.stderr.write(`[${((Date.now() - started) / 1000).toFixed(1)}s ${stem}] ${msg}\n`);
 
-const WIDTH = 1280;
+const WIDTH = 1400; // a laptop's browser window, the file browser collapsed
 const MAX_HEIGHT = 16000; // tallest full-notebook screenshot
 const PANEL = '.jp-NotebookPanel:not(.lm-mod-hidden)'; // the notebook on screen
 const NOTEBOOK = `${PANEL} .jp-Notebook`;
@@ -209,6 +209,22 @@ async function survey(page) {
           text: el.textContent.trim().slice(0, 200),
         })),
         control_widgets: operable,
+        // Each plotly plot's width against its output area's, whether its legend scrolls (entries hidden
+        // until scrolled) and whether its title runs past the plot's edges (cut off).
+        plots: [...nb.querySelectorAll('.js-plotly-plot')].map((gd) => {
+          const box = gd.getBoundingClientRect();
+          const area = gd.closest('.jp-OutputArea-output');
+          const title = gd.querySelector('.gtitle');
+          const scrollbar = gd.querySelector('.legend .scrollbar');
+          const titleBox = title ? title.getBoundingClientRect() : null;
+          return {
+            title: title ? title.textContent.slice(0, 100) : '',
+            width: Math.round(box.width),
+            area_width: area ? Math.round(area.getBoundingClientRect().width) : null,
+            legend_scrolls: Boolean(scrollbar && scrollbar.getBoundingClientRect().height > 0),
+            title_cut: Boolean(titleBox && (titleBox.right > box.right + 1 || titleBox.left < box.left - 1)),
+          };
+        }),
       };
     },
     { NOTEBOOK, errorSource: ERROR_RE.source, CONTROL_CLASSES },
