@@ -46,6 +46,12 @@
 # its twin `two_captures_shared.pickle` captures the second on the first one's stream.
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import shlex
 import subprocess
 import sys

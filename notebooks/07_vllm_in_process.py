@@ -36,6 +36,12 @@
 # The safety checks on every pairing and the alternatives are the replica's (notebooks 04, 05).
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import importlib.util
 import inspect
 import logging

@@ -5,11 +5,12 @@ for each notebooks/NN_*.ipynb, tests/browser/run_notebook.mjs opens it in Debian
 playwright-core (no browser download), runs Run > Run All Cells, waits for an idle kernel, and
 reports what the page shows. The test requires no error output, at least one widget view, a
 rendered plotly plot where the notebook uses plotly, the key lines and figures the headless run
-requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), every plotly plot at least 90% as wide as
-its output area with no legend entry behind a scroll bar and no title cut off (at a 1400 px window), and, in every notebook with a control
-a person can operate, one control marked with the CSS class `kit-main-control`: moving it must change
-what its cell shows as `CONTROL` says (before and after, a figure where there is one). Screenshots of
-the whole notebook before and after moving the control go to build/screenshots/.
+requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), every plotly plot at least 90% as wide
+as its output area with no legend entry behind a scroll bar and no title cut off (1400 px window), and,
+in every notebook with a control a person can operate, one control marked with the CSS class
+`kit-main-control`: moving it must change what its cell shows as `CONTROL` says (before and after, a
+figure where there is one). Screenshots of the whole notebook before and after moving the control go
+to build/screenshots/.
 
 A snapshot whose names are markup (tests/hostile.py) is opened in the same Chromium through
 tests/browser/open_page.mjs: its report page, and the explorer's HTML widgets set with innerHTML as
@@ -175,6 +176,7 @@ def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
         command.append("--allow-root")
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),  # this kit
         "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
     }

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import ipywidgets as widgets
 import pandas as pd
-import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 
 from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
@@ -44,7 +43,7 @@ from kit.experiments.two_captures import two_captures
 from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
 from kit.markup import html_text
 from kit.recordings import LIVE, recording
-from kit.show.pictures import group_bar_figure, segment_map_figure, show_in
+from kit.show.pictures import FigureWidget, group_bar_figure, segment_map_figure, show_in
 
 SHIPPED = {  # the explorer's choices of shipped recording -> file under kit/recordings/
     # Plain snapshots first; the shared-stream run leads, since the default path is its separate-stream twin.
@@ -238,7 +237,7 @@ class SnapshotExplorer:
         self.whatif_html = widgets.HTML()
         self.first = self.load_choice(self.main.value)
         self.current = self.first
-        self.figures = {make: go.FigureWidget(make(self.first)) for make in (group_bar_figure, segment_map_figure)}
+        self.figures = {make: FigureWidget(make(self.first)) for make in (group_bar_figure, segment_map_figure)}
         self.main.observe(self.on_main, names="value")
         self.load_button.on_click(self.on_load)
         self.upload.observe(self.on_upload, names="value")

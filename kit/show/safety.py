@@ -44,7 +44,7 @@ from kit.load.snapshot import Snapshot
 from kit.markup import html_text
 from kit.patch.policy import replay_stream
 from kit.recordings import LIVE, RECORDINGS, check_source
-from kit.show.pictures import show_in
+from kit.show.pictures import FigureWidget, show_in
 from kit.show.timeline import block_roles, timeline_figure
 
 # The four checks of one pairing, in the order `agreement_table` shows them: (column, rows it flags).
@@ -304,7 +304,7 @@ class SafetyView:
         )
         self.status, self.blocks_html = widgets.HTML(), widgets.HTML()
         self.scenario = scenario_for(self.policy.value, self.early_aux.value)[0]
-        self.timeline = go.FigureWidget(self.figure())  # the first view, also in a saved page
+        self.timeline = FigureWidget(self.figure())  # the first view, also in a saved page
         self.policy.observe(self.update, names="value")
         self.early_aux.observe(self.update, names="value")
         self.update()

@@ -27,7 +27,7 @@ from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
-from kit.show.pictures import segment_map_figure, segment_row, show_in
+from kit.show.pictures import MARK_COLOURS, FigureWidget, segment_map_figure, segment_row, show_in
 
 GRAPH_POOL = "global graph pool"
 TAKEN = "taken"
@@ -192,7 +192,8 @@ def pool_view(snapshot: Snapshot, pool: tuple[int, int]) -> Snapshot:
     return Snapshot(raw, origin=snapshot.origin, live=snapshot.live)
 
 
-MARK_STYLE = {"taken by this request": ("black", 3), "refused: other stream": ("crimson", 2)}  # outline colour, width
+MARK_WIDTHS = {"taken by this request": 3, "refused: other stream": 2}  # outline px
+MARK_STYLE = {kind: (MARK_COLOURS[kind], width) for kind, width in MARK_WIDTHS.items()}  # outline colour, width
 
 
 def mark_traces(marks: list[dict[str, Any]]) -> list:
@@ -231,11 +232,16 @@ class StepView:
         self.steps = steps
         first = (start.number if start is not None else 0) + 1
         self.step = widgets.IntSlider(
-            min=1, max=len(steps.steps), value=first, description="request", continuous_update=False
+            min=1,
+            max=len(steps.steps),
+            value=first,
+            description="request",
+            continuous_update=False,
+            layout={"width": "90%"},  # a step every few pixels, not every two
         )
         self.step.add_class("kit-main-control")
         self.request, self.free_blocks, self.groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.segment_map = go.FigureWidget()
+        self.segment_map = FigureWidget()
         self.step.observe(self.show, names="value")
         self.show()
 

@@ -212,7 +212,9 @@ async function survey(page) {
         // Each plotly plot's width against its output area's, whether its legend scrolls (entries hidden
         // until scrolled) and whether its title runs past the plot's edges (cut off).
         plots: [...nb.querySelectorAll('.js-plotly-plot')].map((gd) => {
-          const box = gd.getBoundingClientRect();
+          // The drawing, not its <div>: the div is as wide as the cell whatever width plotly drew at.
+          const svg = gd.querySelector('.main-svg');
+          const box = (svg || gd).getBoundingClientRect();
           const area = gd.closest('.jp-OutputArea-output');
           const title = gd.querySelector('.gtitle');
           const scrollbar = gd.querySelector('.legend .scrollbar');
