@@ -159,7 +159,7 @@ SHOWN = {
     ),
     "07_vllm_in_process": (
         # the PR's captures: the replay graphs on the model graphs' stream, adding no segment
-        "4 decoder replay graphs 480 model graphs stream 1 0 0 0",
+        "decoder replay graphs 480 model graphs stream 1 0 0 0 B",
     )
     + (
         (
