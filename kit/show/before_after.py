@@ -23,7 +23,15 @@ from kit.analysis.attribution import capture_table, is_replay_capture
 from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
-from kit.show.pictures import BAR_TOP_MARGIN, MIB, STATE_COLOURS, FigureWidget, show_in, title_room, titled
+from kit.show.pictures import (
+    BAR_TOP_MARGIN,
+    MIB,
+    STATE_COLOURS,
+    FigureWidget,
+    figure_widget,
+    title_room,
+    titled,
+)
 
 GRAPH_POOL = "global graph pool"
 GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
@@ -112,7 +120,7 @@ class BeforeAfterView:
         self.preset = widgets.ToggleButtons(options=list(presets), description="preset")
         self.preset.add_class("kit-main-control")
         self.before_html, self.after_html, self.change_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.bars = FigureWidget()
+        self.bars: FigureWidget | None = None  # made by the first show()
         self.preset.observe(self.show, names="value")
         self.show()
 
@@ -132,4 +140,4 @@ class BeforeAfterView:
         self.change_html.value = "".join(f"<p><b>{line}</b></p>" for line in lines) + table
         # The graph pool's groups only: beside the default pool's GiB the saving would be a sliver.
         graph_pool = groups[groups["pool_label"] == GRAPH_POOL]
-        show_in(self.bars, change_figure(graph_pool, "unpatched", "patched", GRAPH_POOL_AXIS))
+        self.bars = figure_widget(self.bars, change_figure(graph_pool, "unpatched", "patched", GRAPH_POOL_AXIS))

@@ -259,6 +259,18 @@ def _runs(c, i: int) -> tuple[list, list, list, list]:
     return c.block_address[lo:hi][first].tolist(), sizes.tolist(), state[first].tolist(), counts.tolist()
 
 
+def figure_widget(widget: go.FigureWidget | None, figure: go.Figure, extra_traces: Sequence = ()) -> go.FigureWidget:
+    """`widget` showing `figure` (and `extra_traces`); a new `FigureWidget` of them where `widget` is None.
+
+    A view's first figure goes into a new widget whole: redrawn before it is displayed, plotly's view could
+    miss the redraw and show an empty plot.
+    """
+    if widget is None:
+        return FigureWidget(go.Figure(data=[*figure.data, *extra_traces], layout=figure.layout))
+    show_in(widget, figure, extra_traces)
+    return widget
+
+
 def show_in(widget: go.FigureWidget, figure: go.Figure, extra_traces: Sequence = ()) -> None:
     """Replace what a FigureWidget shows with `figure` (and `extra_traces` on top), in one update.
 
@@ -282,27 +294,39 @@ def _wide_esm() -> str:
     return bundle + _RESIZE.replace("PLOTLY_DEFAULT", default) + "export default __kitWideWidget;\n"
 
 
-# The plotly view draws at once, before JupyterLab attaches its element, so at plotly's 700 px default; with
-# `responsive` in its config, plotly redraws the figure to its element on a window resize, which this sends
-# whenever the element's width changes.
+# The plotly view draws at once, before JupyterLab attaches its element, so at plotly's 700 px default. Once
+# it has drawn (plotly's "plotlywidget-after-render" event; a resize before then would redraw a half-made plot
+# empty) and whenever its element's width changes, this calls the handler plotly's `responsive` config puts
+# on the element, which fits the figure to it: this plot only, not every plot on the page.
 _RESIZE = """
 const __kitWideWidget = () => {
   const widget = PLOTLY_DEFAULT();
   return {
     initialize: widget.initialize,
     render(context) {
-      const cleanup = widget.render(context);
+      const el = context.el;
       let width = 0;
-      const observer = new ResizeObserver(() => {
-        const now = context.el.getBoundingClientRect().width;
-        if (now > 0 && Math.abs(now - width) > 1) {
+      let rendered = false;
+      const fit = () => {
+        const now = el.getBoundingClientRect().width;
+        if (rendered && now > 0 && Math.abs(now - width) > 1 && el._responsiveChartHandler) {
           width = now;
-          window.dispatchEvent(new Event('resize'));
+          el._responsiveChartHandler();
         }
-      });
-      observer.observe(context.el);
+      };
+      const onRendered = (event) => {
+        if (event.detail && event.detail.element === el) {
+          rendered = true;
+          fit();
+        }
+      };
+      document.addEventListener('plotlywidget-after-render', onRendered);
+      const cleanup = widget.render(context);
+      const observer = new ResizeObserver(fit);
+      observer.observe(el);
       return () => {
         observer.disconnect();
+        document.removeEventListener('plotlywidget-after-render', onRendered);
         if (cleanup) cleanup();
       };
     },

@@ -27,7 +27,7 @@ from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
-from kit.show.pictures import MARK_COLOURS, FigureWidget, segment_map_figure, segment_row, show_in
+from kit.show.pictures import MARK_COLOURS, FigureWidget, figure_widget, segment_map_figure, segment_row
 
 GRAPH_POOL = "global graph pool"
 TAKEN = "taken"
@@ -241,7 +241,7 @@ class StepView:
         )
         self.step.add_class("kit-main-control")
         self.request, self.free_blocks, self.groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.segment_map = FigureWidget()
+        self.segment_map: FigureWidget | None = None  # made by the first show()
         self.step.observe(self.show, names="value")
         self.show()
 
@@ -264,4 +264,4 @@ class StepView:
         table = style_table(segment_table(after)[GROUP_COLUMNS]).to_html()
         self.groups.value = "<b>Segment-by-stream table, after it</b>" + table
         figure = segment_map_figure(pool_view(after, steps.pool))
-        show_in(self.segment_map, figure, mark_traces(steps.marks(current)))
+        self.segment_map = figure_widget(self.segment_map, figure, mark_traces(steps.marks(current)))
