@@ -347,9 +347,13 @@ async function main() {
       remaining(30000),
       'widget views and plots to render',
     ).catch((e) => log(String(e)));
+    // Plot sizes as a person first sees them: a window resize (the next step) refits responsive plots.
+    await page.waitForTimeout(1000);
+    const firstPlots = (await survey(page)).plots;
     report.viewport_height = await fitViewportToNotebook(page);
     const before = await settledSignature(page);
     Object.assign(report, await survey(page));
+    report.plots = firstPlots;
     report.text = await outputText(page);
     await page.screenshot({ path: join(opt.screenshots, `${stem}.png`), fullPage: true });
     if (!report.controls.length) return;
