@@ -369,6 +369,10 @@ async function main() {
       'a figure or the text to change',
     ).catch(() => null);
     report.change_seconds = (Date.now() - t0) / 1000;
+    // The text may change first: give a busy machine's figure a few seconds more to follow.
+    await until(async () => (await plotSignature(page)) !== before, remaining(5000), 'a figure to change').catch(
+      () => null,
+    );
     report.figure_changed = (await settledSignature(page)) !== before;
     report.control_text_after = await settledText(page);
     log(`moved: ${report.moved}; figure changed: ${report.figure_changed} (${report.change_seconds} s)`);
