@@ -20,6 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kit.analysis.attribution import capture_table, is_replay_capture
+from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
@@ -33,7 +34,7 @@ from kit.show.pictures import (
     titled,
 )
 
-GRAPH_POOL = "global graph pool"
+GRAPH_POOL = GRAPH_POOL_LABEL
 GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
 SCENARIO_OF = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
 RUN_TITLES = {  # scenario -> what the run is: the replica, never vLLM itself

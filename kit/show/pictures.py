@@ -28,7 +28,13 @@ import numpy as np
 import plotly
 import plotly.graph_objects as go
 
-from kit.analysis.names import pool_labels
+from kit.analysis.names import (
+    DEFAULT_STREAM_LABEL,
+    MODEL_STREAM_LABEL,
+    REPLAY_STREAM_LABEL,
+    SPECULATOR_STREAM_LABEL,
+    pool_labels,
+)
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -46,10 +52,10 @@ STATE_STYLE = {  # block state -> (legend name, share of the stream's colour, ba
 }
 MARK_COLOURS = {"taken by this request": "black", "refused: other stream": "#c0392b"}  # outlines, kept unique
 STREAM_COLOURS = {  # the kit's stream names; no red (refused) nor black (taken)
-    "default stream": "#7f8c8d",
-    "model graphs stream": "#2874a6",
-    "replay graphs stream": "#e67e22",
-    "DFlash speculator graphs stream": "#8e44ad",
+    DEFAULT_STREAM_LABEL: "#7f8c8d",
+    MODEL_STREAM_LABEL: "#2874a6",
+    REPLAY_STREAM_LABEL: "#e67e22",
+    SPECULATOR_STREAM_LABEL: "#8e44ad",
 }
 OTHER_STREAM_COLOURS = ("#16a085", "#d4ac0d", "#6c3483", "#1abc9c", "#935116", "#5d6d7e")
 
