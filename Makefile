@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB_FLAGS ?=
+LAB_DIR ?= notebooks
 # Jupyter refuses to run as root unless told to; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -26,8 +27,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --progress-bar off -e '.[vllm,test]'
 	touch $(STAMP)
 
+# scripts/lab_config.py saves every notebook output-free and keeps checkpoints under build/.
 lab: venv
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_FLAGS)
+	$(VENV)/bin/jupyter lab --config=$(CURDIR)/scripts/lab_config.py --notebook-dir=$(LAB_DIR) $(ROOT_FLAG) $(LAB_FLAGS)
 
 test: venv browser-deps
 	KIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest

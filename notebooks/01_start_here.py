@@ -30,6 +30,48 @@
 # itself divides memory: by `(segment_pool_id, stream)`.
 
 # %% [markdown]
+# ## Primer: the words this kit uses
+#
+# ```text
+#  CUDA graph capture: record the kernels of one forward pass once, replay them later
+#  without Python. Every tensor the captured kernels use comes from one GRAPH POOL,
+#  memory the caching allocator keeps for those graphs alone.
+#
+#  graph pool (one per vLLM process: the "global graph pool")
+#  +-- segment A: one cudaMalloc, made on stream s1 -----------------------------+
+#  |  [ block: allocated ][ block: free ][ block: allocated ][ block: free     ] |
+#  +-----------------------------------------------------------------------------+
+#  +-- segment B: one cudaMalloc, made on stream s2 ----------------+
+#  |  [ block: allocated      ][ block: free                      ] |
+#  +----------------------------------------------------------------+
+#
+#  model graphs  (captured on stream s1):  ===[graph]===|eager break|===[graph]===
+#  replay graphs (captured on stream s2):                                          ===[graph]===
+#    a request from s2 may take only s2's free blocks: s1's free blocks in A are
+#    refused ("other stream"), so the allocator adds segment B. That is the stranded memory.
+# ```
+#
+# - **segment**: one `cudaMalloc` the allocator made; it belongs to one pool and to the
+#   **stream** of the request that made it, for as long as it lives.
+# - **block**: a piece of a segment handed to one tensor (allocated) or waiting for the next
+#   request (free); a free block goes only to a request on its segment's stream.
+# - **stream**: a CUDA queue of work; a capture runs on one, and vLLM 0.33 makes a new one
+#   for every `graph_capture()`.
+# - **eager break**: a stretch of a model graph's forward run eagerly between two captured
+#   pieces (a breakable CUDA graph); blocks still held across it belong to the graph.
+# - **replay graph**: DeepSeek-V4.1's decoder replay layers' own CUDA graphs, captured after
+#   the model graphs into the same pool: the captures PR 63155 moves onto the model graphs'
+#   stream.
+# - **`record_stream`**: marks a block as used by another stream, so that its free waits for
+#   that stream's work; it never moves the block to that stream.
+
+# %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %% [markdown]
 # ## A map: where the numbers come from
 #
 # Three data sources; every table and figure names its own:
@@ -59,7 +101,6 @@
 
 # %%
 import ipywidgets as widgets
-import plotly.graph_objects as go
 import plotly.io as pio
 from IPython.display import display
 
@@ -69,6 +110,7 @@ from kit.experiments.two_captures import two_captures
 from kit.markup import html_text
 from kit.recordings import RECORDED, default_source
 from kit.show.before_after import GRAPH_POOL, change_figure, replay_segment_bytes
+from kit.show.pictures import FigureWidget
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 
@@ -158,7 +200,7 @@ for line in kit.diff_summary(diff):
 # %%
 pool_choice = widgets.ToggleButtons(options=sorted(set(diff["pool_label"]), reverse=True), description="pool")
 pool_choice.add_class("kit-main-control")  # the control tests/test_browser.py moves
-summary, rows, bars = widgets.HTML(), widgets.HTML(), go.FigureWidget()
+summary, rows, bars = widgets.HTML(), widgets.HTML(), FigureWidget()
 CHANGE = ["stream_label", "status", "segments", "reserved_before", "reserved_after", "reserved", "free"]
 
 

@@ -28,6 +28,12 @@
 # makes the second stream.
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import inspect
 import sys
 from pathlib import Path

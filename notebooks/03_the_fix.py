@@ -23,6 +23,12 @@
 # the unpatched recording alone?
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import pandas as pd
 import plotly.io as pio
 from IPython.display import display

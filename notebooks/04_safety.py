@@ -45,6 +45,12 @@
 # graph can run in which break (section 1), cited by file and function.
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import inspect
 import re
 

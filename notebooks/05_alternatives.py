@@ -37,6 +37,12 @@
 # early aux; neither alternative.
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import inspect
 
 from IPython.display import display

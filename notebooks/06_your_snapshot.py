@@ -46,6 +46,12 @@
 # its twin `two_captures_shared.pickle` captures the second on the first one's stream.
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import shlex
 import subprocess
 import sys
@@ -191,6 +197,7 @@ for attempt, load in (
 
 # %%
 explorer = SnapshotExplorer(REPO, DEFAULT_PATH, live=HAS_CUDA)
+print("the explorer's first view (printed once; the app below follows your picks):")
 print(f"data source: {explorer.first.data_source} ({explorer.first.source_label})")
 print(f"what-if: {explorer.whatif_from.value} onto {explorer.whatif_to.value}")
 for line in explorer.whatif.summary():
@@ -213,7 +220,9 @@ display(explorer.widget)
 # a plain snapshot from a program the kit did not write, with labels that stay the same
 # across runs, and a one-line error for anything that is not a snapshot.
 #
-# **Next question.** The what-if says how much sharing the stream would save; it does not say
-# whether sharing is allowed. The second capture may take the first one's free blocks only
-# if nothing the first graph still needs is live while the second runs: `04_safety` checks
-# what is live across the eager break, and shows what must hold before a stream may be shared.
+# **Next question.** Everything so far ran the kit's replica of vLLM's capture path, or
+# programs the kit did not write. Does the PR apply to the installed vLLM itself, and does its
+# own capture code strand and save what the replica does? `07_vllm_in_process` patches vLLM
+# in this process and reads vLLM 0.33's own captures recorded on the H200. (Whether a what-if's
+# sharing is allowed is `04_safety`'s question: nothing the first graph still needs may be live
+# while the second runs.)

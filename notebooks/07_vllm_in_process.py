@@ -36,6 +36,12 @@
 # The safety checks on every pairing and the alternatives are the replica's (notebooks 04, 05).
 
 # %%
+# Any cell still running after two seconds shows a bar with its time so far.
+from kit.progress import watch_cells
+
+watch_cells()
+
+# %%
 import importlib.util
 import inspect
 import logging
@@ -65,10 +71,12 @@ print(f"vLLM installed: {HAS_VLLM}; CUDA: {HAS_CUDA}; model: {MODEL or '(KIT_VLL
 # which in one line and patches nothing.
 
 # %%
+# applying the PR to the installed vLLM (its import takes a while)
 if HAS_VLLM:
     import kit.patch.vllm
 
-    patch = kit.patch.vllm.apply()
+    with kit.patch.vllm.quiet_import():  # without CUDA vLLM logs that vllm._C is missing: expected here, harmless
+        patch = kit.patch.vllm.apply()
     print(patch)
     display(patch.table())
 else:
@@ -136,10 +144,29 @@ if patch is not None:
 
 # %%
 policy = widgets.ToggleButtons(options=["installed", "pr", "share", "separate"], value="pr", description="policy")
-display(policy)
+plan = widgets.HTML()
+missing = [name for name, ok in (("a GPU", HAS_CUDA), ("vLLM", HAS_VLLM), ("KIT_VLLM_MODEL", bool(MODEL))) if not ok]
+
+
+def recorded_for(choice: str) -> str:
+    """The H200 recording shown for a policy where this machine cannot capture."""
+    return "unpatched" if choice in ("installed", "separate") else "patched"
+
+
+def show_plan(change=None):
+    if missing:
+        what = f"shows the recording <code>vllm/{recorded_for(policy.value)}.pickle</code> (this machine lacks "
+        what += f"{', '.join(missing)})"
+    else:
+        what = f"starts <code>LLM(...)</code> with policy <b>{policy.value}</b> applied during its capture"
+    plan.value = f"<p>policy <b>{policy.value}</b>: run the next cell; it {what}.</p>"
+
+
+policy.observe(show_plan, names="value")
+show_plan()
+display(widgets.VBox([policy, plan]))
 
 # %%
-missing = [name for name, ok in (("a GPU", HAS_CUDA), ("vLLM", HAS_VLLM), ("KIT_VLLM_MODEL", bool(MODEL))) if not ok]
 llm = None
 if not missing:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -157,7 +184,7 @@ if not missing:
     snapshot = recorder.snapshot
 else:
     print(f"The capture part needs {', '.join(missing)}, which this machine lacks.")
-    name = "unpatched" if policy.value in ("installed", "separate") else "patched"
+    name = recorded_for(policy.value)
     snapshot = kit.load_snapshot(recording(f"vllm/{name}.pickle"))
     print(
         f"Showing vLLM 0.33's own capture code recorded on the H200, vllm/{name}.pickle, instead: "
@@ -202,21 +229,21 @@ print("stubs loaded:", ", ".join(s["module"] for s in provenance["stubs"]) or "n
 print("\n".join(demo_lines(vllm_figures)))
 
 # %%
-display(
-    pd.DataFrame(
-        [
-            {
-                "variant": name,
-                "replay graphs captured on": ", ".join(f["replay_stream_names"]),
-                "stream made by graph_capture()": f["replay_streams_from_graph_capture"],
-                "graph-pool bytes the replay captures added": f["replay_added_bytes"],
-                "global graph pool (bytes)": f["graph_pool_bytes"],
-                "graphs vs eager": "bit-exact" if f["bit_exact"] else f"differs ({f['max_abs_diff']:.3g})",
-            }
-            for name, f in vllm_figures.items()
-        ]
-    ).set_index("variant")
+variants = pd.DataFrame(
+    [
+        {
+            "variant": name,
+            "replay graphs captured on": ", ".join(f["replay_stream_names"]),
+            "stream made by graph_capture()": f["replay_streams_from_graph_capture"],
+            "graph-pool bytes the replay captures added": f["replay_added_bytes"],
+            "global graph pool": f["graph_pool_bytes"],
+            "graphs vs eager": "bit-exact" if f["bit_exact"] else f"differs ({f['max_abs_diff']:.3g})",
+        }
+        for name, f in vllm_figures.items()
+    ]
 )
+variants.attrs["byte_columns"] = ["graph-pool bytes the replay captures added", "global graph pool"]
+display(kit.style_table(variants))
 
 # %% [markdown]
 # Unpatched, vLLM's `graph_capture()` makes the replay graphs a stream of their own, and their
@@ -246,7 +273,10 @@ for name, snap in (("unpatched", unpatched), ("patched", patched)):
 
 # %%
 captures = kit.capture_table(snapshot)
-display(captures[["manager", "size", "stream_label", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]])
+columns = ["manager", "size", "stream_label", "graphs", "eager_breaks", "new_segments", "new_segment_bytes"]
+shown_captures = captures[columns]
+shown_captures.attrs = captures.attrs
+display(kit.style_table(shown_captures))
 kit.style_table(kit.segment_table(snapshot))
 
 # %% [markdown]
@@ -272,6 +302,9 @@ if llm is not None:
 # and which stream the early-aux case keeps. The model there was a stand-in; a real
 # DeepSeek-V4.1 checkpoint is the one thing not run.
 #
-# **Next question.** Is it safe for the replay graphs to run on that stream? That is the
-# PR's safety argument: no value a model graph wrote into the pool before a replay graph runs
-# in its break may be read after it. Notebook 04 checks it on the replica, pairing by pairing.
+# **Where this leaves the walkthrough.** 01 to 03 showed the stranded memory and what the PR
+# saves, 04 and 05 whether sharing the stream is safe and what else could be shared, 06 how to
+# find the same pattern in any snapshot, and this notebook that the PR applies to vLLM 0.33's own
+# code with the saving and the safety check (section 4b's read/write line) the replica predicted.
+# What is left is a real DeepSeek-V4.1 checkpoint on a GPU: set `KIT_VLLM_MODEL`, pick a policy in
+# section 4 and run this notebook again, once per policy in a fresh kernel.

@@ -5,10 +5,12 @@ for each notebooks/NN_*.ipynb, tests/browser/run_notebook.mjs opens it in Debian
 playwright-core (no browser download), runs Run > Run All Cells, waits for an idle kernel, and
 reports what the page shows. The test requires no error output, at least one widget view, a
 rendered plotly plot where the notebook uses plotly, the key lines and figures the headless run
-requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), and, in every notebook with a control
-a person can operate, one control marked with the CSS class `kit-main-control`: moving it must change
-what its cell shows as `CONTROL` says (before and after, a figure where there is one). Screenshots of
-the whole notebook before and after moving the control go to build/screenshots/.
+requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), every plotly plot at least 90% as wide
+as its output area with no legend entry behind a scroll bar and no title cut off (1400 px window), and,
+in every notebook with a control a person can operate, one control marked with the CSS class
+`kit-main-control`: moving it must change what its cell shows as `CONTROL` says (before and after, a
+figure where there is one). Screenshots of the whole notebook before and after moving the control go
+to build/screenshots/.
 
 A snapshot whose names are markup (tests/hostile.py) is opened in the same Chromium through
 tests/browser/open_page.mjs: its report page, and the explorer's HTML widgets set with innerHTML as
@@ -52,6 +54,7 @@ PLAYWRIGHT = ROOT / "tests" / "browser" / "node_modules" / "playwright-core" / "
 CHROMIUM = Path(os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOTS = ROOT / "build" / "screenshots"
 NOTEBOOK_SECONDS = 240  # one notebook: open, run all, render, move the control
+PLOT_SHARE = 0.9  # of its output area's width, the least a plotly plot may fill
 
 # Per notebook, its main control: (kind, what its cell shows before moving it, and after, and whether a figure
 # changes). The move is one step: the next toggle button, one arrow key on a slider, the next dropdown option.
@@ -173,6 +176,7 @@ def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
         command.append("--allow-root")
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),  # this kit
         "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
     }
@@ -248,6 +252,11 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
     if expects_plot:
         assert report["plotly_svgs"] > 0, f"the notebook uses plotly but no plot rendered: {context}"
     assert (SCREENSHOTS / f"{notebook.stem}.png").stat().st_size > 10_000, context
+    for plot in report["plots"]:  # every figure as wide as its cell, its legend and title whole
+        what = f"{notebook.name}: the plot {plot['title']!r}"
+        assert plot["width"] >= PLOT_SHARE * plot["area_width"], f"{what} is {plot['width']} px in {plot['area_width']}"
+        assert not plot["legend_scrolls"], f"{what} hides legend entries behind a scroll bar"
+        assert not plot["title_cut"], f"{what} has its title cut off"
     page = words(report["text"])
     for line in (*KEY_LINES[notebook.stem], *SHOWN[notebook.stem]):
         assert words(line) in page, f"{notebook.name} does not show {line!r} in the browser"

@@ -1,32 +1,38 @@
-"""`make lab` starts JupyterLab on notebooks/ with the kit importable in its kernel.
+"""`make lab` starts JupyterLab on notebooks/ with the kit importable in its kernel, and saves notebooks output-free.
 
-The test runs the real target (its install step is a no-op once .venv is up to
-date), waits for the server, starts a kernel through the server's REST API,
-runs `import kit` over the kernel's websocket, and stops the server.
+The tests run the real target (its install step is a no-op once .venv is up to
+date), wait for the server, and talk to it through its REST API: one starts a
+kernel and runs `import kit` over the kernel's websocket; one saves a notebook
+with outputs (as autosave does after a run) and reads what reached the disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+import shutil
 import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import nbformat
 
 from .servers import free_port, stop_process_group, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _api(port: int, token: str, path: str, body: dict | None = None) -> dict | list:
+def _api(port: int, token: str, path: str, body: dict | None = None, method: str | None = None) -> dict | list:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=None if body is None else json.dumps(body).encode(),
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        method="GET" if body is None else "POST",
+        method=method or ("GET" if body is None else "POST"),
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
@@ -81,11 +87,13 @@ async def _execute(port: int, token: str, kernel_id: str, code: str) -> str:
     return "".join(out)
 
 
-def test_make_lab_serves_notebooks_with_kit_importable():
+@contextlib.contextmanager
+def make_lab(*make_args: str) -> Iterator[tuple[int, str]]:
+    """`make lab` on a free port with a token, until the block ends; yields (port, token)."""
     port, token = free_port(), secrets.token_hex(16)
     flags = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token}"
     proc = subprocess.Popen(
-        ["make", "--no-print-directory", "lab", f"LAB_FLAGS={flags}"],
+        ["make", "--no-print-directory", "lab", f"LAB_FLAGS={flags}", *make_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -98,6 +106,14 @@ def test_make_lab_serves_notebooks_with_kit_importable():
             timeout=600,
             why_it_died=lambda: proc.stdout.read().decode(errors="replace")[-3000:],
         )
+        yield port, token
+    finally:
+        if proc.poll() is None:
+            stop_process_group(proc)
+
+
+def test_make_lab_serves_notebooks_with_kit_importable():
+    with make_lab() as (port, token):
         contents = _api(port, token, "/api/contents")
         names = {c["name"] for c in contents["content"]}
         assert "01_start_here.ipynb" in names, f"the server's root is not notebooks/: {names}"
@@ -108,5 +124,24 @@ def test_make_lab_serves_notebooks_with_kit_importable():
         kit_file, prefix = out.split()
         assert Path(kit_file) == ROOT / "kit" / "__init__.py"
         assert Path(prefix) == ROOT / ".venv"
-    finally:
-        stop_process_group(proc)
+
+
+def test_make_lab_saves_notebooks_output_free_with_checkpoints_outside(tmp_path):
+    # A copy of a notebook in a folder of its own (`make lab LAB_DIR=...`): notebooks/ is left alone.
+    name = "01_start_here.ipynb"
+    shutil.copy(ROOT / "notebooks" / name, tmp_path / name)
+    with make_lab(f"LAB_DIR={tmp_path}") as (port, token):
+        model = _api(port, token, f"/api/contents/{name}")
+        notebook = model["content"]
+        code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+        code[0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+        code[0]["execution_count"] = 1
+        notebook["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+        _api(port, token, f"/api/contents/{name}", {"type": "notebook", "format": "json", "content": notebook}, "PUT")
+        checkpoint = _api(port, token, f"/api/contents/{name}/checkpoints", {})
+    saved = nbformat.read(tmp_path / name, as_version=4)
+    assert [c.source for c in saved.cells] == [c["source"] for c in notebook["cells"]], "the save lost the cells"
+    assert not [c for c in saved.cells if c.cell_type == "code" and (c.outputs or c.execution_count)], "outputs saved"
+    assert "widgets" not in saved.metadata, "widget state saved"
+    assert checkpoint["id"] and not (tmp_path / ".ipynb_checkpoints").exists(), "a checkpoint next to the notebook"
+    assert list((ROOT / "build" / "lab_checkpoints").glob(f"01_start_here-{checkpoint['id']}.ipynb"))

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import jupytext
@@ -23,6 +24,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SLOW_CELL = 3.0  # seconds: a cell that runs longer must show progress (kit.progress.watch_cells)
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -157,7 +159,7 @@ SHOWN = {
     ),
     "07_vllm_in_process": (
         # the PR's captures: the replay graphs on the model graphs' stream, adding no segment
-        "4 decoder replay graphs 480 model graphs stream 1 0 0 0",
+        "decoder replay graphs 480 model graphs stream 1 0 0 0 B",
     )
     + (
         (
@@ -202,6 +204,24 @@ def widget_text(nb: nbformat.NotebookNode) -> str:
         elif model["model_name"] == "OutputModel":
             parts.append(_output_text(values.get("outputs", []))[1])
     return " ".join(parts)
+
+
+def cell_seconds(cell: nbformat.NotebookNode) -> float:
+    """How long an executed cell ran, from the timing nbclient records in its metadata."""
+    timing = cell.metadata.get("execution", {})
+    started, ended = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not (started and ended):
+        return 0.0
+    return (datetime.fromisoformat(ended) - datetime.fromisoformat(started)).total_seconds()
+
+
+def shows_progress(cell: nbformat.NotebookNode) -> bool:
+    """Whether a cell's outputs include a progress widget (a tqdm bar, `kit.progress`)."""
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data and re.search(r"\d\d:\d\d", data.get("text/plain", "")):
+            return True
+    return False
 
 
 def headless_env() -> dict[str, str]:
@@ -273,3 +293,8 @@ def test_notebook_runs_headless_and_shows_its_figures(source, walked):
         assert text in everything, f"{source.name} does not show {text!r}"
     for text in NOT_SHOWN.get(source.stem, ()):
         assert text not in widgets, f"{source.name}'s widgets show {text!r} at first"
+    for number, cell in enumerate(executed.cells):
+        if cell.cell_type == "code" and cell_seconds(cell) > SLOW_CELL:
+            first = cell.source.splitlines()[0] if cell.source else ""
+            took = cell_seconds(cell)
+            assert shows_progress(cell), f"{source.name} cell {number} ({first!r}) ran {took:.1f} s with no progress"

@@ -14,6 +14,7 @@ import select
 import struct
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,25 @@ def test_quick_work_shows_nothing(terminal):
             bar.update(1000)
         assert list(progress.track(range(100), "counting")) == list(range(100))
     assert terminal.written() == ""
+
+
+def test_work_of_unknown_length_shows_its_time_so_far(terminal, monkeypatch):
+    monkeypatch.setattr(progress, "DELAY", 0.2)
+    with terminal:
+        with progress.working("importing vLLM"):
+            time.sleep(1.5)
+        shown = terminal.written()
+        with progress.working("a quick cell"):
+            pass
+    assert "importing vLLM: still working (00:01)" in shown, shown
+    assert "a quick cell" not in terminal.written()
+
+
+def test_a_cell_bar_is_named_by_the_cells_first_comment():
+    assert progress.cell_label("# applying the PR to vLLM\npatch.apply()") == "applying the PR to vLLM"
+    assert progress.cell_label("\n## the table\nx = 1") == "the table"
+    assert progress.cell_label("x = 1\n# later") == "this cell"
+    assert progress.cell_label("") == "this cell"
 
 
 def test_nothing_shows_in_a_pipe(at_once, capsys, monkeypatch):

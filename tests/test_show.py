@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from datetime import datetime
 
 import pandas as pd
 import pytest
@@ -614,15 +615,32 @@ def test_snapshot_explorer_loads_each_choice_and_says_what_is_wrong_in_one_line(
     assert explorer.path_box.value == "kit/recordings/replica/small_patched.pickle"
     assert "small_patched.pickle" in explorer.status.value and "safe:" in explorer.verdicts_html.value
     assert "small_patched.pickle" in bars.layout.title.text
+    explorer.path_box.value = "kit/recordings/no_such.pickle"  # Enter in the box: observed, loads the path
+    assert explorer.main.value == "path" and explorer.status.value.startswith("<b>kit: error:</b>")
+    # Nothing of the last good snapshot stays under the error: it would read as the new one's.
+    assert "small_patched.pickle" not in bars.layout.title.text and explorer.segments_html.value == ""
+    assert explorer.verdicts_html.value == "" and explorer.whatif is None
+    explorer.path_box.value = "kit/recordings/two_streams.pickle"
+    assert "two_streams.pickle" in explorer.status.value and "two_streams.pickle" in bars.layout.title.text
+    explorer.main.value = "small_patched"
     explorer.path_box.value = "kit/recordings/no_such.pickle"
     explorer.on_load()  # the Load button: switches to the path, which fails in one line
     assert explorer.main.value == "path" and explorer.status.value.startswith("<b>kit: error:</b>")
-    assert "small_patched.pickle" in bars.layout.title.text  # the last good snapshot stays shown
     good = tmp_path / "mine.pickle"
     good.write_bytes(pickle.dumps(kit.load_snapshot(RECORDED["shared_stream"]).raw))
-    explorer.show_or_say(lambda: load_upload(good.read_bytes(), "mine.pickle"))
+    content = good.read_bytes()
+    explorer.upload.value = (
+        {
+            "name": "mine.pickle",
+            "type": "",
+            "size": len(content),
+            "last_modified": datetime.now(),
+            "content": memoryview(content),
+        },
+    )
     assert "upload mine.pickle" in explorer.status.value and "global graph pool" not in explorer.verdicts_html.value
     assert "upload mine.pickle" in bars.layout.title.text
+    assert explorer.main.value == "uploaded file"  # the picker names what is shown
 
 
 # --- the explorer on a plain snapshot: labels, check, attribution, the what-if panel -----------------------

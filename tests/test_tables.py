@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 
 from kit import diff_tables, format_bytes, load_snapshot, segment_table, style_table
 from kit.analysis.tables import FIGURES
@@ -81,6 +82,14 @@ def test_styler_renders_bytes_readably(synthetic):
     html = style_table(segment_table(synthetic)).to_html()
     assert "34.00 MiB" in html and "source: recorded snapshot" in html
     assert format_bytes(5.18 * 1024**3) == "5.18 GiB" and format_bytes(-2 * MIB) == "-2.00 MiB"
+
+
+def test_styler_headers_are_words_while_the_table_keeps_its_column_names(synthetic):
+    table = segment_table(synthetic)
+    headers = re.findall(r'<th [^>]*class="col_heading[^"]*"[^>]*>([^<]*)</th>', style_table(table).to_html())
+    assert headers[:3] == ["device", "pool id", "stream id"] and "largest free" in headers, headers
+    assert headers[-2:] == ["pool", "stream"] and not [h for h in headers if "_" in h], headers
+    assert "largest_free" in table.columns and "stream_label" in table.columns  # the API's names
 
 
 def test_styler_shows_the_snapshots_markup_as_text_also_after_a_callers_format():

@@ -40,6 +40,12 @@ from kit.load.snapshot import Snapshot
 
 DEFAULT_STREAM_LABEL = "default stream"
 DEFAULT_POOL_LABEL = "default pool"
+# The names the kit's recorder gives vLLM's pool and streams (`kit["pools"]`, `kit["streams"]`), which
+# figures and views pick out by name.
+GRAPH_POOL_LABEL = "global graph pool"
+MODEL_STREAM_LABEL = "model graphs stream"
+REPLAY_STREAM_LABEL = "replay graphs stream"
+SPECULATOR_STREAM_LABEL = "DFlash speculator graphs stream"
 _ALLOC = TRACE_ACTIONS.index("alloc")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
 

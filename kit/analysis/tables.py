@@ -438,15 +438,31 @@ def byte_columns(table: pd.DataFrame) -> list[str]:
     return [c for c in table.columns if c in named or c.removesuffix("_before").removesuffix("_after") in BYTE_COLUMNS]
 
 
+HEADERS = {  # a column's name -> its header in a styled table, where words alone would not say it
+    "pool": "pool id",
+    "stream": "stream id",
+    "pool_label": "pool",
+    "stream_label": "stream",
+    "allocs": "allocations",
+    "n_blocks": "blocks",
+}
+
+
+def column_header(name: object) -> str:
+    """What a styled table calls a column: `HEADERS`, else its name in words ("largest_free" -> "largest free")."""
+    return HEADERS.get(name, str(name).replace("_", " ")) if isinstance(name, str) else str(name)
+
+
 def style_table(table: pd.DataFrame):
     """A pandas Styler that renders byte columns human-readable, with its source as caption.
 
+    Headers are words (`column_header`); the DataFrame keeps its column names.
     Text cells, column names and the caption are escaped as HTML (`kit.markup`),
     also after a caller's own `format`: labels, frames and sources are the
     snapshot's own text, and a Styler renders them as markup otherwise
     ("stream of <module> (...)" lost its `<module>`).
     """
-    styler = _text_styler()(table).format_index(escape="html", axis=1)
+    styler = _text_styler()(table).format_index(column_header, escape="html", axis=1)
     styler = styler.format({c: format_bytes for c in byte_columns(table)}).hide(axis="index")
     source = table.attrs.get("source")
     return styler.set_caption(html_text(f"source: {source}")) if source else styler

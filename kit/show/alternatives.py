@@ -31,7 +31,7 @@ from pandas.io.formats.style import Styler
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import format_bytes, style_table
 from kit.markup import html_text
-from kit.show.pictures import MIB, show_in
+from kit.show.pictures import MIB, STREAM_COLOURS, FigureWidget, show_in
 
 MAIN = ("unpatched", "pr", "share_all")
 WHAT = {
@@ -39,13 +39,8 @@ WHAT = {
     "pr": "PR 63155: the replay graphs on the model graphs' stream",
     "share_all": "alternative (a): the replay graphs and the speculator on the model graphs' stream",
 }
-STREAM_COLOURS = {
-    "model graphs stream": "#34495e",
-    "replay graphs stream": "#e67e22",
-    "DFlash speculator graphs stream": "#8e44ad",
-}
 DIMMED = 0.3  # opacity of the variants not picked
-FIGURE_WIDTH, LEGEND_BOTTOM_MARGIN = 980, 120  # px
+LEGEND_BOTTOM_MARGIN = 120  # px
 TABLE_COLUMNS = ["variant", "what", "graph_pool_bytes", "saved_bytes", "eager replay batches"]
 TABLE_COLUMNS += ["profile_estimate_bytes", "kv_freed_bytes", "kv_blocks", "kv_tokens", "safe"]
 BYTE_COLUMNS = ["graph_pool_bytes", "saved_bytes", "profile_estimate_bytes", "kv_freed_bytes"]
@@ -255,7 +250,6 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
             orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top", title_text="captured on", traceorder="normal"
         ),
         margin=dict(t=90, b=LEGEND_BOTTOM_MARGIN, r=240),
-        width=FIGURE_WIDTH,
         height=90 + LEGEND_BOTTOM_MARGIN + 40 * len(names),
     )
     return fig
@@ -375,7 +369,7 @@ class AlternativesView:
         self.variant = widgets.ToggleButtons(options=list(self.table["variant"]), description="variant")
         self.variant.add_class("kit-main-control")
         self.details = widgets.HTML()
-        self.bars = go.FigureWidget(pool_figure(self.table, self.variant.value))  # the first view, also saved
+        self.bars = FigureWidget(pool_figure(self.table, self.variant.value))  # the first view, also saved
         self.variant.observe(self.show, names="value")
         self.show()
 

@@ -20,12 +20,22 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kit.analysis.attribution import capture_table, is_replay_capture
+from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
-from kit.show.pictures import BAR_TOP_MARGIN, MIB, show_in
+from kit.show.pictures import (
+    BAR_TOP_MARGIN,
+    MIB,
+    STATE_COLOURS,
+    FigureWidget,
+    figure_widget,
+    title_room,
+    titled,
+)
 
-GRAPH_POOL = "global graph pool"
+GRAPH_POOL = GRAPH_POOL_LABEL
+GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
 SCENARIO_OF = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
 RUN_TITLES = {  # scenario -> what the run is: the replica, never vLLM itself
     "unpatched": "replica, unpatched (its mirror of vLLM 0.33's capture path)",
@@ -33,7 +43,6 @@ RUN_TITLES = {  # scenario -> what the run is: the replica, never vLLM itself
 }
 TABLE_COLUMNS = ["pool_label", "stream_label", "segments", "reserved", "allocated", "free"]
 CHANGE_COLUMNS = ["pool_label", "stream_label", "status", "reserved_before", "reserved_after", "reserved", "free"]
-PARTS = {"allocated": "#34495e", "pending free": "#e67e22", "free": "#aed6f1"}  # as in group_bar_figure
 
 
 def saving_line(change: pd.DataFrame) -> str:
@@ -59,16 +68,18 @@ def replay_segments_line(name: str, snapshot: Snapshot) -> str:
     return f"{name}: the replay captures added {format_bytes(added)} ({added:,} bytes) of graph-pool segments"
 
 
-def change_figure(change: pd.DataFrame, before: str = "before", after: str = "after") -> go.Figure:
+def change_figure(
+    change: pd.DataFrame, before: str = "before", after: str = "after", xaxis_title: str = "MiB"
+) -> go.Figure:
     """Each (pool, stream) group of a `diff_tables` change in both runs: allocated, pending free and free, stacked.
 
     A group only one run has shows an empty bar for the other; the title
     names both runs' sources. Labels and sources are escaped: plotly renders them as HTML.
     """
     groups = [html_text(f"{p} / {s}") for p, s in zip(change["pool_label"], change["stream_label"], strict=True)]
-    source = html_text(change.attrs.get("source", "?"))
+    source = change.attrs.get("source", "?")
     fig = go.Figure()
-    for part, colour in PARTS.items():
+    for part, colour in STATE_COLOURS.items():
         ys, xs = [[], []], []
         for side, name in (("before", before), ("after", after)):
             allocated, active = change[f"allocated_{side}"], change[f"active_{side}"]
@@ -87,12 +98,12 @@ def change_figure(change: pd.DataFrame, before: str = "before", after: str = "af
         )
     fig.update_layout(
         barmode="stack",
-        title=f"Reserved memory per (pool, stream) group: {before} and {after}<br><sup>source: {source}</sup>",
-        xaxis_title="MiB",
+        title=titled(f"Reserved memory per (pool, stream) group: {before} and {after}", source),
+        xaxis_title=xaxis_title,
         yaxis=dict(autorange="reversed", automargin=True),
         legend=dict(orientation="h", x=0, xanchor="left", y=1, yanchor="bottom", title_text="block state"),
-        margin=dict(t=BAR_TOP_MARGIN, b=50),
-        height=BAR_TOP_MARGIN + 90 + 2 * 32 * len(groups),
+        margin=dict(t=BAR_TOP_MARGIN + title_room(source), b=50),
+        height=BAR_TOP_MARGIN + title_room(source) + 90 + 2 * 32 * len(groups),
     )
     return fig
 
@@ -110,7 +121,7 @@ class BeforeAfterView:
         self.preset = widgets.ToggleButtons(options=list(presets), description="preset")
         self.preset.add_class("kit-main-control")
         self.before_html, self.after_html, self.change_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.bars = go.FigureWidget()
+        self.bars: FigureWidget | None = None  # made by the first show()
         self.preset.observe(self.show, names="value")
         self.show()
 
@@ -128,4 +139,6 @@ class BeforeAfterView:
         lines = [saving_line(groups), replay_segments_line("unpatched", before), replay_segments_line("patched", after)]
         table = style_table(groups[CHANGE_COLUMNS]).to_html()
         self.change_html.value = "".join(f"<p><b>{line}</b></p>" for line in lines) + table
-        show_in(self.bars, change_figure(groups, "unpatched", "patched"))
+        # The graph pool's groups only: beside the default pool's GiB the saving would be a sliver.
+        graph_pool = groups[groups["pool_label"] == GRAPH_POOL]
+        self.bars = figure_widget(self.bars, change_figure(graph_pool, "unpatched", "patched", GRAPH_POOL_AXIS))

@@ -44,7 +44,7 @@ from kit.experiments.two_captures import two_captures
 from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
 from kit.markup import html_text
 from kit.recordings import LIVE, recording
-from kit.show.pictures import group_bar_figure, segment_map_figure, show_in
+from kit.show.pictures import FigureWidget, group_bar_figure, segment_map_figure, show_in
 
 SHIPPED = {  # the explorer's choices of shipped recording -> file under kit/recordings/
     # Plain snapshots first; the shared-stream run leads, since the default path is its separate-stream twin.
@@ -198,6 +198,9 @@ def uploaded_file(value) -> tuple[bytes, str] | None:
     return bytes(files[-1]["content"]), name
 
 
+UPLOADED = "uploaded file"  # the picker's choice once a file is uploaded
+
+
 class SnapshotExplorer:
     """Pick a snapshot (live, a path, a shipped recording, an upload) and read its tables, verdicts and figures.
 
@@ -224,7 +227,13 @@ class SnapshotExplorer:
             style={"button_width": "auto"},  # the recordings' names in full
         )
         self.main.add_class("kit-main-control")
-        self.path_box = widgets.Text(value=default_path, description="path", layout={"width": "60%"})
+        # Synced on Enter (and on leaving the box), not per key: Enter loads the path.
+        self.path_box = widgets.Text(
+            value=default_path, description="path", layout={"width": "60%"}, continuous_update=False
+        )
+        self._uploaded: Snapshot | None = None
+        self._drawn: Snapshot | None = None  # the snapshot the figures show
+        self._setting = False  # set while the explorer itself sets the picker or the path box
         self.load_button = widgets.Button(description="Load", button_style="primary")
         self.upload = widgets.FileUpload(accept=".pickle,.pkl,.json", multiple=False, description="upload")
         self.status, self.segments_html = widgets.HTML(), widgets.HTML()
@@ -237,10 +246,11 @@ class SnapshotExplorer:
         self.whatif_to = widgets.Dropdown(description="TO stream", layout=wide, style={"description_width": "initial"})
         self.whatif_html = widgets.HTML()
         self.first = self.load_choice(self.main.value)
-        self.current = self.first
-        self.figures = {make: go.FigureWidget(make(self.first)) for make in (group_bar_figure, segment_map_figure)}
+        self.current = self._drawn = self.first
+        self.figures = {make: FigureWidget(make(self.first)) for make in (group_bar_figure, segment_map_figure)}
         self.main.observe(self.on_main, names="value")
         self.load_button.on_click(self.on_load)
+        self.path_box.observe(self.on_load, names="value")
         self.upload.observe(self.on_upload, names="value")
         for dropdown in (self.whatif_from, self.whatif_to):
             dropdown.observe(self.on_whatif, names="value")
@@ -266,6 +276,8 @@ class SnapshotExplorer:
     def load_choice(self, choice: str) -> Snapshot:
         if choice == "live":
             return self.live_snapshot()
+        if choice == UPLOADED:
+            return self._uploaded
         if choice == "path":
             return load_path(self.path_box.value, self.root)
         return load_snapshot(self.shipped[choice])
@@ -276,9 +288,10 @@ class SnapshotExplorer:
         self.reuse_html.value, self.verdicts_html.value = reuse_section(snapshot)
         self.check_html.value = check_section(snapshot)
         self.attribution_html.value = attribution_section(snapshot)
-        for make, widget in self.figures.items():
-            show_in(widget, make(snapshot))
-        self.current = snapshot
+        if snapshot is not self._drawn:  # the first is drawn already: a second draw races the first render
+            for make, widget in self.figures.items():
+                show_in(widget, make(snapshot))
+        self.current = self._drawn = snapshot
         self.set_streams(snapshot)
 
     def set_streams(self, snapshot: Snapshot) -> None:
@@ -301,24 +314,59 @@ class SnapshotExplorer:
             return
         self.whatif_html.value, self.whatif = whatif_section(self.current, self.whatif_from.value, self.whatif_to.value)
 
-    def show_or_say(self, load: Callable[[], Snapshot]) -> None:
-        """Show what `load` returns; for a user's file that is no snapshot, one line and no traceback."""
+    def show_or_say(self, load: Callable[[], Snapshot]) -> bool:
+        """Show what `load` returns; for a user's file that is no snapshot, one line and no traceback.
+
+        After an error nothing of the previous snapshot stays: its tables and figures would read as the new one's.
+        """
         try:
             self.show(load())
+            return True
         except KitError as e:
-            self.status.value = f"<b>kit: error:</b> {html_text(str(e))}"
+            self.clear()
+            self.status.value = f"<b>kit: error:</b> {html_text(str(e))} (nothing shown: pick or load a snapshot)"
+            return False
+
+    def clear(self) -> None:
+        """Empty every table, verdict and figure."""
+        for html in (self.segments_html, self.reuse_html, self.verdicts_html, self.check_html, self.attribution_html):
+            html.value = ""
+        self.whatif_html.value, self.whatif = "", None
+        for widget in self.figures.values():
+            show_in(widget, go.Figure(layout=dict(title="no snapshot shown", height=120)))
+        self._drawn = None
+
+    def pick(self, choice: str) -> None:
+        """Set the picker to `choice` without loading anything (what is shown is already `choice`)."""
+        self._setting = True
+        try:
+            if choice not in self.main.options:
+                self.main.options = [*self.main.options, choice]
+            self.main.value = choice
+        finally:
+            self._setting = False
 
     def on_main(self, change=None) -> None:
+        if self._setting:
+            return
         if self.main.value in self.shipped:  # the path box names the file shown
-            self.path_box.value = shown_path(self.shipped[self.main.value], self.root)
+            self._setting = True
+            try:
+                self.path_box.value = shown_path(self.shipped[self.main.value], self.root)
+            finally:
+                self._setting = False
         self.show_or_say(lambda: self.load_choice(self.main.value))
 
-    def on_load(self, button=None) -> None:
+    def on_load(self, change=None) -> None:
+        """The Load button or Enter in the path box: read the path."""
+        if self._setting:
+            return
         if self.main.value == "path":
             self.on_main()
         else:
             self.main.value = "path"  # observed: loads the path
 
     def on_upload(self, change=None) -> None:
-        if (file := uploaded_file(self.upload.value)) is not None:
-            self.show_or_say(lambda: load_upload(*file))
+        if (file := uploaded_file(self.upload.value)) is not None and self.show_or_say(lambda: load_upload(*file)):
+            self._uploaded = self.current
+            self.pick(UPLOADED)  # the picker names what is shown

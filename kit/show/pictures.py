@@ -9,17 +9,32 @@
 Every figure's title names its data source. Plotly renders titles, trace
 names, category labels and hover text as HTML, so every label and source from
 the snapshot is escaped (`kit.markup`) before it goes into a figure.
+
+The colours and names every figure of the kit shares live here: `MIB`, the
+block states' (`STATE_COLOURS`), the streams' (`stream_colour`: the kit's
+named streams fixed, others from a palette kept clear of `MARK_COLOURS`, the
+step-through's outlines). `FigureWidget` is plotly's widget sized to its cell
+(plotly's own sizes itself once, before JupyterLab attaches it: 700 px).
 """
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
-import plotly.express as px
+import plotly
 import plotly.graph_objects as go
 
-from kit.analysis.names import pool_labels
+from kit.analysis.names import (
+    DEFAULT_STREAM_LABEL,
+    MODEL_STREAM_LABEL,
+    REPLAY_STREAM_LABEL,
+    SPECULATOR_STREAM_LABEL,
+    pool_labels,
+)
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -27,15 +42,51 @@ from kit.markup import html_text
 
 MIB = 1024 * 1024
 BAR_TOP_MARGIN = 120  # px above the bars: the two-line title, then the legend's row
-STATE_STYLE = {  # block state -> (legend name, opacity, bar pattern)
+TITLE_LINE = 16  # px per extra line of a wrapped source
+SOURCE_CHARS = 150  # a source line's length before it wraps (about 900 px of <sup> text)
+STATE_COLOURS = {"allocated": "#34495e", "pending free": "#e67e22", "free": "#aed6f1"}  # group bars' parts
+STATE_STYLE = {  # block state -> (legend name, share of the stream's colour, bar pattern)
     "active_allocated": ("allocated", 1.0, ""),
-    "active_pending_free": ("pending free", 0.8, "x"),
-    "inactive": ("free", 0.25, ""),
+    "active_pending_free": ("pending free", 0.7, "x"),
+    "inactive": ("free", 0.3, "/"),
 }
+MARK_COLOURS = {"taken by this request": "black", "refused: other stream": "#c0392b"}  # outlines, kept unique
+STREAM_COLOURS = {  # the kit's stream names; no red (refused) nor black (taken)
+    DEFAULT_STREAM_LABEL: "#7f8c8d",
+    MODEL_STREAM_LABEL: "#2874a6",
+    REPLAY_STREAM_LABEL: "#e67e22",
+    SPECULATOR_STREAM_LABEL: "#8e44ad",
+}
+OTHER_STREAM_COLOURS = ("#16a085", "#d4ac0d", "#6c3483", "#1abc9c", "#935116", "#5d6d7e")
 
 
-def _titled(title: str, source: str) -> str:
-    return f"{title}<br><sup>source: {html_text(source)}</sup>"
+def stream_colour(label: str, others: dict[str, str] | None = None) -> str:
+    """A stream's colour: the kit's named streams fixed, any other the next of `OTHER_STREAM_COLOURS` (in `others`)."""
+    if label in STREAM_COLOURS:
+        return STREAM_COLOURS[label]
+    others = {} if others is None else others
+    return others.setdefault(label, OTHER_STREAM_COLOURS[len(others) % len(OTHER_STREAM_COLOURS)])
+
+
+def lighter(colour: str, share: float) -> str:
+    """`colour` (#rrggbb) mixed with white: `share` of the colour, the rest white (an opaque legend swatch)."""
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(255 - (255 - v) * share):02x}" for v in rgb)
+
+
+def _source_lines(source: str) -> list[str]:
+    return textwrap.wrap(f"source: {source}", SOURCE_CHARS, break_long_words=True) or ["source:"]
+
+
+def titled(title: str, source: str) -> str:
+    """A title with its source under it, wrapped so that a long path is never cut off at the figure's edge."""
+    lines = "<br>".join(html_text(line) for line in _source_lines(source))
+    return f"{title}<br><sup>{lines}</sup>"
+
+
+def title_room(source: str) -> int:
+    """Extra px of top margin a wrapped source needs beyond its first line."""
+    return TITLE_LINE * (len(_source_lines(source)) - 1)
 
 
 def segment_row(pool: str, address: int) -> str:
@@ -49,9 +100,9 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
     table = segment_table(snapshot, **names)
     groups = [html_text(f"{p} / {s}") for p, s in zip(table["pool_label"], table["stream_label"], strict=True)]
     parts = {  # name -> (bytes per group, colour)
-        "allocated": (table["allocated"], "#34495e"),
-        "pending free": (table["active"] - table["allocated"], "#e67e22"),
-        "free": (table["free"], "#aed6f1"),
+        "allocated": (table["allocated"], STATE_COLOURS["allocated"]),
+        "pending free": (table["active"] - table["allocated"], STATE_COLOURS["pending free"]),
+        "free": (table["free"], STATE_COLOURS["free"]),
     }
     fig = go.Figure()
     for name, (values, colour) in parts.items():
@@ -66,7 +117,7 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
         )
     fig.update_layout(
         barmode="stack",
-        title=_titled("Reserved memory per (pool, stream) group", snapshot.source_label),
+        title=titled("Reserved memory per (pool, stream) group", snapshot.source_label),
         xaxis_title="MiB",
         yaxis=dict(autorange="reversed", automargin=True),
         # The legend in one row between the title and the bars, in a top margin kept for both: on the
@@ -74,8 +125,8 @@ def group_bar_figure(snapshot: Snapshot | str | dict, **names) -> go.Figure:
         legend=dict(
             orientation="h", x=0, xanchor="left", y=1, yanchor="bottom", title_text="block state", traceorder="normal"
         ),
-        margin=dict(t=BAR_TOP_MARGIN, b=50),
-        height=BAR_TOP_MARGIN + 90 + 32 * len(groups),
+        margin=dict(t=BAR_TOP_MARGIN + title_room(snapshot.source_label), b=50),
+        height=BAR_TOP_MARGIN + title_room(snapshot.source_label) + 90 + 32 * len(groups),
     )
     return fig
 
@@ -105,13 +156,17 @@ def segment_map_figure(
         title += f" ({dropped} smallest segments not drawn)"
     if merged:
         title += " (neighbouring blocks of one state drawn as one bar)"
+    legend_rows = (len(fig.data) + 3) // 4 + 1  # entries four to a row, and the room for outlines added later
+    top = BAR_TOP_MARGIN + title_room(snapshot.source_label) + 22 * legend_rows
     fig.update_layout(
         barmode="overlay",
-        title=_titled(title, snapshot.source_label),
+        title=titled(title, snapshot.source_label),
         xaxis_title="offset in segment (MiB)",
         yaxis=dict(categoryorder="array", categoryarray=rows, autorange="reversed", title="pool | segment"),
-        height=max(300, 80 + 22 * len(rows)),
-        legend_title="stream: block state",
+        # The legend in rows above the map, every entry shown: on the right it scrolled, and took the map's width.
+        legend=dict(orientation="h", x=0, xanchor="left", y=1, yanchor="bottom", title_text="stream: block state"),
+        margin=dict(t=top),
+        height=top + max(220, 80 + 22 * len(rows)),
     )
     return fig
 
@@ -162,11 +217,11 @@ def _bars(
 
 
 def _add_bars(fig: go.Figure, bars: dict[tuple[int, str], dict[str, list]], labels: dict[int, str]) -> None:
-    """One trace per (stream, block state): the stream's colour, the state's opacity and pattern."""
-    palette = px.colors.qualitative.Plotly
-    colour = {sid: palette[i % len(palette)] for i, sid in enumerate(labels)}
+    """One trace per (stream, block state): the stream's colour, lighter and hatched for free blocks."""
+    others: dict[str, str] = {}
+    colour = {sid: stream_colour(label, others) for sid, label in labels.items()}
     for (sid, state), bar in sorted(bars.items(), key=lambda kv: (labels.get(kv[0][0], ""), kv[0][1])):
-        name, opacity, pattern = STATE_STYLE[state]
+        name, share, pattern = STATE_STYLE[state]
         fig.add_bar(
             orientation="h",
             name=html_text(f"{labels.get(sid, sid)}: {name}"),
@@ -177,9 +232,8 @@ def _add_bars(fig: go.Figure, bars: dict[tuple[int, str], dict[str, list]], labe
             hovertext=bar["text"],
             hovertemplate="%{y}<br>%{hovertext}<extra></extra>",
             marker=dict(
-                color=colour.get(sid, "grey"),
-                opacity=opacity,
-                pattern_shape=pattern,
+                color=lighter(colour.get(sid, "#808080"), share),
+                pattern=dict(shape=pattern, fgcolor=colour.get(sid, "#808080"), fgopacity=0.6, size=6),
                 line=dict(width=0.5, color="white"),
             ),
         )
@@ -211,6 +265,18 @@ def _runs(c, i: int) -> tuple[list, list, list, list]:
     return c.block_address[lo:hi][first].tolist(), sizes.tolist(), state[first].tolist(), counts.tolist()
 
 
+def figure_widget(widget: go.FigureWidget | None, figure: go.Figure, extra_traces: Sequence = ()) -> go.FigureWidget:
+    """`widget` showing `figure` (and `extra_traces`); a new `FigureWidget` of them where `widget` is None.
+
+    A view's first figure goes into a new widget whole: redrawn before it is displayed, plotly's view could
+    miss the redraw and show an empty plot.
+    """
+    if widget is None:
+        return FigureWidget(go.Figure(data=[*figure.data, *extra_traces], layout=figure.layout))
+    show_in(widget, figure, extra_traces)
+    return widget
+
+
 def show_in(widget: go.FigureWidget, figure: go.Figure, extra_traces: Sequence = ()) -> None:
     """Replace what a FigureWidget shows with `figure` (and `extra_traces` on top), in one update.
 
@@ -221,3 +287,65 @@ def show_in(widget: go.FigureWidget, figure: go.Figure, extra_traces: Sequence =
         widget.data = []
         widget.add_traces([*figure.data, *extra_traces])
         widget.layout = figure.layout
+
+
+def _wide_esm() -> str:
+    """Plotly's widget module with its default export wrapped: the view redrawn whenever its width changes."""
+    bundle = (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_text()
+    exports = list(re.finditer(r"export\s*\{([^}]*)\}", bundle))[-1]
+    names = [n.strip() for n in exports.group(1).split(",")]
+    default = next(n.split(" as ")[0] for n in names if n.endswith(" as default"))
+    kept = ",".join(n for n in names if not n.endswith(" as default"))
+    bundle = bundle[: exports.start()] + f"export{{{kept}}}" + bundle[exports.end() :]
+    return bundle + _RESIZE.replace("PLOTLY_DEFAULT", default) + "export default __kitWideWidget;\n"
+
+
+# The plotly view draws at once, before JupyterLab attaches its element, so at plotly's 700 px default. Once
+# it has drawn (plotly's "plotlywidget-after-render" event; a resize before then would redraw a half-made plot
+# empty) and whenever its element's width changes, this calls the handler plotly's `responsive` config puts
+# on the element, which fits the figure to it: this plot only, not every plot on the page.
+_RESIZE = """
+const __kitWideWidget = () => {
+  const widget = PLOTLY_DEFAULT();
+  return {
+    initialize: widget.initialize,
+    render(context) {
+      const el = context.el;
+      let width = 0;
+      let rendered = false;
+      const fit = () => {
+        const now = el.getBoundingClientRect().width;
+        if (rendered && now > 0 && Math.abs(now - width) > 1 && el._responsiveChartHandler) {
+          width = now;
+          el._responsiveChartHandler();
+        }
+      };
+      const onRendered = (event) => {
+        if (event.detail && event.detail.element === el) {
+          rendered = true;
+          fit();
+        }
+      };
+      document.addEventListener('plotlywidget-after-render', onRendered);
+      const cleanup = widget.render(context);
+      const observer = new ResizeObserver(fit);
+      observer.observe(el);
+      return () => {
+        observer.disconnect();
+        document.removeEventListener('plotlywidget-after-render', onRendered);
+        if (cleanup) cleanup();
+      };
+    },
+  };
+};
+"""
+
+
+class FigureWidget(go.FigureWidget):
+    """Plotly's FigureWidget as wide as its cell: the kit's views draw every figure in one of these."""
+
+    _esm = _wide_esm()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._config = {**self._config, "responsive": True}

@@ -36,6 +36,7 @@ from pandas.io.formats.style import Styler
 
 from kit.analysis.equivalence import Equivalence
 from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations, liveness_table
+from kit.analysis.names import MODEL_STREAM_LABEL
 from kit.analysis.tables import format_bytes, style_table
 from kit.errors import KitError
 from kit.experiments import pairings, readwrite_run
@@ -44,7 +45,7 @@ from kit.load.snapshot import Snapshot
 from kit.markup import html_text
 from kit.patch.policy import replay_stream
 from kit.recordings import LIVE, RECORDINGS, check_source
-from kit.show.pictures import show_in
+from kit.show.pictures import FigureWidget, show_in
 from kit.show.timeline import block_roles, timeline_figure
 
 # The four checks of one pairing, in the order `agreement_table` shows them: (column, rows it flags).
@@ -275,7 +276,7 @@ def liveness_view(liveness: Liveness, source: str | None = None) -> Styler:
 
 def scenario_for(policy: str, has_early_aux: bool) -> tuple[str, bool]:
     """The scenario whose capture shows `policy` on this model, and whether the replay graphs share the stream."""
-    shares = replay_stream(policy, has_early_aux, "model graphs stream") is not None
+    shares = replay_stream(policy, has_early_aux, MODEL_STREAM_LABEL) is not None
     if has_early_aux:
         return ("early_aux_shared" if shares else "early_aux_pr"), shares
     return ("patched" if shares else "unpatched"), shares
@@ -304,7 +305,7 @@ class SafetyView:
         )
         self.status, self.blocks_html = widgets.HTML(), widgets.HTML()
         self.scenario = scenario_for(self.policy.value, self.early_aux.value)[0]
-        self.timeline = go.FigureWidget(self.figure())  # the first view, also in a saved page
+        self.timeline = FigureWidget(self.figure())  # the first view, also in a saved page
         self.policy.observe(self.update, names="value")
         self.early_aux.observe(self.update, names="value")
         self.update()

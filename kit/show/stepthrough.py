@@ -23,13 +23,14 @@ import plotly.graph_objects as go
 
 from kit.allocator.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
 from kit.allocator.workload import DEFAULT, Op, parse_workload
+from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels, style_table
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
-from kit.show.pictures import segment_map_figure, segment_row, show_in
+from kit.show.pictures import MARK_COLOURS, FigureWidget, figure_widget, segment_map_figure, segment_row
 
-GRAPH_POOL = "global graph pool"
+GRAPH_POOL = GRAPH_POOL_LABEL
 TAKEN = "taken"
 FITS = "fits, not the best fit"  # the allocator takes the smallest fitting block, lowest address first
 _RANK = {TAKEN: 0, "refused: other stream": 1}  # table order: the answer, then the root cause
@@ -192,7 +193,8 @@ def pool_view(snapshot: Snapshot, pool: tuple[int, int]) -> Snapshot:
     return Snapshot(raw, origin=snapshot.origin, live=snapshot.live)
 
 
-MARK_STYLE = {"taken by this request": ("black", 3), "refused: other stream": ("crimson", 2)}  # outline colour, width
+MARK_WIDTHS = {"taken by this request": 3, "refused: other stream": 2}  # outline px
+MARK_STYLE = {kind: (MARK_COLOURS[kind], width) for kind, width in MARK_WIDTHS.items()}  # outline colour, width
 
 
 def mark_traces(marks: list[dict[str, Any]]) -> list:
@@ -231,11 +233,16 @@ class StepView:
         self.steps = steps
         first = (start.number if start is not None else 0) + 1
         self.step = widgets.IntSlider(
-            min=1, max=len(steps.steps), value=first, description="request", continuous_update=False
+            min=1,
+            max=len(steps.steps),
+            value=first,
+            description="request",
+            continuous_update=False,
+            layout={"width": "90%"},  # a step every few pixels, not every two
         )
         self.step.add_class("kit-main-control")
         self.request, self.free_blocks, self.groups = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.segment_map = go.FigureWidget()
+        self.segment_map: FigureWidget | None = None  # made by the first show()
         self.step.observe(self.show, names="value")
         self.show()
 
@@ -258,4 +265,4 @@ class StepView:
         table = style_table(segment_table(after)[GROUP_COLUMNS]).to_html()
         self.groups.value = "<b>Segment-by-stream table, after it</b>" + table
         figure = segment_map_figure(pool_view(after, steps.pool))
-        show_in(self.segment_map, figure, mark_traces(steps.marks(current)))
+        self.segment_map = figure_widget(self.segment_map, figure, mark_traces(steps.marks(current)))

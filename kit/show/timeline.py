@@ -53,7 +53,8 @@ MARKS = {  # does the replay graph that allocated over the block run in the bloc
     True: ("a replay graph of this break allocates here", "x", "black"),
     False: ("a replay graph of another break allocates here", "circle-open", "grey"),
 }
-ROW_HEIGHT, FIGURE_WIDTH, LEGEND_HEIGHT = 30, 980, 150  # px
+ROW_HEIGHT, LEGEND_HEIGHT = 30, 150  # px
+BAND_OPACITY = 0.35  # light enough for the bars over it, dark enough that orange reads as orange
 _FILE = re.compile(r"\(([^():]+):\d+\)")
 
 
@@ -164,7 +165,7 @@ def break_bands(snapshot: Snapshot) -> list[dict]:
     for window in snapshot.captures:
         if is_replay_capture(window.get("manager", "")):
             spans.append((window["trace_begin"], window["trace_end"], REPLAY_COLOUR))
-    common = dict(type="rect", xref="x", yref="paper", y0=0, y1=1, opacity=0.15, line_width=0, layer="below")
+    common = dict(type="rect", xref="x", yref="paper", y0=0, y1=1, opacity=BAND_OPACITY, line_width=0, layer="below")
     return [{**common, "x0": x0, "x1": x1, "fillcolor": colour} for x0, x1, colour in spans]
 
 
@@ -253,7 +254,7 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
         shapes=break_bands(snapshot),
         barmode="overlay",
         xaxis=dict(
-            title="capture order (allocator events); grey: eager breaks, orange: replay captures",
+            title="capture order (allocator events); grey bands: eager breaks, orange bands: replay captures",
             tickvals=tick_values,
             ticktext=tick_texts,
             tickangle=0,
@@ -261,7 +262,6 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
         yaxis=dict(categoryorder="array", categoryarray=order, autorange="reversed", automargin=True),
         # The legend under the axis title, in a bottom margin kept for it (two rows at this width).
         legend=dict(orientation="h", x=0, xanchor="left", y=0, yref="container", yanchor="bottom"),
-        width=FIGURE_WIDTH,
         height=160 + LEGEND_HEIGHT + ROW_HEIGHT * len(order),
         margin=dict(l=10, r=10, b=LEGEND_HEIGHT),
     )

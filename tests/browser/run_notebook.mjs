@@ -34,7 +34,7 @@ const deadline = started + Number(opt.timeout) * 1000;
 const remaining = (cap) => Math.max(1000, Math.min(cap, deadline - Date.now()));
 const log = (msg) => process.stderr.write(`[${((Date.now() - started) / 1000).toFixed(1)}s ${stem}] ${msg}\n`);
 
-const WIDTH = 1280;
+const WIDTH = 1400; // a laptop's browser window, the file browser collapsed
 const MAX_HEIGHT = 16000; // tallest full-notebook screenshot
 const PANEL = '.jp-NotebookPanel:not(.lm-mod-hidden)'; // the notebook on screen
 const NOTEBOOK = `${PANEL} .jp-Notebook`;
@@ -209,6 +209,24 @@ async function survey(page) {
           text: el.textContent.trim().slice(0, 200),
         })),
         control_widgets: operable,
+        // Each plotly plot's width against its output area's, whether its legend scrolls (entries hidden
+        // until scrolled) and whether its title runs past the plot's edges (cut off).
+        plots: [...nb.querySelectorAll('.js-plotly-plot')].map((gd) => {
+          // The drawing, not its <div>: the div is as wide as the cell whatever width plotly drew at.
+          const svg = gd.querySelector('.main-svg');
+          const box = (svg || gd).getBoundingClientRect();
+          const area = gd.closest('.jp-OutputArea-output');
+          const title = gd.querySelector('.gtitle');
+          const scrollbar = gd.querySelector('.legend .scrollbar');
+          const titleBox = title ? title.getBoundingClientRect() : null;
+          return {
+            title: title ? title.textContent.slice(0, 100) : '',
+            width: Math.round(box.width),
+            area_width: area ? Math.round(area.getBoundingClientRect().width) : null,
+            legend_scrolls: Boolean(scrollbar && scrollbar.getBoundingClientRect().height > 0),
+            title_cut: Boolean(titleBox && (titleBox.right > box.right + 1 || titleBox.left < box.left - 1)),
+          };
+        }),
       };
     },
     { NOTEBOOK, errorSource: ERROR_RE.source, CONTROL_CLASSES },
@@ -329,9 +347,13 @@ async function main() {
       remaining(30000),
       'widget views and plots to render',
     ).catch((e) => log(String(e)));
+    // Plot sizes as a person first sees them: a window resize (the next step) refits responsive plots.
+    await page.waitForTimeout(1000);
+    const firstPlots = (await survey(page)).plots;
     report.viewport_height = await fitViewportToNotebook(page);
     const before = await settledSignature(page);
     Object.assign(report, await survey(page));
+    report.plots = firstPlots;
     report.text = await outputText(page);
     await page.screenshot({ path: join(opt.screenshots, `${stem}.png`), fullPage: true });
     if (!report.controls.length) return;
@@ -347,6 +369,10 @@ async function main() {
       'a figure or the text to change',
     ).catch(() => null);
     report.change_seconds = (Date.now() - t0) / 1000;
+    // The text may change first: give a busy machine's figure a few seconds more to follow.
+    await until(async () => (await plotSignature(page)) !== before, remaining(5000), 'a figure to change').catch(
+      () => null,
+    );
     report.figure_changed = (await settledSignature(page)) !== before;
     report.control_text_after = await settledText(page);
     log(`moved: ${report.moved}; figure changed: ${report.figure_changed} (${report.change_seconds} s)`);
