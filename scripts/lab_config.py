@@ -4,7 +4,7 @@
 (autosave included) is stripped first: no outputs, no execution counts, no
 widget state, so notebooks/*.ipynb stay output-free as tests/test_notebooks.py
 requires, whatever a person ran. Checkpoints go to build/lab_checkpoints, which
-git ignores, instead of notebooks/.ipynb_checkpoints.
+git ignores, instead of an `.ipynb_checkpoints` folder beside the notebooks.
 """
 
 from pathlib import Path
