@@ -250,7 +250,7 @@ def cmd_sim(args: argparse.Namespace) -> None:
 
 
 def cmd_run_workload(args: argparse.Namespace) -> None:
-    from kit.allocator.on_gpu import run_on_gpu
+    from kit.record.workload import run_on_gpu
     from kit.allocator.workload import load_workload
 
     snap = run_on_gpu(load_workload(args.workload))

@@ -68,7 +68,7 @@ from typing import Any
 
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance
+from kit.record.provenance import provenance
 from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
 from kit.patch import vllm as vllm_patch

@@ -62,7 +62,7 @@ from kit.analysis.readwrite import (
 )
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance
+from kit.record.provenance import provenance
 from kit.recordings import RECORDINGS
 
 VARIANTS = ("pr", "share_all")

@@ -65,7 +65,7 @@ from kit.analysis.readwrite import (
 from kit.analysis.tables import format_bytes
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance as _provenance
+from kit.record.provenance import provenance as _provenance
 from kit.recordings import RECORDINGS
 
 POLICIES = ("pr", "unpatched", "early_aux_shared")
