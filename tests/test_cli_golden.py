@@ -56,10 +56,11 @@ def test_output_is_unchanged(name):
     expected = (GOLDEN / f"{name}.txt").read_text()
     got = run_kit(COMMANDS[name])
     if got != expected:
-        first = next(
-            i for i, (a, b) in enumerate(zip(got.splitlines() + [""], expected.splitlines() + [""])) if a != b
-        )
+        now, before = got.splitlines(), expected.splitlines()
+        differs = (i for i, (a, b) in enumerate(zip(now, before, strict=False)) if a != b)
+        first = next(differs, min(len(now), len(before)))
+        shown = [lines[first] if first < len(lines) else "(nothing)" for lines in (now, before)]
         pytest.fail(
             f"`python -m kit {' '.join(COMMANDS[name])}` changed at line {first + 1}:\n"
-            f"  now:    {(got.splitlines() + [''])[first]!r}\n  before: {(expected.splitlines() + [''])[first]!r}"
+            f"  now:    {shown[0]!r}\n  before: {shown[1]!r}"
         )

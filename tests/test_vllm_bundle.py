@@ -1,4 +1,4 @@
-"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, scripts/vllm_stubs, kit.experiments.vllm_capture).
+"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, the stubs, kit.experiments.vllm_capture).
 
 On the CPU: the bundle's sources are checked against the wheel's RECORD, the
 stubs raise when used and only then, the capture modules import, the
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import vllm_bundle  # noqa: E402
 
-STUBS = sorted(p.name for p in (ROOT / "scripts" / "vllm_stubs").iterdir() if (p / "__init__.py").is_file())
+STUBS = sorted(p.name for p in vc.STUBS.iterdir() if (p / "__init__.py").is_file())  # the packaged stubs
 
 
 def fake_site(tmp_path: Path, text: str = "x = 1\n") -> tuple[Path, Path]:
@@ -103,7 +103,7 @@ def test_every_wheel_and_stub_is_listed_with_why_in_the_docs():
 
 def run_with_stubs(code: str) -> subprocess.CompletedProcess:
     """`code` in a fresh Python whose first import path is the stubs (they shadow what .venv has)."""
-    prelude = f"import sys; sys.path.insert(0, {str(ROOT / 'scripts' / 'vllm_stubs')!r})\n"
+    prelude = f"import sys; sys.path.insert(0, {str(vc.STUBS)!r})\n"
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True)
 
 
@@ -422,7 +422,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
         (tmp_path / f"{name}.pickle").write_bytes(pickle.dumps(raw))
         return SimpleNamespace(returncode=0, stdout=f'INFO a log line\n{{"variant": "{name}"}}\n', stderr="")
 
-    monkeypatch.setattr(vc, "require_cuda", lambda: None)
+    monkeypatch.setattr(vc, "require_cuda", lambda message: None)
     monkeypatch.setattr(vc.subprocess, "run", fake_run)
     results = vc.record(tmp_path)
     assert calls == [(name, path) for name in vc.VARIANTS for path in vc.PATHS]

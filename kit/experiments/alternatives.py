@@ -68,12 +68,12 @@ from typing import Any
 
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.record.provenance import provenance
 from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
 from kit.patch import vllm as vllm_patch
 from kit.patch.pr import Codebase, Target
 from kit.patch.source import Hunk
+from kit.record.provenance import provenance
 from kit.recordings import RECORDINGS
 
 RECORDINGS_DIR = RECORDINGS / "alternatives"

@@ -58,8 +58,8 @@ from kit.errors import KitError
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
-from kit.record.provenance import provenance as _provenance
 from kit.experiments.recorded import shown as _shown
+from kit.record.provenance import provenance as _provenance
 from kit.recordings import RECORDINGS
 
 # policy -> the scenario of kit.experiments.scenarios that captures it
