@@ -31,15 +31,12 @@ def summarize(snapshot: Any) -> dict:
     """One experiment's figures: the graph pool, where the replay graphs captured and what they added, the check;
     the scenario (replica) or variant (vLLM) it ran, and the pairings and obligation a vLLM recording holds."""
     from kit.analysis.attribution import is_replay_capture, replay_captures_added
-    from kit.analysis.tables import segment_table
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(snapshot)
     meta = snap.kit
-    pool = tuple(meta["pools"]["global graph pool"])
+    pool, in_pool = graph_pool_rows(snap)
     streams = meta["streams"]
-    table = segment_table(snap)
-    in_pool = table[table["pool"] == pool]
     replay = [c for c in meta.get("captures", []) if is_replay_capture(c["manager"])]
     model_stream = streams.get("model graphs stream")
     names = {stream: name for name, stream in streams.items()}
@@ -117,7 +114,18 @@ def saved_by_the_patch(summaries: dict[str, dict]) -> int | None:
     return graph_pool_saved(summaries["unpatched"], summaries["patched"])
 
 
+def graph_pool_rows(snapshot: Any) -> tuple[tuple[int, int], Any]:
+    """The global graph pool's id (the `kit` key names it) and its rows of the segment-by-stream table."""
+    from kit.analysis.tables import segment_table
+    from kit.load.snapshot import load_snapshot
+
+    snap = load_snapshot(snapshot)
+    pool = tuple(snap.kit["pools"]["global graph pool"])
+    table = segment_table(snap)
+    return pool, table[table["pool"] == pool]
+
+
 def _graph_pool_bytes(run: Any) -> int:
     if isinstance(run, dict) and "graph_pool_bytes" in run:
         return int(run["graph_pool_bytes"])
-    return summarize(run)["graph_pool_bytes"]
+    return int(graph_pool_rows(run)[1]["reserved"].sum())
