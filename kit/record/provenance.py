@@ -1,9 +1,10 @@
 """Where a recording was made, and the `PROVENANCE.json` that lists each recorded file with its sha256.
 
 Every recorder of the kit (`CaptureRecorder`, `run_on_gpu`, the per-rank
-snapshots of `vllm_ranks`, the experiments in `kit.experiments` and the
-`scripts/record_*.py` scripts) takes its provenance and writes its manifest
-here, so a recording says the same things the same way wherever it was made:
+snapshots of `vllm_ranks`, the experiments in `kit.experiments`, and the
+recording scripts, `scripts/record_plain.py` and the others) takes its
+provenance and writes its manifest here, so a recording says the same things
+the same way wherever it was made:
 
 - `provenance(command)`: the GPU, torch and CUDA versions (`machine`), the
   date (`utc_now`) and the command that made it;
