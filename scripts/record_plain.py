@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kit.errors import KitError  # noqa: E402
+from kit.experiments.recorded import child_error  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
@@ -123,8 +124,7 @@ def run_program(name: str, command: list[str], tmp: Path) -> bytes:
     sys.stdout.write(done.stdout)
     if done.returncode != 0 or not out.is_file():
         sys.stderr.write(done.stderr)
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise fail(f"{shlex.join(command)} failed (exit {done.returncode}): {last}")
+        raise fail(f"{shlex.join(command)} failed (exit {done.returncode}): {child_error(done.stderr)}")
     return out.read_bytes()
 
 
