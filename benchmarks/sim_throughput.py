@@ -3,7 +3,7 @@
     python benchmarks/sim_throughput.py [--ops 1000000] [--seed 2] [--gpu]
 
 Prints ops/s for validating the workload, for the simulator, and (with --gpu,
-on a CUDA machine) for the real allocator driven by `kit.allocator.on_gpu.run_on_gpu`
+on a CUDA machine) for the real allocator driven by `kit.record.workload.run_on_gpu`
 from Python on the same ops, with the ratio simulator / real.
 """
 
@@ -40,7 +40,7 @@ def main() -> int:
     print(f"validate : {t_parse:8.2f} s  {n / t_parse:12,.0f} ops/s")
     print(f"simulator: {t_sim:8.2f} s  {n / t_sim:12,.0f} ops/s  ({len(sim.segments)} segments at the end)")
     if args.gpu:
-        from kit.allocator.on_gpu import run_on_gpu
+        from kit.record.workload import run_on_gpu
 
         _, t_gpu = timed(lambda: run_on_gpu(ops))
         print(f"real GPU : {t_gpu:8.2f} s  {n / t_gpu:12,.0f} ops/s  (torch.empty/del from Python, history recorded)")

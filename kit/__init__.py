@@ -95,7 +95,7 @@ def __getattr__(name: str):
 
         return getattr(pictures, name)
     if name == "run_on_gpu":
-        from kit.allocator.on_gpu import run_on_gpu
+        from kit.record.workload import run_on_gpu
 
         return run_on_gpu
     if name == "write_report":

@@ -250,8 +250,8 @@ def cmd_sim(args: argparse.Namespace) -> None:
 
 
 def cmd_run_workload(args: argparse.Namespace) -> None:
-    from kit.allocator.on_gpu import run_on_gpu
     from kit.allocator.workload import load_workload
+    from kit.record.workload import run_on_gpu
 
     snap = run_on_gpu(load_workload(args.workload))
     _write_snapshot(snap, args.output, args.json)
@@ -259,7 +259,9 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from kit.experiments.scenarios import check_preset, describe, replica_runs, require_cuda, run_all, summarize
+    from kit.experiments.scenarios import LIVE_NEEDS_CUDA, check_preset, describe, replica_runs, run_all
+    from kit.experiments.summary import saved_by_the_patch, summarize
+    from kit.record.provenance import require_cuda
 
     if args.vllm or args.json:
         from kit.experiments.vllm_capture import demo
@@ -270,7 +272,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if args.live:
         import tempfile
 
-        require_cuda()  # before any folder or process is made
+        require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
         out = args.out or tempfile.mkdtemp(prefix="kit-replica-")
         summaries = run_all(args.preset, out)
         print(f"snapshots in {out}")
@@ -279,8 +281,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         summaries = {name: summarize(snapshot) for name, snapshot in runs.items()}
     for summary in summaries.values():
         print("\n".join(describe(summary)))
-    if "unpatched" in summaries and "patched" in summaries:
-        saved = summaries["unpatched"]["graph_pool_reserved"] - summaries["patched"]["graph_pool_reserved"]
+    saved = saved_by_the_patch(summaries)
+    if saved is not None:
         print(f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)")
 
 

@@ -106,20 +106,14 @@ from IPython.display import display
 
 import kit
 from kit.experiments.scenarios import replica_runs
+from kit.experiments.summary import graph_pool_saved
 from kit.experiments.two_captures import two_captures
 from kit.markup import html_text
 from kit.recordings import RECORDED, default_source
-from kit.show.before_after import GRAPH_POOL, change_figure, replay_segment_bytes
+from kit.show.before_after import change_figure, replay_segment_bytes
 from kit.show.pictures import FigureWidget
 
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
-
-
-def graph_pool_saved(before: kit.Snapshot, after: kit.Snapshot) -> int:
-    """The graph pool's reserved bytes in `before` minus those in `after` (two runs, matched by label)."""
-    change = kit.diff_tables(kit.segment_table(before), kit.segment_table(after), by="label")
-    pool = change[change["pool_label"] == GRAPH_POOL]
-    return int(pool["reserved_before"].sum() - pool["reserved_after"].sum())
 
 
 two_streams, one_stream = (two_captures(shared_stream=shared, source=RECORDED) for shared in (False, True))

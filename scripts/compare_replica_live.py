@@ -13,13 +13,13 @@ keeps every run identical to its recording.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kit.experiments.scenarios import run_all  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
+from kit.record.provenance import read_manifest  # noqa: E402
 from kit.recordings import RECORDINGS  # noqa: E402
 
 RECORDED = {"small": ("unpatched", "patched", "early_aux_pr", "early_aux_shared"), "large": ("unpatched", "patched")}
@@ -32,8 +32,8 @@ def trace_and_scenario(path: Path) -> tuple[list[tuple[str, int]], dict]:
 
 def compare(name: str, live_summary: dict, live_path: Path, manifest: dict) -> bool:
     recorded_path = RECORDINGS / "replica" / name
-    figures = {k: v for k, v in live_summary.items() if k != "source"}
     recorded = {k: v for k, v in manifest[name]["figures"].items() if k != "source"}
+    figures = {k: live_summary.get(k) for k in recorded}  # the figures the recording has (the summary has grown)
     (live_trace, live_scenario), (recorded_trace, recorded_scenario) = (
         trace_and_scenario(live_path),
         trace_and_scenario(recorded_path),
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder for the live snapshots")
     args = parser.parse_args(argv)
-    manifest = json.loads((RECORDINGS / "replica" / "PROVENANCE.json").read_text())
+    manifest = read_manifest(RECORDINGS / "replica")
     ok = True
     for preset, names in RECORDED.items():
         for name, summary in run_all(preset, args.out, names).items():

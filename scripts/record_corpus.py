@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import subprocess
 import sys
@@ -35,7 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kit.allocator.workload import generate_workload, pr_scenario  # noqa: E402
+from kit.errors import KitError  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
+from kit.record.provenance import file_hashes, provenance, read_manifest, require_cuda, write_manifest  # noqa: E402
 
 COMMAND = "python scripts/record_corpus.py --out kit/recordings/corpus"
 BOUNDARY_COMMAND = "python scripts/record_corpus.py --boundary-only --out kit/recordings/corpus"
@@ -181,18 +182,15 @@ def record(name: str, out: Path) -> str:
 
 def _session(command: str, out: Path, names: list[str]) -> dict:
     """One recording session's provenance: the GPU, the versions, the date, the command, each file's sha256."""
-    from kit.experiments.recorded import provenance
-
     files = [out / f"{name}{suffix}" for name in sorted(names) for suffix in (".json", ".pickle")]
-    return {**provenance(command), "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}}
+    return {**provenance(command), "files": file_hashes(files)}
 
 
 def _manifest(out: Path, session: dict, boundary_only: bool) -> dict:
     """The folder's PROVENANCE.json with `session` in it: the whole of it, or under `added` beside the corpus's."""
     if not boundary_only:
         return session
-    path = out / "PROVENANCE.json"
-    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    manifest = read_manifest(out)
     added = [s for s in manifest.get("added", []) if not set(s["files"]) & set(session["files"])]
     return {**manifest, "added": [*added, session]}
 
@@ -206,13 +204,10 @@ def main() -> int:
         "--boundary-only", action="store_true", help="record only the boundary workloads; add them to PROVENANCE.json"
     )
     args = parser.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print(
-            "record_corpus.py: error: recording needs CUDA, which this process has none of; nothing was written",
-            file=sys.stderr,
-        )
+    try:
+        require_cuda("recording needs CUDA, which this process has none of; nothing was written")
+    except KitError as e:
+        print(f"record_corpus.py: error: {e}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = boundary_workloads() if args.boundary_only else {**workloads(args.random), **boundary_workloads()}
@@ -223,8 +218,7 @@ def main() -> int:
         for name in pool.map(lambda n: record(n, args.out), corpus):
             print(name, flush=True)
     session = _session(BOUNDARY_COMMAND if args.boundary_only else COMMAND, args.out, list(corpus))
-    with atomic_write(args.out / "PROVENANCE.json") as f:
-        f.write(json.dumps(_manifest(args.out, session, args.boundary_only), indent=1) + "\n")
+    write_manifest(args.out, _manifest(args.out, session, args.boundary_only))
     print(f"recorded {len(corpus)} workloads into {args.out}")
     return 0
 

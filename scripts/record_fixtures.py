@@ -17,11 +17,8 @@ Each snapshot's `kit` key gets its provenance (GPU, torch, date, command);
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import json
 import pickle
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +28,7 @@ from kit.experiments.two_captures import run_two_captures  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
+from kit.record.provenance import entry_with_hash, provenance, write_manifest  # noqa: E402
 
 SCENARIOS = {
     "two_streams": "replay capture on a new stream (vLLM 0.33)",
@@ -40,18 +38,12 @@ COMMAND = "python scripts/record_fixtures.py --out kit/recordings"
 
 
 def record(scenario: str, path: Path, sizes: dict) -> dict:
-    import torch
 
     snap = run_two_captures(scenario == "shared_stream", **sizes)
     snap["kit"]["provenance"] = {
         "scenario": scenario,
         "description": SCENARIOS[scenario],
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),  # a TorchVersion would pickle as a global
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": COMMAND,
+        **provenance(COMMAND, python=True),
     }
     data = pickle.dumps(snap)
     load_snapshot(safe_unpickle(data, str(path)))  # a fixture must be plain data the kit accepts
@@ -92,11 +84,8 @@ def main() -> int:
             text=True,
         )
         path = args.out / f"{scenario}.pickle"
-        manifest[path.name] = json.loads(done.stdout.strip().splitlines()[-1]) | {
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()
-        }
-    with atomic_write(args.out / "PROVENANCE.json") as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
+        manifest[path.name] = entry_with_hash(json.loads(done.stdout.strip().splitlines()[-1]), path.read_bytes())
+    write_manifest(args.out, manifest)
     print(json.dumps(manifest, indent=1))
     return 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import pickle
 import subprocess
@@ -31,9 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kit.allocator.workload import generate_workload  # noqa: E402
+from kit.errors import KitError  # noqa: E402
 from kit.experiments.recorded import trim_frames  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
+from kit.record.provenance import file_hashes, provenance, require_cuda, write_manifest  # noqa: E402
 
 COMMAND = "python scripts/record_merged.py --out kit/recordings/merged"
 MOVED, ONTO = "s2", "s1"
@@ -81,13 +82,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "kit" / "recordings" / "merged")
     parser.add_argument("--jobs", type=int, default=8, help="processes at once (each one fresh)")
     args = parser.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("record_merged.py: error: recording needs CUDA; nothing was written", file=sys.stderr)
+    try:
+        require_cuda("recording needs CUDA; nothing was written")
+    except KitError as e:
+        print(f"record_merged.py: error: {e}", file=sys.stderr)
         return 2
-    from kit.experiments.recorded import provenance
-
     args.out.mkdir(parents=True, exist_ok=True)
     pairs = workloads()
     for name, workload in pairs.items():
@@ -95,11 +94,8 @@ def main() -> int:
             f.write(json.dumps(workload) + "\n")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         facts = dict(zip(pairs, pool.map(lambda n: record(n, args.out), pairs), strict=True))
-    files = {}
+    files = file_hashes(args.out / f"{name}{suffix}" for name in sorted(pairs) for suffix in (".json", ".pickle"))
     for name in sorted(pairs):
-        for suffix in (".json", ".pickle"):
-            path = args.out / f"{name}{suffix}"
-            files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
         print(f"{name}: {facts[name]['trace_entries']} trace entries, {facts[name]['segment_frees']} segment frees")
     manifest = {
         **provenance(COMMAND),
@@ -107,8 +103,7 @@ def main() -> int:
         "runs": facts,
         "files": files,
     }
-    with atomic_write(args.out / "PROVENANCE.json") as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
+    write_manifest(args.out, manifest)
     print(f"recorded {len(pairs)} workloads ({len(pairs) // 2} pairs) into {args.out}")
     return 0
 

@@ -29,10 +29,6 @@ reported them, and its sha256. Without CUDA it stops with a one-line error.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import json
-import platform
 import shlex
 import subprocess
 import sys
@@ -41,9 +37,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from kit.errors import KitError  # noqa: E402
+from kit.experiments.recorded import child_error  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
+from kit.record.provenance import provenance, read_manifest, require_cuda, sha256, write_manifest  # noqa: E402
 
 PROGRAMS = ROOT / "scripts" / "plain_programs"
 RUNS = {
@@ -91,14 +90,16 @@ def fail(message: str) -> SystemExit:
     return SystemExit(f"record_plain.py: error: {message}")
 
 
-def require_cuda():
+def cuda_torch():
     """torch, with a CUDA GPU; a one-line error otherwise."""
     try:
         import torch
     except ImportError:
         raise fail("torch is not installed; the programs need torch with a CUDA GPU") from None
-    if not torch.cuda.is_available():
-        raise fail("no CUDA GPU here (torch.cuda.is_available() is False); run it on a machine with one")
+    try:
+        require_cuda("no CUDA GPU here (torch.cuda.is_available() is False); run it on a machine with one")
+    except KitError as e:
+        raise fail(str(e)) from None
     return torch
 
 
@@ -123,8 +124,7 @@ def run_program(name: str, command: list[str], tmp: Path) -> bytes:
     sys.stdout.write(done.stdout)
     if done.returncode != 0 or not out.is_file():
         sys.stderr.write(done.stderr)
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise fail(f"{shlex.join(command)} failed (exit {done.returncode}): {last}")
+        raise fail(f"{shlex.join(command)} failed (exit {done.returncode}): {child_error(done.stderr)}")
     return out.read_bytes()
 
 
@@ -149,16 +149,11 @@ def record(name: str, out_dir: Path, torch, extra: list[str], command: str) -> d
         )
     return {
         "description": description,
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
+        **provenance(command, python=True),
         "program": shlex.join(["python", *args, "--out", name]),
         "trace_entries": trace,
         "reserved_by_pool_stream": groups,
-        "sha256": hashlib.sha256(data).hexdigest(),
+        "sha256": sha256(data),
     }
 
 
@@ -168,15 +163,13 @@ def main() -> int:
     parser.add_argument("--only", choices=sorted(RUNS), action="append", help="record only these files")
     parser.add_argument("--hidden", type=int, help="the programs' model width (smaller for a quick try)")
     args = parser.parse_args()
-    torch = require_cuda()
+    torch = cuda_torch()
     command = shlex.join(["python", "scripts/record_plain.py", *sys.argv[1:]])
     extra = ["--hidden", str(args.hidden)] if args.hidden else []
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {name: record(name, args.out, torch, extra, command) for name in args.only or RUNS}
-    out = args.out / "PROVENANCE.json"
-    previous = json.loads(out.read_text()) if out.exists() and args.only else {}
-    with atomic_write(out) as f:
-        f.write(json.dumps(previous | manifest, indent=1) + "\n")
+    previous = read_manifest(args.out) if args.only else {}
+    write_manifest(args.out, previous | manifest)
     return 0
 
 

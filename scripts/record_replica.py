@@ -15,7 +15,6 @@ key. `PROVENANCE.json` lists each file with its provenance, figures and sha256.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pickle
 import subprocess
@@ -28,6 +27,7 @@ from kit.experiments.scenarios import SCENARIOS, describe, run_all, summarize  #
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
+from kit.record.provenance import read_manifest, sha256, write_manifest  # noqa: E402
 
 RUNS = {"small": tuple(SCENARIOS), "large": ("unpatched", "patched")}
 DRAFTER_RUNS = {"small": ("unpatched", "patched")}
@@ -50,7 +50,7 @@ def ship(path: Path, summary: dict, command: str) -> dict:
         **raw["kit"]["provenance"],
         "scenario": raw["kit"]["scenario"],
         "figures": summary,
-        "sha256": hashlib.sha256(data).hexdigest(),
+        "sha256": sha256(data),
     }
 
 
@@ -73,10 +73,7 @@ def main() -> int:
                 sys.exit(f"{path.name}: {child_error(done.stderr or done.stdout)}")
             summary = json.loads(done.stdout.strip().splitlines()[-1])
             manifest[path.name] = ship(path, summary, f"{COMMAND} (with --speculator: {' '.join(command[1:])})")
-    out = args.out / "PROVENANCE.json"
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    with atomic_write(out) as f:
-        f.write(json.dumps(previous | manifest, indent=1) + "\n")
+    write_manifest(args.out, read_manifest(args.out) | manifest)
     return 0
 
 

@@ -6,7 +6,7 @@
 # 1. checks the bundle against its MANIFEST.json;
 # 2. installs into $WORK/site the bundle's wheels whose module this Python lacks
 #    (pip, --no-index: nothing is fetched), and unpacks vLLM's sources into $WORK/src;
-# 3. copies onto the import path only the stubs (scripts/vllm_stubs) whose real package is missing;
+# 3. copies onto the import path only the stubs (kit/experiments/vllm_stubs) whose real package is missing;
 #    vLLM's compiled extensions (MANIFEST.json's "extensions": none is carried) are stood in by
 #    empty modules when kit.experiments.vllm_capture starts, before vLLM imports;
 # 4. runs the import probe (probe.json, and in run.txt: each capture module, ok or what stopped it;
@@ -56,8 +56,8 @@ fi
 tar -xzf "$BUNDLE"/vllm-*-py.tar.gz -C "$WORK/src" || { echo "unpacking vLLM's sources failed"; return 2; }
 
 echo "== stubs for packages this Python lacks -> $WORK/stubs"
-cp scripts/vllm_stubs/_vllm_stub.py "$WORK/stubs/"
-for stub in scripts/vllm_stubs/*/; do
+cp kit/experiments/vllm_stubs/_vllm_stub.py "$WORK/stubs/"
+for stub in kit/experiments/vllm_stubs/*/; do
     name=$(basename "$stub")
     if ! PYTHONPATH="$WORK/site" "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$name') is None)" 2>/dev/null; then
         cp -r "$stub" "$WORK/stubs/$name"

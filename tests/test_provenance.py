@@ -63,3 +63,42 @@ def test_each_file_is_the_one_its_provenance_describes(manifest, name):
 def test_every_recording_in_a_folder_is_named_by_its_provenance(manifest):
     present = {p.name for p in manifest.parent.iterdir() if p.suffix in RECORDING_SUFFIXES}
     assert present - {"PROVENANCE.json"} <= set(entries(manifest))
+
+
+# --- one place builds provenance and writes manifests (kit.record.provenance) ---------------------
+
+
+def test_provenance_has_the_keys_every_shipped_entry_has():
+    from kit.record.provenance import provenance
+
+    made = provenance("python -m something")
+    assert list(made) == ["gpu", "torch", "cuda", "date", "command"] and made["command"] == "python -m something"
+    assert list(provenance("x", python=True)) == ["gpu", "torch", "cuda", "python", "date", "command"]
+    for manifest in MANIFESTS:
+        for name, entry in entries(manifest).items():
+            assert {"gpu", "torch", "date", "command"} <= set(entry), f"{manifest}: {name}"
+
+
+def test_add_entry_keeps_the_other_entries_and_hashes_the_file(tmp_path):
+    from kit.record.provenance import add_entry, read_manifest
+
+    add_entry(tmp_path, "a.json", {"gpu": "NVIDIA H200", "command": "one"}, b"first")
+    add_entry(tmp_path, "b.pickle", {"gpu": "NVIDIA H200", "command": "two"}, b"second", size=True)
+    add_entry(tmp_path, "c.pickle", {"failed": ["it broke"]})  # a failed run: no file, no hash
+    manifest = read_manifest(tmp_path)
+    assert manifest == json.loads((tmp_path / "PROVENANCE.json").read_text())
+    first, second = (hashlib.sha256(data).hexdigest() for data in (b"first", b"second"))
+    assert manifest["a.json"] == {"gpu": "NVIDIA H200", "command": "one", "sha256": first}
+    assert manifest["b.pickle"]["sha256"] == second and manifest["b.pickle"]["bytes"] == 6
+    assert manifest["c.pickle"] == {"failed": ["it broke"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["PROVENANCE.json"]  # written atomically: no temporary left
+
+
+def test_no_module_builds_its_own_provenance_or_manifest():
+    """The GPU's name, the date and a PROVENANCE.json are made in kit/record/provenance.py alone."""
+    own = ROOT / "kit" / "record" / "provenance.py"
+    sources = [p for p in [*(ROOT / "kit").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")] if p != own]
+    for path in sources:
+        text = path.read_text()
+        for made_here in ("get_device_name(", "datetime.now(", '/ "PROVENANCE.json"'):
+            assert made_here not in text, f"{path.relative_to(ROOT)} builds provenance itself ({made_here})"

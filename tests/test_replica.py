@@ -270,7 +270,7 @@ def test_every_scenario_is_recorded_with_provenance():
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_unpatched_replay_graphs_get_a_mostly_free_group_of_their_own(recorded, preset):
     s = recorded[f"{preset}_unpatched"]
-    assert s["replay_capture_stream"] == ["replay graphs stream"]
+    assert s["replay_stream_names"] == ["replay graphs stream"]
     group = s["replay_group"]
     assert group is not None and group["reserved"] > 0
     assert group["free"] >= 0.9 * group["reserved"]
@@ -280,11 +280,11 @@ def test_unpatched_replay_graphs_get_a_mostly_free_group_of_their_own(recorded, 
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_patched_replay_graphs_add_no_graph_pool_segment_and_the_model_group_does_not_grow(recorded, preset):
     unpatched, patched = recorded[f"{preset}_unpatched"], recorded[f"{preset}_patched"]
-    assert patched["replay_capture_stream"] == ["model graphs stream"]
+    assert patched["replay_stream_names"] == ["model graphs stream"]
     assert patched["replay_group"] is None
-    assert patched["replay_added_pool_bytes"] == 0
+    assert patched["replay_added_bytes"] == 0
     assert patched["model_group"]["reserved"] == unpatched["model_group"]["reserved"]
-    saved = unpatched["graph_pool_reserved"] - patched["graph_pool_reserved"]
+    saved = unpatched["graph_pool_bytes"] - patched["graph_pool_bytes"]
     assert saved == unpatched["replay_group"]["reserved"]
 
 
@@ -294,7 +294,7 @@ def test_graphs_equal_eager_except_early_aux_forced_to_share(recorded):
         assert recorded[name]["max_abs_diff"] == 0
     forced = recorded["small_early_aux_shared"]
     assert forced["bit_exact"] is False and forced["max_abs_diff"] > 0
-    assert forced["replay_capture_stream"] == ["model graphs stream"]
+    assert forced["replay_stream_names"] == ["model graphs stream"]
     # The flags above are what the GPU measured (provenance). Computed here from each recording's trace instead: a
     # replay graph that runs in a model graph's break allocates over a block the model graph holds after it
     # exactly where the graphs differed from eager, at the same capture sizes, and its block is the early aux state.
@@ -324,12 +324,12 @@ def test_graphs_equal_eager_except_early_aux_forced_to_share(recorded):
 
 def test_early_aux_under_the_pr_keeps_the_replay_graphs_on_their_own_stream(recorded):
     s = recorded["small_early_aux_pr"]
-    assert s["policy"] == "pr" and s["replay_capture_stream"] == ["replay graphs stream"]
+    assert s["policy"] == "pr" and s["replay_stream_names"] == ["replay graphs stream"]
     assert s["replay_group"] is not None
 
 
 def test_large_preset_saves_hundreds_of_mib(recorded):
-    saved = recorded["large_unpatched"]["graph_pool_reserved"] - recorded["large_patched"]["graph_pool_reserved"]
+    saved = recorded["large_unpatched"]["graph_pool_bytes"] - recorded["large_patched"]["graph_pool_bytes"]
     assert saved > 256 * MIB
 
 
@@ -354,8 +354,8 @@ def test_demo_command_prints_the_recorded_figures(capsys):
     assert main(["demo", "--preset", "large"]) == 0
     out = capsys.readouterr().out
     saved = (
-        summarize(REPLICA / "large_unpatched.pickle")["graph_pool_reserved"]
-        - summarize(REPLICA / "large_patched.pickle")["graph_pool_reserved"]
+        summarize(REPLICA / "large_unpatched.pickle")["graph_pool_bytes"]
+        - summarize(REPLICA / "large_patched.pickle")["graph_pool_bytes"]
     )
     assert f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)" in out
     assert "recorded on NVIDIA H200" in out

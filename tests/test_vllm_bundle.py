@@ -1,4 +1,4 @@
-"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, scripts/vllm_stubs, kit.experiments.vllm_capture).
+"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, the stubs, kit.experiments.vllm_capture).
 
 On the CPU: the bundle's sources are checked against the wheel's RECORD, the
 stubs raise when used and only then, the capture modules import, the
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import vllm_bundle  # noqa: E402
 
-STUBS = sorted(p.name for p in (ROOT / "scripts" / "vllm_stubs").iterdir() if (p / "__init__.py").is_file())
+STUBS = sorted(p.name for p in vc.STUBS.iterdir() if (p / "__init__.py").is_file())  # the packaged stubs
 
 
 def fake_site(tmp_path: Path, text: str = "x = 1\n") -> tuple[Path, Path]:
@@ -103,7 +103,7 @@ def test_every_wheel_and_stub_is_listed_with_why_in_the_docs():
 
 def run_with_stubs(code: str) -> subprocess.CompletedProcess:
     """`code` in a fresh Python whose first import path is the stubs (they shadow what .venv has)."""
-    prelude = f"import sys; sys.path.insert(0, {str(ROOT / 'scripts' / 'vllm_stubs')!r})\n"
+    prelude = f"import sys; sys.path.insert(0, {str(vc.STUBS)!r})\n"
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True)
 
 
@@ -375,17 +375,15 @@ def test_the_recorder_finds_each_graphs_manager_and_size_on_vllms_stack(cpu_capt
 
 
 @pytest.mark.parametrize("name", ["small_unpatched", "small_patched"])
-def test_summarize_agrees_with_the_replicas_figures_on_its_recordings(name):
+def test_one_summary_for_the_replica_and_vllm_keeps_the_replicas_old_names(name):
     from kit.experiments import scenarios
+    from kit.experiments.summary import OLD_NAMES
     from kit.recordings import recording
 
-    mine, replica = (
-        vc.summarize(recording(f"replica/{name}.pickle")),
-        scenarios.summarize(recording(f"replica/{name}.pickle")),
-    )
-    assert mine["replay_added_bytes"] == replica["replay_added_pool_bytes"]
-    assert mine["graph_pool_bytes"] == replica["graph_pool_reserved"]
-    assert mine["replay_stream_names"] == replica["replay_capture_stream"]
+    assert vc.summarize is scenarios.summarize  # one summary, not two with their own keys
+    mine = vc.summarize(recording(f"replica/{name}.pickle"))
+    assert all(mine[old] == mine[new] for old, new in OLD_NAMES.items())
+    assert mine["replay_stream_names"] == [("model" if name == "small_patched" else "replay") + " graphs stream"]
     assert mine["replay_on_model_stream"] is (name == "small_patched")
 
 
@@ -422,7 +420,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
         (tmp_path / f"{name}.pickle").write_bytes(pickle.dumps(raw))
         return SimpleNamespace(returncode=0, stdout=f'INFO a log line\n{{"variant": "{name}"}}\n', stderr="")
 
-    monkeypatch.setattr(vc, "require_cuda", lambda: None)
+    monkeypatch.setattr(vc, "require_cuda", lambda message: None)
     monkeypatch.setattr(vc.subprocess, "run", fake_run)
     results = vc.record(tmp_path)
     assert calls == [(name, path) for name in vc.VARIANTS for path in vc.PATHS]
@@ -448,4 +446,4 @@ def test_a_variant_process_past_its_time_is_killed_and_says_where_it_was():
     done = vc.run_process([sys.executable, "-c", code], timeout_s=2)
     found = vc.failure("runner", done)
     assert (found["stage"], found["returncode"]) == ("capture (runner)", -9)
-    assert found["error"] == "kit: error: killed after 2 s (the variant's time limit)"
+    assert found["error"] == "killed after 2 s (the variant's time limit)"  # child_error's line, as every child's

@@ -118,7 +118,7 @@ def test_unpatched_replay_graphs_add_pool_segments_on_a_stream_graph_capture_mad
     assert s["replay_streams_from_graph_capture"]
     assert len(set(snapshots["unpatched"].kit["variant"]["graph_capture_streams"])) == 2
     assert s["replay_added_bytes"] > 0
-    assert set(s["replay_added_by_stream"]) == {str(s["replay_streams"][0])}
+    assert set(s["replay_added_by_stream"]) == {REPLAY_STREAM}  # by the stream's name, as the replica's
 
 
 def test_patched_replay_graphs_capture_on_the_model_graphs_stream_and_add_a_fraction(recorded, snapshots):
@@ -127,7 +127,7 @@ def test_patched_replay_graphs_capture_on_the_model_graphs_stream_and_add_a_frac
     assert s["replay_streams_from_graph_capture"]
     assert len(set(snapshots["patched"].kit["variant"]["graph_capture_streams"])) == 1
     # What they add is what the model graphs' free blocks could not hold (no stranding: `kit check` passes).
-    assert set(s["replay_added_by_stream"]) <= {str(s["model_stream"])}
+    assert set(s["replay_added_by_stream"]) <= {MODEL_STREAM}
     assert s["replay_added_bytes"] * 4 < recorded["unpatched"]["replay_added_bytes"]
     assert s["graph_pool_bytes"] < recorded["unpatched"]["graph_pool_bytes"]
 

@@ -6,8 +6,10 @@
 - `workload`: the version-1 workload format (allocations, frees, captures,
   `empty_cache`), checked, and generators for random and PR-shaped ones;
 - `simulator`: `CachingAllocatorSim`, which runs a workload and writes a
-  snapshot in torch's own format;
-- `on_gpu`: the same workload run on this process's real allocator.
+  snapshot in torch's own format.
+
+The same workload run on this process's real allocator is a recording made
+on the GPU: `kit.record.workload.run_on_gpu`.
 
 The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

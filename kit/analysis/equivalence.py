@@ -2,9 +2,11 @@
 
 If a replay graph overwrote a block its model graph still needed, the graph
 outputs would differ from an eager run of the same model on the same input.
-`check_equivalence` runs fresh inputs through a runner's captured graphs and
+`compare_sizes` runs fresh inputs through a runner's captured graphs and
 through the same model eagerly, for every capture size, and reports
-bit-exact equality or the largest difference per output.
+bit-exact equality or the largest difference per output: the replica's
+runner through `check_equivalence`, vLLM's own path through
+`kit.experiments.vllm_capture.check_equivalence`.
 """
 
 from __future__ import annotations
@@ -85,17 +87,44 @@ def compare_forward(names: list[str], graph: tuple, eager: tuple) -> dict:
 
 
 def check_equivalence(runner, seed: int = 1234) -> Equivalence:
-    """Fresh random token ids per capture size; graph outputs against eager ones."""
+    """The replica's runner: fresh random token ids per capture size; graph outputs against eager ones."""
+    config = runner.config
+    rows = compare_sizes(
+        config.cudagraph_capture_sizes,
+        sorted(set(config.aux_hidden_state_layers)),
+        lambda size, generator: torch_randint(config.vocab_size, size, generator).to(runner.device),
+        lambda ids: runner.run(ids, use_cudagraph=True),
+        lambda ids: runner.run(ids, use_cudagraph=False),
+        seed,
+    )
+    return Equivalence(pd.DataFrame(rows, columns=COLUMNS))
+
+
+def compare_sizes(sizes, aux_layers, draw_ids, run_graphs, run_eager, seed: int = 1234) -> list[dict]:
+    """Graphs against eager at every capture size, the one check of the replica and of vLLM's path: rows.
+
+    Per size (ascending), `draw_ids(size, generator)` makes fresh token ids
+    from a CPU generator seeded with `seed`; `run_graphs(ids)` and
+    `run_eager(ids)` each return `(hidden_states, aux_hidden_states)`, the aux
+    states in the order of `aux_layers`. One `compare` row per output.
+    """
     import torch
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
-    for size in sorted(runner.config.cudagraph_capture_sizes):
-        input_ids = torch.randint(runner.config.vocab_size, (size,), generator=generator).to(runner.device)
-        graph_out, graph_aux = runner.run(input_ids, use_cudagraph=True)
-        eager_out, eager_aux = runner.run(input_ids, use_cudagraph=False)
+    for size in sorted(sizes):
+        ids = draw_ids(size, generator)
+        graph_out, graph_aux = run_graphs(ids)
+        eager_out, eager_aux = run_eager(ids)
         rows.append(compare(size, "hidden_states", graph_out, eager_out))
-        layers = runner.config.aux_hidden_state_layers
-        for layer, g, e in zip(sorted(set(layers)), graph_aux, eager_aux, strict=True):
+        for layer, g, e in zip(aux_layers, graph_aux, eager_aux, strict=True):
             rows.append(compare(size, f"aux_hidden_state[{layer}]", g, e))
-    return Equivalence(pd.DataFrame(rows, columns=COLUMNS))
+    return rows
+
+
+def torch_randint(high: int, size: int, generator, dtype=None):
+    """`size` token ids below `high` from `generator` (int64 unless `dtype`)."""
+    import torch
+
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    return torch.randint(high, (size,), generator=generator, **kwargs)

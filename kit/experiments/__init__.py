@@ -19,10 +19,16 @@
   graphs write against what the step still reads;
 - `vllm_capture`: vLLM 0.33's own capture code (not the replica) with real
   CUDA graphs around a stand-in DeepSeek-V4.1, unpatched and under the PR,
-  from vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`), with
+  from vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`); the
+  entry point, built on `vllm_import` (importing vLLM's capture path, its
+  compiled parts stood in, with the stubs of `kit/experiments/vllm_stubs/`)
+  and `vllm_standin` (the stand-in model and vLLM's runner around it), with
   `vllm_safety`: the read/write obligation and the pairings on that path;
-- `recorded`: what those three share: their JSON recordings read and written
-  with their provenance, and each policy or variant run in a fresh process.
+- `summary`: one experiment's figures from its snapshot, the replica's and
+  vLLM's alike, and what a change saved in the graph pool;
+- `recorded`: what the JSON experiments share: their recordings read and
+  written (provenance and manifests by `kit.record.provenance`), and each
+  policy or variant run in a fresh process, its error kept (`child_error`).
 
 The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

@@ -68,12 +68,12 @@ from typing import Any
 
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance
 from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
 from kit.patch import vllm as vllm_patch
 from kit.patch.pr import Codebase, Target
 from kit.patch.source import Hunk
+from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
 
 RECORDINGS_DIR = RECORDINGS / "alternatives"
@@ -420,7 +420,7 @@ def captured_runner(variant: str, preset: str = "small"):
     kind, _ = parse_variant(variant)
     config = alternatives_config(preset)
     sizes = variant_replay_sizes(config, variant)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     with variant_patch(kind):
         runner = build_runner(config, sizes)
         runner.capture_model()
@@ -437,7 +437,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     kind, arg = parse_variant(variant)
     config = alternatives_config(preset)
     sizes = variant_replay_sizes(config, variant)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     with variant_patch(kind) as patch:
         runner = build_runner(config, sizes)
         replay = runner.model_state.replay_cudagraphs
@@ -576,7 +576,7 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
 def record(preset: str, out_dir: Path) -> Path:
     """Every variant, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     config = alternatives_config(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     out_dir = recorded.output_dir(out_dir)
     runs = recorded.run_each(variants_to_run(config), run_variant_in_subprocess, preset, "kit-alternatives-")
     prov = {
@@ -591,14 +591,9 @@ def record(preset: str, out_dir: Path) -> Path:
 # --- reading and showing ---------------------------------------------------------------------
 
 
-def require_cuda() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise KitError(
-            "live alternatives runs need CUDA, and this process has none; without --live, alternatives shows "
-            "the H200 recording"
-        )
+LIVE_NEEDS_CUDA = (
+    "live alternatives runs need CUDA, and this process has none; without --live, alternatives shows the H200 recording"
+)
 
 
 def recording_path(preset: str) -> Path:
@@ -650,7 +645,7 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
 def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     """Record `preset` on this GPU now (each variant in a fresh process) and read it back."""
     alternatives_config(preset)  # an unknown preset first
-    require_cuda()  # before any folder or process is made
+    require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-alternatives-"))
     path = record(preset, out)
     data = load_recording(preset, path)

@@ -62,7 +62,7 @@ from kit.analysis.readwrite import (
 )
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance
+from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
 
 VARIANTS = ("pr", "share_all")
@@ -235,7 +235,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     """Capture the replica with its speculator under `variant`, record reads and writes, run a step of each size."""
     import torch
 
-    from kit.experiments.alternatives import alternatives_config, build_runner, require_cuda, variant_patch
+    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config, build_runner, variant_patch
     from kit.experiments.dispatch import can_run
     from kit.experiments.readwrite_run import compare_analyses, replica_phases
     from kit.record.readwrite import ReadWriteRecorder
@@ -243,7 +243,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
 
     check_variant(variant)
     config = alternatives_config(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     sizes = sorted(config.cudagraph_capture_sizes)
     # Recording from the first allocation, so the trace replays from an empty allocator.
@@ -316,10 +316,10 @@ def run_variant_in_subprocess(variant: str, preset: str, out: Path) -> dict:
 
 def record(preset: str, out_dir: Path) -> Path:
     """Both variants, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.alternatives import alternatives_config, require_cuda
+    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config
 
     alternatives_config(preset)  # an unknown preset first
-    require_cuda()  # before any folder or process is made
+    require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out_dir = recorded.output_dir(out_dir)
     runs = recorded.run_each(VARIANTS, run_variant_in_subprocess, preset, "kit-drafter-")
     data = {

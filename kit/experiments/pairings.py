@@ -58,8 +58,10 @@ from kit.errors import KitError
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
-from kit.experiments.recorded import provenance as _provenance
 from kit.experiments.recorded import shown as _shown
+from kit.patch.policy import check_policy
+from kit.record.provenance import provenance as _provenance
+from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
 # policy -> the scenario of kit.experiments.scenarios that captures it
@@ -255,9 +257,9 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy)
+    check_policy(policy, POLICIES, "pairing policy")
     check_preset(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     scenario = POLICIES[policy]
     patch_policy, _, description = SCENARIOS[scenario]
     config = safety_config(scenario, preset)
@@ -293,7 +295,7 @@ def record(preset: str, out_dir: Path) -> Path:
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     out_dir = recorded.output_dir(out_dir)
     runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-pairings-")
     first = runs[next(iter(POLICIES))]
@@ -313,19 +315,9 @@ def record(preset: str, out_dir: Path) -> Path:
 # --- reading and showing ---------------------------------------------------------
 
 
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise KitError(f"unknown pairing policy {policy!r}: one of {', '.join(POLICIES)}")
-    return policy
-
-
-def require_cuda() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise KitError(
-            "live safety runs need CUDA, and this process has none; without --live, safety shows the H200 recording"
-        )
+LIVE_NEEDS_CUDA = (
+    "live safety runs need CUDA, and this process has none; without --live, safety shows the H200 recording"
+)
 
 
 def recording_path(preset: str) -> Path:
@@ -358,7 +350,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
-    require_cuda()  # before any folder or process is made
+    require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-safety-"))
     path = record(preset, out)
     data = load_recording(preset, path)

@@ -63,9 +63,10 @@ from kit.analysis.readwrite import (
     readwrite_table,
 )
 from kit.analysis.tables import format_bytes
-from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import provenance as _provenance
+from kit.patch.policy import check_policy
+from kit.record.provenance import provenance as _provenance
+from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
 POLICIES = ("pr", "unpatched", "early_aux_shared")
@@ -302,9 +303,9 @@ def run_policy(policy: str, preset: str = "small") -> dict:
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy)
+    check_policy(policy, POLICIES, "read/write policy")
     check_preset(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     scenario = SCENARIO_OF[policy]
     patch_policy, _, description = SCENARIOS[scenario]
     config = safety_config(scenario, preset)  # V4.1's break inputs, and a break at every attention
@@ -352,7 +353,7 @@ def record(preset: str, out_dir: Path) -> Path:
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
-    require_cuda()  # before any folder or process is made
+    require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out_dir = recorded.output_dir(out_dir)
     runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-readwrite-")
     first = runs[POLICIES[0]]
@@ -374,17 +375,7 @@ def record(preset: str, out_dir: Path) -> Path:
 # --- reading ---------------------------------------------------------------------------
 
 
-def require_cuda() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise KitError("recording reads and writes during capture needs CUDA, and this process has none")
-
-
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise KitError(f"unknown read/write policy {policy!r}: one of {', '.join(POLICIES)}")
-    return policy
+LIVE_NEEDS_CUDA = "recording reads and writes during capture needs CUDA, and this process has none"
 
 
 def load_recording(preset: str, path: str | Path | None = None) -> dict:

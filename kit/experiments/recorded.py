@@ -4,8 +4,8 @@
 reading a recording back (`read_recording`: one-line errors for a missing
 file, one not JSON, one its schema check refuses; `source_line` for where it
 was recorded), writing one (`write_recording`: `<preset>.json` and its
-`PROVENANCE.json` entry, both atomically), the provenance of a run
-(`provenance`), paths as the repository shows them (`shown`), and running one
+`PROVENANCE.json` entry, both atomically, through `kit.record.provenance`),
+paths as the repository shows them (`shown`), and running one
 policy or variant as `python -m MODULE --FLAG NAME --preset P --out F` in a
 fresh process (`run_in_subprocess`, `run_each`): patches and the graph pool
 are per process. `recording_main` is each of those modules' command line.
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextvars
-import datetime
-import hashlib
 import json
 import re
 import subprocess
@@ -29,6 +27,7 @@ from typing import Any
 from kit import progress
 from kit.errors import KitError
 from kit.fileio import atomic_write
+from kit.record.provenance import add_entry
 from kit.recordings import RECORDINGS
 
 
@@ -38,19 +37,6 @@ def shown(path: str | Path) -> str:
         return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
     except ValueError:
         return str(path)
-
-
-def provenance(command: str) -> dict:
-    """Where and when a run was made: the GPU, torch and CUDA versions, the date, `command`."""
-    import torch
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": command,
-    }
 
 
 def trim_frames(raw: dict, keep: int = 6) -> None:
@@ -130,11 +116,7 @@ def write_recording(data: dict, out_dir: Path, preset: str, **entry: Any) -> Pat
     path = out_dir / f"{preset}.json"
     with atomic_write(path) as f:
         f.write(text)
-    manifest_path = out_dir / "PROVENANCE.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    manifest[path.name] = {**data["provenance"], **entry, "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    with atomic_write(manifest_path) as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
+    add_entry(out_dir, path.name, {**data["provenance"], **entry}, text.encode())
     return path
 
 

@@ -9,9 +9,9 @@
 
 `run_scenario` captures with the capture recorder and checks the graphs
 against eager execution; the snapshot it returns carries the scenario, the
-config and the check in its `kit` key. `summarize` reads the figures back
-from such a snapshot, live or recorded, so the CPU tests assert the same
-numbers the GPU printed. Run one scenario here with
+config and the check in its `kit` key. `summarize` (`kit.experiments.summary`)
+reads the figures back from such a snapshot, live or recorded, so the CPU
+tests assert the same numbers the GPU printed. Run one scenario here with
 `python -m kit.experiments.scenarios NAME --preset small -o OUT.pickle`.
 """
 
@@ -28,12 +28,14 @@ import tempfile
 from pathlib import Path
 
 from kit import progress
-from kit.analysis.attribution import capture_table, is_replay_capture, replay_captures_added
 from kit.analysis.equivalence import check_equivalence
-from kit.analysis.tables import format_bytes, segment_table
+from kit.analysis.tables import format_bytes
 from kit.errors import KitError
+from kit.experiments.recorded import child_error
+from kit.experiments.summary import summarize
 from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.record.provenance import require_cuda
 from kit.record.recorder import CaptureRecorder
 from kit.recordings import RECORDED, RECORDINGS, check_source, default_source
 
@@ -54,14 +56,9 @@ def check_preset(preset: str) -> None:
         raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
 
 
-def require_cuda() -> None:
-    """Refuse live runs, before any process starts, where this process sees no GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise KitError(
-            "live replica runs need CUDA, and this process has none; without --live, demo shows the H200 recordings"
-        )
+LIVE_NEEDS_CUDA = (
+    "live replica runs need CUDA, and this process has none; without --live, demo shows the H200 recordings"
+)
 
 
 def scenario_config(name: str, preset: str):
@@ -113,45 +110,10 @@ def run_scenario(name: str, preset: str = "small", speculator: bool = False) -> 
     return raw
 
 
-def summarize(snapshot) -> dict:
-    """The figures of one scenario's snapshot: graph-pool groups, replay captures' additions, the check."""
-    snap = load_snapshot(snapshot)
-    meta = snap.kit
-    pool = tuple(meta["pools"]["global graph pool"])
-    streams = meta["streams"]
-    table = segment_table(snap)
-    in_pool = table[table["pool"] == pool]
-
-    def group(stream_name: str) -> dict | None:
-        rows = in_pool[in_pool["stream"] == streams.get(stream_name, -1)]
-        if rows.empty:
-            return None
-        return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
-
-    added = replay_captures_added(snap, pool)
-    by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
-    equivalence = meta.get("equivalence", [])
-    captures = capture_table(snap)
-    replay_streams = set(captures[captures["manager"].map(is_replay_capture)]["stream_label"])
-    return {
-        "scenario": meta.get("scenario", {}).get("name"),
-        "policy": meta.get("scenario", {}).get("policy"),
-        "source": snap.source_label,
-        "graph_pool_reserved": int(in_pool["reserved"].sum()),
-        "model_group": group("model graphs stream"),
-        "replay_group": group("replay graphs stream"),
-        "replay_capture_stream": sorted(replay_streams),
-        "replay_added_pool_bytes": int(added["bytes"].sum()) if len(added) else 0,
-        "replay_added_by_stream": {k: int(v) for k, v in dict(by_stream).items()},
-        "bit_exact": all(r["bit_exact"] for r in equivalence) if equivalence else None,
-        "max_abs_diff": max((r["max_abs_diff"] for r in equivalence), default=None),
-    }
-
-
 def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     """Each scenario in a fresh process (its allocator starts empty); their summaries."""
     check_preset(preset)
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {}
@@ -163,8 +125,7 @@ def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
             text=True,
         )
         if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-            raise KitError(f"scenario {name} ({preset}) failed: {lines[-1].removeprefix('kit: error: ')}")
+            raise KitError(f"scenario {name} ({preset}) failed: {child_error(done.stderr or done.stdout)}")
         summaries[name] = json.loads(done.stdout.strip().splitlines()[-1])
     return summaries
 
@@ -186,7 +147,7 @@ def replica_runs(
         if not runs:
             raise KitError(f"no recorded replica fixtures for preset {preset!r}; run with --live on a GPU")
         return runs
-    require_cuda()
+    require_cuda(LIVE_NEEDS_CUDA)
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-replica-"))
     runs = {}
     for name in progress.track(list(names), f"replica {preset}, a fresh process each"):
@@ -210,9 +171,9 @@ def describe(summary: dict) -> list[str]:
                 f"allocated {format_bytes(g['allocated'])}, free {format_bytes(g['free'])}"
             )
     added = ", ".join(f"{k} {format_bytes(v)}" for k, v in summary["replay_added_by_stream"].items()) or "nothing"
-    lines.append(f"  replay captures ran on: {', '.join(summary['replay_capture_stream'])}")
+    lines.append(f"  replay captures ran on: {', '.join(summary['replay_stream_names'])}")
     lines.append(f"  graph-pool segments the replay captures added: {added}")
-    lines.append(f"  graph pool reserved in all: {format_bytes(summary['graph_pool_reserved'])}")
+    lines.append(f"  graph pool reserved in all: {format_bytes(summary['graph_pool_bytes'])}")
     verdict = "bit-exact" if summary["bit_exact"] else f"DIFFERS, largest difference {summary['max_abs_diff']:.4g}"
     lines.append(f"  graphs vs eager: {verdict}")
     return lines

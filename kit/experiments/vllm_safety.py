@@ -345,22 +345,6 @@ def guarded(step: Callable[..., Any], *args: Any) -> Any:
 # --- reading a recording back ------------------------------------------------------
 
 
-def summary(meta: dict) -> dict:
-    """The pairings and the obligation from a recording's `kit` key; every key None for a recording without them."""
-    pairings = meta.get("pairings") if isinstance(meta.get("pairings"), dict) else {}
-    readwrite = meta.get("readwrite") if isinstance(meta.get("readwrite"), dict) else {}
-    return {
-        "pairings": pairings.get("pairs"),
-        "pairings_verdict": pairings.get("verdict"),
-        "pairings_error": pairings.get("error"),
-        "readwrite": readwrite.get("rows"),
-        "readwrite_verdict": readwrite.get("summary"),
-        "readwrite_verdicts": readwrite.get("verdicts"),
-        "readwrite_holds": readwrite.get("holds"),
-        "readwrite_error": readwrite.get("error"),
-    }
-
-
 def short_obligation(rows: list[dict] | None, holds: bool | None) -> str:
     """The obligation's result in a few words, for a terminal line."""
     if rows is None:

@@ -23,9 +23,14 @@ from kit.errors import KitError
 POLICIES = ("pr", "share", "separate")
 
 
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise KitError(f"unknown stream policy {policy!r}: use one of {', '.join(POLICIES)}")
+def check_policy(policy: str, known: tuple[str, ...] = POLICIES, what: str = "stream policy") -> str:
+    """`policy`, if it is one of `known`; KitError `unknown <what> ...` naming them otherwise.
+
+    The experiments that run one policy per process (`kit.experiments.pairings`,
+    `readwrite_run`) check theirs here too, with their own `known` and `what`.
+    """
+    if policy not in known:
+        raise KitError(f"unknown {what} {policy!r}: one of {', '.join(known)}")
     return policy
 
 

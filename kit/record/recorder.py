@@ -57,7 +57,6 @@ buffer too small for the captures leaves windows that point past its start).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import inspect
 import re
 import sys
@@ -75,6 +74,7 @@ from kit.errors import KitError
 from kit.load.snapshot import Snapshot
 from kit.patch.install import Patch, interrupts_deferred
 from kit.record.history import hold_history, release_history, trace_length
+from kit.record.provenance import provenance
 
 # Display names where the one made from the class name would read badly; the
 # rest follow the class (DecoderReplayCudaGraphManager -> "decoder replay graphs").
@@ -440,13 +440,7 @@ class CaptureRecorder:
         finished = [r for r in self.records if r.trace_end is not None and r.pool is not None]
         return {
             "source": "live GPU",
-            "provenance": {
-                "gpu": torch.cuda.get_device_name(),
-                "torch": str(torch.__version__),
-                "cuda": torch.version.cuda,
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "command": "kit.CaptureRecorder",
-            },
+            "provenance": provenance("kit.CaptureRecorder"),
             "streams": stream_names(self.records),
             "pools": pool_names(self.records),
             "graphs": {graph_name(r): list(r.pool) for r in finished},

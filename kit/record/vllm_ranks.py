@@ -19,13 +19,13 @@ instead (taken when it stopped, with its trace and one window per graph).
 
 from __future__ import annotations
 
-import datetime
 import pickle
 from typing import Any
 
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot
 from kit.load.unpickle import safe_unpickle
+from kit.record.provenance import machine, utc_now
 
 
 def worker_snapshot(worker: Any, recorded: bool = False) -> dict:
@@ -43,11 +43,12 @@ def worker_snapshot(worker: Any, recorded: bool = False) -> dict:
         raw = torch.cuda.memory._snapshot()
         if recording is not None:  # stream ids outlive the recording; its trace windows do not
             raw["kit"] = {k: recording["kit"][k] for k in ("streams", "pools") if k in recording["kit"]}
+    found = machine()
     return {
         "rank": getattr(worker, "rank", None),
         "local_rank": getattr(worker, "local_rank", None),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": str(torch.__version__),
+        "gpu": found["gpu"],
+        "torch": found["torch"],
         "snapshot": pickle.dumps(raw, protocol=pickle.HIGHEST_PROTOCOL),
     }
 
@@ -60,7 +61,7 @@ def snapshot_all_ranks(llm: Any, *, recorded: bool = False, timeout: float | Non
     if rpc is None:
         raise KitError(f"{type(llm).__name__} has no collective_rpc: pass a vllm.LLM")
     replies = rpc(worker_snapshot, timeout=timeout, args=(recorded,))
-    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    date = utc_now()
     snapshots = []
     for i, reply in enumerate(replies):
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):

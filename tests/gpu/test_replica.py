@@ -24,9 +24,9 @@ def test_unpatched_replay_graphs_strand_a_mostly_free_group(small):
 def test_patched_replay_graphs_add_no_graph_pool_segment(small):
     s = small["patched"]
     assert s["replay_group"] is None
-    assert s["replay_added_pool_bytes"] == 0
-    assert s["replay_capture_stream"] == ["model graphs stream"]
-    assert s["graph_pool_reserved"] < small["unpatched"]["graph_pool_reserved"]
+    assert s["replay_added_bytes"] == 0
+    assert s["replay_stream_names"] == ["model graphs stream"]
+    assert s["graph_pool_bytes"] < small["unpatched"]["graph_pool_bytes"]
     assert s["bit_exact"]
 
 

@@ -1,4 +1,4 @@
-"""Running a workload on the real GPU allocator, in this process.
+"""Running a workload on the real GPU allocator, in this process: a recording made on the GPU.
 
 The counterpart of `kit.allocator.simulator`: the same version-1 workload, executed with
 `torch.empty` on named streams and raw `CUDAGraph.capture_begin/capture_end`
@@ -9,18 +9,17 @@ with memory history recorded from a clean allocator. The snapshot gets the same
 
 from __future__ import annotations
 
-import datetime
-
 from kit.allocator.workload import DEFAULT, Op
 from kit.errors import KitError
+from kit.record.history import recording_history
+from kit.record.provenance import provenance, require_cuda
 
 
 def run_on_gpu(ops: list[Op]) -> dict:
     """Execute `ops` on the current CUDA device; return the snapshot with its full trace."""
     import torch
 
-    if not torch.cuda.is_available():
-        raise KitError("run-workload needs CUDA, and this process has none; use `sim` instead")
+    require_cuda("run-workload needs CUDA, and this process has none; use `sim` instead")
     if torch.cuda.memory_reserved() or torch.cuda.memory_allocated():
         raise KitError("run-workload needs a clean allocator: run it in a fresh process")
     streams = {DEFAULT: torch.cuda.default_stream()}
@@ -33,8 +32,6 @@ def run_on_gpu(ops: list[Op]) -> dict:
         if name not in streams:
             streams[name] = torch.cuda.Stream()
         return streams[name]
-
-    from kit.record.history import recording_history
 
     try:
         with recording_history(max_entries=4 * len(ops) + 1000, context=None, stacks="python"):
@@ -63,13 +60,7 @@ def run_on_gpu(ops: list[Op]) -> dict:
 
     snap["kit"] = {
         "source": "live GPU",
-        "provenance": {
-            "gpu": torch.cuda.get_device_name(),
-            "torch": str(torch.__version__),  # a TorchVersion would pickle as a global
-            "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": "python -m kit run-workload",
-        },
+        "provenance": provenance("python -m kit run-workload"),
         "workload": True,  # torch.empty and nothing else: no per-stream caches (cuBLAS workspaces)
         "streams": {name: s.cuda_stream for name, s in streams.items()},
         "pools": {name: list(pid) for name, pid in pools.items()},

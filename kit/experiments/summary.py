@@ -1,0 +1,131 @@
+"""The figures of one capture experiment's snapshot, read one way for the replica's scenarios and vLLM's variants.
+
+`kit.experiments.scenarios` (the replica) and `kit.experiments.vllm_capture`
+(vLLM 0.33's own capture path) record the same kind of snapshot: a global
+graph pool, the model graphs' and replay graphs' streams in its `kit` key,
+each capture's window, and the graphs-versus-eager check. `summarize` reads
+the figures back from such a snapshot, live or recorded, so the CPU tests,
+`python -m kit demo` and the notebooks assert and print the numbers the GPU
+measured; `graph_pool_saved` is what a change (the patch, a shared stream)
+saved in the graph pool, the one figure `kit demo`, `demo --vllm` and
+notebook 01 print.
+
+The replica's recordings were made when its summary named three figures
+otherwise; `OLD_NAMES` keeps those keys in a replica scenario's summary (its
+shipped `PROVENANCE.json` figures and `kit.show.safety` read them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The names the replica's summary gave three figures before there was one summary: old name -> name.
+OLD_NAMES = {
+    "graph_pool_reserved": "graph_pool_bytes",
+    "replay_capture_stream": "replay_stream_names",
+    "replay_added_pool_bytes": "replay_added_bytes",
+}
+
+
+def summarize(snapshot: Any) -> dict:
+    """One experiment's figures: the graph pool, where the replay graphs captured and what they added, the check;
+    the scenario (replica) or variant (vLLM) it ran, and the pairings and obligation a vLLM recording holds."""
+    from kit.analysis.attribution import is_replay_capture, replay_captures_added
+    from kit.load.snapshot import load_snapshot
+
+    snap = load_snapshot(snapshot)
+    meta = snap.kit
+    pool, in_pool = graph_pool_rows(snap)
+    streams = meta["streams"]
+    replay = [c for c in meta.get("captures", []) if is_replay_capture(c["manager"])]
+    model_stream = streams.get("model graphs stream")
+    names = {stream: name for name, stream in streams.items()}
+    replay_streams = sorted({c["stream"] for c in replay})
+    added = replay_captures_added(snap, pool)
+    by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
+    equivalence = meta.get("equivalence", [])
+    scenario, variant = meta.get("scenario", {}), meta.get("variant", {})
+
+    def group(stream_name: str) -> dict | None:
+        rows = in_pool[in_pool["stream"] == streams.get(stream_name, -1)]
+        if rows.empty:
+            return None
+        return {k: int(rows.iloc[0][k]) for k in ("segments", "reserved", "allocated", "free")}
+
+    figures = {
+        "scenario": scenario.get("name"),
+        "variant": variant.get("name"),
+        "policy": scenario.get("policy") or variant.get("policy"),
+        "path": variant.get("path"),
+        "source": snap.source_label,
+        "graph_pool_bytes": int(in_pool["reserved"].sum()),
+        "graph_pool_segments": int(in_pool["segments"].sum()),
+        "model_group": group("model graphs stream"),
+        "replay_group": group("replay graphs stream"),
+        "model_stream": model_stream,
+        "replay_streams": replay_streams,
+        "replay_stream_names": sorted({names.get(c["stream"], str(c["stream"])) for c in replay}),
+        "replay_on_model_stream": replay_streams == [model_stream],
+        "replay_streams_from_graph_capture": all(s in variant.get("graph_capture_streams", []) for s in replay_streams),
+        "replay_added_bytes": int(added["bytes"].sum()) if len(added) else 0,
+        "replay_added_by_stream": {str(k): int(v) for k, v in dict(by_stream).items()},
+        "replay_graphs": len(replay),
+        "bit_exact": all(r.get("bit_exact", False) for r in equivalence) if equivalence else None,
+        "max_abs_diff": max((r["max_abs_diff"] for r in equivalence if "max_abs_diff" in r), default=None),
+        "equivalence_error": next((r["error"] for r in equivalence if "error" in r), None),
+        "has_early_aux": scenario.get("has_early_aux", variant.get("has_early_aux")),
+        "early_aux_pinned": variant.get("early_aux_pinned"),
+        "replay_sizes": variant.get("replay_sizes"),
+        **safety_figures(meta),
+    }
+    if scenario:
+        figures.update({old: figures[new] for old, new in OLD_NAMES.items()})
+    return figures
+
+
+def safety_figures(meta: dict) -> dict:
+    """The pairings and the obligation from a recording's `kit` key; every key None for a recording without them."""
+    pairings = meta.get("pairings") if isinstance(meta.get("pairings"), dict) else {}
+    readwrite = meta.get("readwrite") if isinstance(meta.get("readwrite"), dict) else {}
+    return {
+        "pairings": pairings.get("pairs"),
+        "pairings_verdict": pairings.get("verdict"),
+        "pairings_error": pairings.get("error"),
+        "readwrite": readwrite.get("rows"),
+        "readwrite_verdict": readwrite.get("summary"),
+        "readwrite_verdicts": readwrite.get("verdicts"),
+        "readwrite_holds": readwrite.get("holds"),
+        "readwrite_error": readwrite.get("error"),
+    }
+
+
+def graph_pool_saved(before: Any, after: Any) -> int:
+    """The global graph pool's reserved bytes in `before` minus those in `after`: what the change between them saved.
+
+    Each is a summary (`summarize`) or a snapshot (anything `load_snapshot` takes).
+    """
+    return _graph_pool_bytes(before) - _graph_pool_bytes(after)
+
+
+def saved_by_the_patch(summaries: dict[str, dict]) -> int | None:
+    """`graph_pool_saved` from the unpatched run to the patched one, or None where either is missing."""
+    if "unpatched" not in summaries or "patched" not in summaries:
+        return None
+    return graph_pool_saved(summaries["unpatched"], summaries["patched"])
+
+
+def graph_pool_rows(snapshot: Any) -> tuple[tuple[int, int], Any]:
+    """The global graph pool's id (the `kit` key names it) and its rows of the segment-by-stream table."""
+    from kit.analysis.tables import segment_table
+    from kit.load.snapshot import load_snapshot
+
+    snap = load_snapshot(snapshot)
+    pool = tuple(snap.kit["pools"]["global graph pool"])
+    table = segment_table(snap)
+    return pool, table[table["pool"] == pool]
+
+
+def _graph_pool_bytes(run: Any) -> int:
+    if isinstance(run, dict) and "graph_pool_bytes" in run:
+        return int(run["graph_pool_bytes"])
+    return int(graph_pool_rows(run)[1]["reserved"].sum())
