@@ -6,7 +6,7 @@
 It first replays every stored reproducer of a crash found and fixed earlier
 (tests/fixtures/fuzz/*.bin.gz), then fuzzes each target for its share of the
 time, each in a process of its own with a memory limit: `snapshot` (the bytes
-of a snapshot file: loading, normalising, table, trace replay, reuse,
+of a snapshot file: loading, normalising, table, trace walk, reuse,
 stranding, captures, what-if) and `workload` (a workload file: parsing,
 validation, simulation). Inputs start from the recorded fixtures and the
 foreign-version snapshots and are mutated at the byte level and in their

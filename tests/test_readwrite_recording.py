@@ -21,7 +21,8 @@ import pytest
 
 from kit.analysis.readwrite import OBLIGATION, ReadWriteRecording, readwrite_table
 from kit.errors import KitError
-from kit.experiments.readwrite_run import POLICIES, load_recording, summary_lines
+from kit.experiments.pairings import PAIRING_POLICIES
+from kit.experiments.readwrite_run import load_recording, summary_lines
 from tests.test_readwrite import _forward_with_a_replay
 
 
@@ -32,9 +33,9 @@ def check_readwrite_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     assert data["obligation"] == OBLIGATION
-    assert list(data["policies"]) == list(POLICIES)
-    assert [data["policies"][p]["has_early_aux"] for p in POLICIES] == [False, False, True]
-    for policy in POLICIES:
+    assert list(data["policies"]) == list(PAIRING_POLICIES)
+    assert [data["policies"][p]["has_early_aux"] for p in PAIRING_POLICIES] == [False, False, True]
+    for policy in PAIRING_POLICIES:
         pairs = [p for p in data["pairs"] if p["policy"] == policy]
         recording = ReadWriteRecording.from_records(data["policies"][policy]["accesses"])
         table = readwrite_table(recording)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from kit.experiments.pairings import (
-    POLICIES,
+    PAIRING_POLICIES,
+    SCENARIO_OF,
     enumerate_pairs,
     load_recording,
     pair_verdicts,
@@ -37,17 +38,19 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     df = pairs_frame(data)
-    assert list(df["policy"].unique()) == list(POLICIES)
+    assert list(df["policy"].unique()) == list(PAIRING_POLICIES)
     for policy, rows in df.groupby("policy", sort=False):
         meta = data["policies"][policy]
-        config = safety_config(POLICIES[policy], preset)
+        config = safety_config(SCENARIO_OF[policy], preset)
         assert meta["config"] == json.loads(json.dumps(dataclasses.asdict(config))), f"{policy}: the preset changed"
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
         assert ran == enumerate_pairs(config), f"{policy}: not every pair ran, or the dispatch rule changed"
         assert (rows["outputs"] == len(meta["outputs"])).all()
         dispatched = rows[rows["dispatchable"]]
         assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
-    took_effect = [(data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in POLICIES]
+    took_effect = [
+        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in PAIRING_POLICIES
+    ]
     assert took_effect == [(True, False), (False, False), (True, True)], "a policy did not take effect"
     for policy in ("pr", "unpatched"):
         rows = df[df["policy"] == policy]
@@ -153,7 +156,9 @@ def test_the_shipped_small_recording():
     df = pairs_frame(load_recording("small", path))
     for policy in ("pr", "unpatched"):
         rows = df[df["policy"] == policy]
-        assert rows["bit_exact"].all() and len(rows) == len(enumerate_pairs(safety_config(POLICIES[policy], "small")))
+        assert rows["bit_exact"].all() and len(rows) == len(
+            enumerate_pairs(safety_config(SCENARIO_OF[policy], "small"))
+        )
     differs = early_aux_differs()
     dispatched = df[(df["policy"] == "early_aux_shared") & df["dispatchable"]]
     assert differs & {(int(r.model_size), int(r.replay_size)) for r in dispatched.itertuples()}, (

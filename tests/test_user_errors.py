@@ -2,7 +2,7 @@
 
 Each test runs what a new user tried and asserts the exact line: a folder as
 `report -o`, `demo --live` without CUDA, an unknown `demo --preset`,
-`vllm-patch --check`'s output, `sim`'s source label, a compressed file or a
+`vllm-diff --check`'s output, `sim`'s source label, a compressed file or a
 `torch.save` archive given as a snapshot, a segment larger than any GPU,
 `ranks` with a rank that lacks a group, and a malformed capture window in the
 snapshot's `kit` key.

@@ -8,7 +8,7 @@ graph-pool group of their own:
   it needs its own lifetime argument". Here `SHARE_ALL` is the PR plus that: the replay graphs on
   the model graphs' stream (policy `share`), and the speculator's `capture()` handed the same
   stream (two more hunks, on `DSparkSpeculator.capture` and `DFlashCudaGraphManager.capture`,
-  and one on `GPUModelRunner.capture_model`). `kit.patch.policy.POLICIES` is left as it is.
+  and one on `GPUModelRunner.capture_model`). `kit.patch.policy.STREAM_POLICIES` is left as it is.
 - (b) shrinking `decoder_replay_cudagraph_capture_sizes`, which the PR says saves
   "proportionally": vLLM 0.33 (unpatched) capturing fewer replay sizes, two ways. `cap_<N>`
   caps them at N: every replay batch of more than N rows runs eagerly (vLLM's dispatch finds

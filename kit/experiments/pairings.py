@@ -64,8 +64,10 @@ from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
-# policy -> the scenario of kit.experiments.scenarios that captures it
-POLICIES = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+# A pairing policy (what the safety and read/write experiments compare) -> the scenario of
+# kit.experiments.scenarios that captures it; not kit.patch.policy's STREAM_POLICIES.
+SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+PAIRING_POLICIES = tuple(SCENARIO_OF)
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
@@ -257,10 +259,10 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy, POLICIES, "pairing policy")
+    check_policy(policy, PAIRING_POLICIES, "pairing policy")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
-    scenario = POLICIES[policy]
+    scenario = SCENARIO_OF[policy]
     patch_policy, _, description = SCENARIOS[scenario]
     config = safety_config(scenario, preset)
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
@@ -297,8 +299,8 @@ def record(preset: str, out_dir: Path) -> Path:
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-pairings-")
-    first = runs[next(iter(POLICIES))]
+    runs = recorded.run_each(PAIRING_POLICIES, run_policy_in_subprocess, preset, "kit-pairings-")
+    first = runs[PAIRING_POLICIES[0]]
     data = {
         "preset": preset,
         "rule": DISPATCH_RULE,
@@ -361,9 +363,9 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
 
 
 def pairs_frame(data: dict) -> pd.DataFrame:
-    """A recording's pairs, one row each, policies in `POLICIES` order; `attrs` keep source and provenance."""
+    """A recording's pairs, one row each, policies in `PAIRING_POLICIES` order; `attrs` keep source and provenance."""
     df = pd.DataFrame(data["pairs"])
-    order = {p: i for i, p in enumerate(POLICIES)}
+    order = {p: i for i, p in enumerate(PAIRING_POLICIES)}
     df = df.sort_values(
         ["policy", "model_size", "replay_size"],
         key=lambda c: c.map(order).fillna(len(order)) if c.name == "policy" else c,
@@ -460,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         description="Adversarial pairings of the replica's graphs, on this GPU.",
         flag="policy",
-        names=", ".join(POLICIES),
+        names=", ".join(PAIRING_POLICIES),
         run_one=run_policy,
         said=lambda name, result: pair_verdicts(pairs_frame(result))[0],
         record=record,

@@ -64,12 +64,12 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import recorded
+from kit.experiments.pairings import PAIRING_POLICIES
 from kit.patch.policy import check_policy
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
-POLICIES = ("pr", "unpatched", "early_aux_shared")
 RECORDINGS_DIR = RECORDINGS / "readwrite"
 OUTPUTS_READ = "the forward's caller"  # the op name of the reads of a model graph's outputs
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "readwrite_holds", "lifetime_conflict", "agree")
@@ -295,15 +295,14 @@ def run_policy(policy: str, preset: str = "small") -> dict:
 
     from kit.analysis.equivalence import check_equivalence
     from kit.experiments.dispatch import can_run
-    from kit.experiments.pairings import POLICIES as SCENARIO_OF
-    from kit.experiments.pairings import safety_config
+    from kit.experiments.pairings import SCENARIO_OF, safety_config
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy, POLICIES, "read/write policy")
+    check_policy(policy, PAIRING_POLICIES, "read/write policy")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     scenario = SCENARIO_OF[policy]
@@ -355,8 +354,8 @@ def record(preset: str, out_dir: Path) -> Path:
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(POLICIES, run_policy_in_subprocess, preset, "kit-readwrite-")
-    first = runs[POLICIES[0]]
+    runs = recorded.run_each(PAIRING_POLICIES, run_policy_in_subprocess, preset, "kit-readwrite-")
+    first = runs[PAIRING_POLICIES[0]]
     data = {
         "preset": preset,
         "obligation": OBLIGATION,
@@ -418,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         description="Reads and writes against lifetimes, per pairing, on this GPU.",
         flag="policy",
-        names=", ".join(POLICIES),
+        names=", ".join(PAIRING_POLICIES),
         run_one=run_policy,
         said=lambda name, result: result["obligation"],
         record=record,

@@ -20,10 +20,10 @@ from typing import Any
 
 from kit.errors import KitError
 
-POLICIES = ("pr", "share", "separate")
+STREAM_POLICIES = ("pr", "share", "separate")
 
 
-def check_policy(policy: str, known: tuple[str, ...] = POLICIES, what: str = "stream policy") -> str:
+def check_policy(policy: str, known: tuple[str, ...] = STREAM_POLICIES, what: str = "stream policy") -> str:
     """`policy`, if it is one of `known`; KitError `unknown <what> ...` naming them otherwise.
 
     The experiments that run one policy per process (`kit.experiments.pairings`,

@@ -83,7 +83,7 @@ class SafetyRecords:
         table = left.merge(right, on=["policy", "model_size", "replay_size"], how="outer", validate="one_to_one")
         if table[["bit_exact", "readwrite_holds"]].isna().any().any():
             raise KitError("the pairings and read/write recordings do not cover the same policies and pairings")
-        order = {policy: i for i, policy in enumerate(pairings.POLICIES)}
+        order = {policy: i for i, policy in enumerate(pairings.PAIRING_POLICIES)}
         table = table.sort_values(
             ["policy", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "policy" else c
         ).reset_index(drop=True)
