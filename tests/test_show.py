@@ -63,9 +63,9 @@ from kit.show.timeline import (
     block_roles,
     break_bands,
     capture_ticks,
+    replay_allocations,
     timeline_figure,
 )
-from kit.show.timeline import replay_rows as timeline_replay_rows
 
 from .helpers import FIXTURES, MIB, RECORDED
 from .hostile import (
@@ -132,10 +132,10 @@ def test_timeline_rows_are_roles_and_bars_run_from_each_blocks_allocation_to_its
     assert all("_run_layers (model.py:" in h for h in hovers) and len({h.split("freed at ")[1] for h in hovers}) > 1
 
 
-def test_replay_rows_are_each_replay_allocation_over_a_held_block_once_with_its_free(runs):
+def test_replay_allocations_are_each_replay_allocation_over_a_held_block_once_with_its_free(runs):
     snap = runs["early_aux_shared"]
     liveness = _paired(snap)
-    replays = timeline_replay_rows(snap, liveness)
+    replays = replay_allocations(snap, liveness)
     overlapping = {index for overlaps in liveness.rows["replay_overlaps"] for _, index in overlaps}
     assert sorted(r["alloc_index"] for r in replays) == sorted(overlapping)
     trace = snap.traces[0]

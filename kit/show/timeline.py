@@ -7,7 +7,7 @@ Rows are labelled by role, not by address (`block_role`):
   the break, or kept bound when the break's reads say the break read it),
   `aux hidden state` (a held block the forward returns: freed by the code
   that called the forward, or never), or `held after the break`;
-- the replay graphs' allocations over those blocks (`replay_rows`):
+- the replay graphs' allocations over those blocks (`replay_allocations`):
   `replay output` (returned by the replay graph's forward) or `replay
   activation` (freed inside it).
 
@@ -127,7 +127,7 @@ def _free_of(trace: tuple, index: int) -> tuple[int | None, list]:
     return None, []
 
 
-def replay_rows(snapshot: Snapshot, liveness: Liveness) -> list[dict]:
+def replay_allocations(snapshot: Snapshot, liveness: Liveness) -> list[dict]:
     """Each replay-graph allocation over a held block, once: its capture, size, span, role and frames."""
     sizes = {name: gs[0].get("size") for name, gs in captures_by_name(snapshot).items()}
     trace = _trace(snapshot)
@@ -204,7 +204,7 @@ def timeline_figure(snapshot: Snapshot, liveness: Liveness, title: str, source: 
     rows = liveness.rows.to_dict("records")
     labels, roles = block_labels(liveness), block_roles(liveness)
     frees = liveness.rows["free_index"].fillna(len(trace)).astype(int).tolist()
-    replays = replay_rows(snapshot, liveness)
+    replays = replay_allocations(snapshot, liveness)
     replay_labels = [f"replay graph {r['size']}: {r['role'].removeprefix('replay ')}" for r in replays]
     fig = go.Figure()
     for role in COLOURS:
