@@ -26,7 +26,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(KIT.rglob("*.py"))}
+# The vLLM stubs are stand-in packages shipped as data for vLLM's imports (`kit.experiments.vllm_import` puts them
+# on the path), not modules of the kit.
+STUBS = KIT / "experiments" / "vllm_stubs"
+MODULES = {module_name(p): p for p in sorted(KIT.rglob("*.py")) if STUBS not in p.parents}
 
 
 def resolve(name: str) -> str | None:
@@ -178,8 +181,6 @@ def test_the_layer_check_sees_a_lower_layer_importing_a_higher_one():
     assert layer_violations({"kit.load.rows": {"kit.analysis.tables"}}) == {("kit.load.rows", "kit.analysis")}
     assert layer_violations({"kit.errors": {"kit.progress"}}) == {("kit.errors", "kit.progress")}  # same layer
     assert not layer_violations({"kit.show.report": {"kit.analysis.tables", "kit.show.pictures"}})
-    # on_gpu's one allowed import, while the other modules of kit.allocator may not import kit.record
-    assert not layer_violations({"kit.allocator.on_gpu": {"kit.record.history"}})
     assert layer_violations({"kit.allocator.simulator": {"kit.record"}}) == {("kit.allocator.simulator", "kit.record")}
 
 
@@ -236,7 +237,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 def scripts_on_disk() -> set[str]:
-    """Every script under scripts/, relative to it: its files, plain_programs/'s, and vllm_stubs/ as one folder."""
+    """Every script under scripts/, relative to it: its files, plain_programs/'s, and any other folder as one."""
     found = {p.name for p in SCRIPTS.iterdir() if p.is_file() and p.name != "README.md"}
     found |= {f"plain_programs/{p.name}" for p in (SCRIPTS / "plain_programs").glob("*.py")}
     return found | {
@@ -255,7 +256,7 @@ def test_scripts_readme_lists_every_script_and_only_those():
 
 
 def test_the_scripts_check_sees_each_kind_of_script():
-    assert {"fuzz.py", "gpu_tests.sh", "plain_programs/two_captures.py", "vllm_stubs/"} <= scripts_on_disk()
+    assert {"fuzz.py", "gpu_tests.sh", "plain_programs/two_captures.py"} <= scripts_on_disk()
     assert scripts_in_readme("| script | role |\n| --- | --- |\n| `fuzz.py` | check |\n") == {"fuzz.py"}
 
 
