@@ -35,7 +35,8 @@ COMMANDS = {
 
 
 def run_kit(args: list[str]) -> str:
-    """What `python -m kit --quiet ARGS` prints, then `exit N`, as the fixtures hold it."""
+    """What `python -m kit --quiet ARGS` prints, then `exit N`, as the fixtures hold it: the checkout's own path,
+    where a line shows one, as `<checkout>` (the fixtures were captured in another folder than CI's clone)."""
     done = subprocess.run(
         [sys.executable, "-m", "kit", "--quiet", *args],
         cwd=ROOT,
@@ -44,7 +45,7 @@ def run_kit(args: list[str]) -> str:
         text=True,
         timeout=600,
     )
-    return f"{done.stdout}exit {done.returncode}\n"
+    return f"{done.stdout}exit {done.returncode}\n".replace(f"{ROOT}/", "<checkout>/")
 
 
 def test_every_fixture_has_its_command():
