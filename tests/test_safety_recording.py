@@ -128,14 +128,16 @@ def early_aux_differs(preset: str = "small") -> set[tuple[int, int]]:
     pairings are left out (`unattributed`).
     """
     early = _early_aux(preset)
-    return {(int(r.model_size), int(r.replay_size)) for r in early.itertuples() if not r.bit_exact} - unattributed(
-        preset
-    )
+    differ = {(int(r.model_size), int(r.replay_size)) for r in early.itertuples() if not r.bit_exact}
+    return differ - _unattributed(early)
 
 
 def unattributed(preset: str) -> set[tuple[int, int]]:
     """Adversary pairings of a model graph that differs from eager with its own replay graph alone."""
-    early = _early_aux(preset)
+    return _unattributed(_early_aux(preset))
+
+
+def _unattributed(early) -> set[tuple[int, int]]:
     return {
         (int(r.model_size), int(r.replay_size))
         for r in early.itertuples()
