@@ -71,7 +71,7 @@ recordings:
 # its profile_only estimate reads the device's free memory.
 safety-recordings:
 	for preset in small large; do \
-	  $(PYTHON) -m kit.experiments.pairings --preset $$preset --out kit/recordings/safety && \
+	  $(PYTHON) -m kit.experiments.safety_run --preset $$preset --out kit/recordings/safety && \
 	  $(PYTHON) -m kit.experiments.readwrite_run --preset $$preset --out kit/recordings/readwrite && \
 	  $(PYTHON) -m kit.experiments.drafter_run --preset $$preset --out kit/recordings/drafter && \
 	  $(PYTHON) -m kit.experiments.alternatives --preset $$preset --out kit/recordings/alternatives || exit 1; \

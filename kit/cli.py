@@ -287,7 +287,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_safety(args: argparse.Namespace) -> None:
-    from kit.experiments.pairings import load_recording, run_live, safety_json, safety_lines
+    from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
     if args.json:
@@ -453,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
     p.add_argument("--out", help="folder for the live snapshots (default: a new temporary folder)")
     p.add_argument("--vllm", action="store_true", help="vLLM 0.33's own capture path on the H200 (kit/recordings/vllm)")
-    p.add_argument("--json", action="store_true", help="with --vllm: the figures per variant as JSON")
+    p.add_argument("--json", action="store_true", help="with --vllm: the figures per scenario as JSON")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("safety", help="every replay graph replayed in every model graph's break, against eager")
@@ -464,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("alternatives", help="the PR's alternatives with the speculator, and the KV cache it frees")
     p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
-    p.add_argument("--live", action="store_true", help="run it on this GPU now, each variant in a fresh process")
+    p.add_argument("--live", action="store_true", help="run it on this GPU now, each scenario in a fresh process")
     p.add_argument("--json", action="store_true", help="unpatched, pr, share_all, cap_replay_sizes, kv_cache as JSON")
     p.set_defaults(func=cmd_alternatives)
 

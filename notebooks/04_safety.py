@@ -62,7 +62,7 @@ import kit.patch.replica
 from kit.analysis.readwrite import OBLIGATION
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import default_step_replay_graph
-from kit.experiments.pairings import pair_verdicts
+from kit.experiments.safety_run import pair_verdicts
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
 from kit.replica.model import PRESETS
@@ -97,7 +97,7 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # %% [markdown]
 # ## 1. Every replay graph in every break, against eager
 #
-# `kit.experiments.pairings` captures the replica once per policy, each in a fresh process:
+# `kit.experiments.safety_run` captures the replica once per policy, each in a fresh process:
 # `pr` (PR 63155), `unpatched` (vLLM 0.33) and `early_aux_shared` (an aux hidden state at
 # layer 1, the replay graphs forced onto the shared stream anyway). The break gets V4.1's
 # several inputs: the hidden states and the hyper-connection state `residual`, `post_mix` and

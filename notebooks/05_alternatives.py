@@ -31,7 +31,7 @@
 #
 # **Where it is shown.** Everything measured here runs on the **replica** (`kit/replica`,
 # vLLM's capture path in miniature, here with a DSpark speculator:
-# `kit.experiments.alternatives`), each variant captured in a fresh process. None of it runs
+# `kit.experiments.alternatives`), each scenario captured in a fresh process. None of it runs
 # on **vLLM's own code**: `kit.experiments.vllm_capture` (notebook 07) runs vLLM 0.33's
 # capture code with a stand-in model and no speculator, unpatched, under the PR and with
 # early aux; neither alternative.
@@ -68,14 +68,14 @@ from kit.show.alternatives import (
     extra_diff,
     kv_line,
     saving_line,
+    scenario_table,
     shown_table,
-    variant_table,
 )
 
-SOURCE = default_source()  # live on a GPU (a fresh process per variant, some minutes), else the H200 recording
+SOURCE = default_source()  # live on a GPU (a fresh process per scenario, some minutes), else the H200 recording
 PRESET = "small"  # or "large": both recorded on the H200 (`python -m kit alternatives --preset large`)
 data = run_alternatives_live(PRESET) if SOURCE == LIVE else load_alternatives(PRESET)
-table = variant_table(data)
+table = scenario_table(data)
 print(f"data source: {SOURCE}: {data['source']}")
 for preset in ("small", "large"):
     print(f"  preset {preset}: {'recorded' if recording_path(preset).is_file() else 'not recorded'}")
@@ -116,16 +116,16 @@ print(extra_diff(SHARE_ALL.diff()))
 
 # %% [markdown]
 # The graph pool after each capture, and what it saves against vLLM 0.33 (`unpatched`). The
-# table also names the replay batches each variant leaves to eager (none here) and what the
+# table also names the replay batches each scenario leaves to eager (none here) and what the
 # saving buys, explained further down:
 
 # %%
 print(f"data source: {SOURCE}")
-for variant in ("pr", "share_all"):
-    print(saving_line(table, variant))
+for scenario in ("pr", "share_all"):
+    print(saving_line(table, scenario))
 beyond = data["pr"]["graph_pool_bytes"] - data["share_all"]["graph_pool_bytes"]
 print(f"share_all over the PR: {kit.format_bytes(beyond)} more ({beyond:,} bytes)")
-shown_table(table[table["variant"].isin(["unpatched", "pr", "share_all"])])
+shown_table(table[table["scenario"].isin(["unpatched", "pr", "share_all"])])
 
 # %% [markdown]
 # What (a) saves over the PR (the line above) is the speculator's own group: on the model
@@ -134,7 +134,7 @@ shown_table(table[table["variant"].isin(["unpatched", "pr", "share_all"])])
 # ### Is (a) safe?
 #
 # Those free blocks include the ones holding the target's outputs of the last graph step. So
-# the drafter's graph may write over them; the evidence says whether it does. Each variant ran
+# the drafter's graph may write over them; the evidence says whether it does. Each scenario ran
 # every capture size after a graph step of every size, as vLLM orders a step (forward, the
 # sampler's read, `propose`), and compared the target's outputs and the draft bit for bit with
 # an eager step; each step also says whether the drafter's graph overwrote the target's outputs
@@ -142,8 +142,8 @@ shown_table(table[table["variant"].isin(["unpatched", "pr", "share_all"])])
 
 # %%
 print(f"data source: {SOURCE}")
-for variant in ("unpatched", "pr", "share_all"):
-    print(f"{variant}: {data[variant]['evidence']}")
+for scenario in ("unpatched", "pr", "share_all"):
+    print(f"{scenario}: {data[scenario]['evidence']}")
 checks = data["share_all"]["checks"]
 overwritten = sum(bool(c["target_outputs_overwritten"]) for c in checks)
 exact = all(c["bit_exact"] for c in checks)
@@ -157,7 +157,7 @@ print(
 # speculator's own lifetime argument, made the way notebook 04 makes the replay graphs', is a
 # proof obligation: for every model graph N and every drafter graph D that can follow it in a
 # step, the bytes D writes are not read after D with a value N wrote. It is checked by two
-# analyses (`kit.experiments.drafter_run`, each variant in a fresh process):
+# analyses (`kit.experiments.drafter_run`, each scenario in a fresh process):
 #
 # - **reads and writes**: every aten op's device bytes recorded during capture (which graph
 #   wrote what) and on a real step of every size (what the sampler and `propose` read before
@@ -206,7 +206,7 @@ print(SAFE_IN_THE_REPLICAS_STEP)
 
 # %%
 print(f"data source: {SOURCE}")
-caps = [name for name in table["variant"] if name.startswith("cap ")]
+caps = [name for name in table["scenario"] if name.startswith("cap ")]
 for row in data["cap_replay_sizes"]:
     cap, dropped = row["max_replay_size"], row["eager_replay_sizes"]
     if cap is None or not dropped:
@@ -217,10 +217,10 @@ for row in data["cap_replay_sizes"]:
         f"{saving_line(table, cap_name(cap))}; replay batches of more than {cap} rows run eagerly ({sizes} not "
         f"captured), possible in steps padded to {steps} tokens"
     )
-by_variant = table.set_index("variant")
-less = all(by_variant.loc[c, "saved_bytes"] < by_variant.loc["pr", "saved_bytes"] for c in caps)
+by_scenario = table.set_index("scenario")
+less = all(by_scenario.loc[c, "saved_bytes"] < by_scenario.loc["pr", "saved_bytes"] for c in caps)
 print(f"every cap saves less than the PR: {less}")
-shown_table(table[table["variant"].isin(["unpatched", *caps])])
+shown_table(table[table["scenario"].isin(["unpatched", *caps])])
 
 # %% [markdown]
 # Whether a cap saves as much as the PR is the line above; every cap gives up graphs for the
@@ -244,7 +244,7 @@ print("\n".join(fewer_sizes_lines(data)))
 #
 # ## Look for yourself
 #
-# Pick a variant: every variant's graph pool, split by the stream that captured into it, the
+# Pick a scenario: every scenario's graph pool, split by the stream that captured into it, the
 # one you pick drawn solid (the dashed line is `unpatched`); below, where it captured, what
 # runs eagerly, what it buys and its graphs-vs-eager steps (`kit.show.alternatives`).
 
@@ -257,18 +257,18 @@ display(AlternativesView(data).widget)
 # vLLM sizes the KV cache from what is left after a profile run and after
 # `profile_cudagraph_memory()`'s estimate of the captures: everything captured once into a
 # throwaway pool by `capture_model(profile_only=True)`, which returns the drop in free device
-# memory. A variant's estimate, lower than unpatched's, is KV budget, cut into blocks of
+# memory. A scenario's estimate, lower than unpatched's, is KV budget, cut into blocks of
 # `block_size` tokens (the replica, which has no attention, is given a full-attention cache
 # per layer: the layout and its source are printed):
 
 # %%
 print(f"data source: {SOURCE}")
-for variant in ("pr", "share_all", *caps):
-    print(kv_line(table, variant))
+for scenario in ("pr", "share_all", *caps):
+    print(kv_line(table, scenario))
 for row in table.itertuples():
-    fall = by_variant.loc["unpatched", "profile_estimate_bytes"] - row.profile_estimate_bytes
+    fall = by_scenario.loc["unpatched", "profile_estimate_bytes"] - row.profile_estimate_bytes
     print(
-        f"  {row.variant}: estimate falls {kit.format_bytes(fall)}, graph pool {kit.format_bytes(row.saved_bytes)}, "
+        f"  {row.scenario}: estimate falls {kit.format_bytes(fall)}, graph pool {kit.format_bytes(row.saved_bytes)}, "
         f"outside it {kit.format_bytes(fall - row.saved_bytes)}"
     )
 layout = data["kv_cache"]["replica"]["layout"]
@@ -306,7 +306,7 @@ kit.style_table(deepseek_table(data)).format("{:,}".format, subset=["bytes per t
 
 # %%
 print(f"data source: {SOURCE}: {data['source']}")
-best_cap = max(caps, key=lambda c: by_variant.loc[c, "saved_bytes"], default=None)
+best_cap = max(caps, key=lambda c: by_scenario.loc[c, "saved_bytes"], default=None)
 pr_kv = data["kv_cache"]["replica"]["freed"]["pr"]
 verdict = replay_group_lines(data)
 print(
@@ -315,7 +315,7 @@ print(
 )
 if best_cap is not None:
     print(
-        f"(b) capped: the most a cap saves is {kit.format_bytes(by_variant.loc[best_cap, 'saved_bytes'])} "
+        f"(b) capped: the most a cap saves is {kit.format_bytes(by_scenario.loc[best_cap, 'saved_bytes'])} "
         f"({best_cap}), the PR {kit.format_bytes(data['pr']['saved_bytes'])}"
     )
 print(f"(b) fewer sizes: {verdict[-1].strip() if verdict else 'not measured in this recording'}")

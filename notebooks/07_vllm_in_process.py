@@ -229,10 +229,10 @@ print("stubs loaded:", ", ".join(s["module"] for s in provenance["stubs"]) or "n
 print("\n".join(demo_lines(vllm_figures)))
 
 # %%
-variants = pd.DataFrame(
+scenarios = pd.DataFrame(
     [
         {
-            "variant": name,
+            "scenario": name,
             "replay graphs captured on": ", ".join(f["replay_stream_names"]),
             "stream made by graph_capture()": f["replay_streams_from_graph_capture"],
             "graph-pool bytes the replay captures added": f["replay_added_bytes"],
@@ -242,8 +242,8 @@ variants = pd.DataFrame(
         for name, f in vllm_figures.items()
     ]
 )
-variants.attrs["byte_columns"] = ["graph-pool bytes the replay captures added", "global graph pool"]
-display(kit.style_table(variants))
+scenarios.attrs["byte_columns"] = ["graph-pool bytes the replay captures added", "global graph pool"]
+display(kit.style_table(scenarios))
 
 # %% [markdown]
 # Unpatched, vLLM's `graph_capture()` makes the replay graphs a stream of their own, and their

@@ -5,7 +5,7 @@
 The programs in scripts/plain_programs/ are plain torch: they import nothing
 of the kit, make their models from torch's own modules, turn memory history on
 mid-process and dump the snapshot with `torch.cuda.memory._dump_snapshot`, as
-an engineer in a debugging session would. Each program and variant runs in a
+an engineer in a debugging session would. Each program and stream choice runs in a
 fresh process, so its stream ids and pools are its own, as a user's would be:
 
 - `two_captures_{separate,shared}.pickle`: two captures into one graph pool, on
@@ -48,12 +48,12 @@ PROGRAMS = ROOT / "scripts" / "plain_programs"
 RUNS = {
     "two_captures_separate.pickle": (
         "two_captures.py",
-        ("--variant", "separate"),
+        ("--stream", "separate"),
         "two captures into one graph pool on two streams, tensors made before history began",
     ),
     "two_captures_shared.pickle": (
         "two_captures.py",
-        ("--variant", "shared"),
+        ("--stream", "shared"),
         "two captures into one graph pool on one stream, tensors made before history began",
     ),
     "compile_reduce_overhead.pickle": (
@@ -63,23 +63,23 @@ RUNS = {
     ),
     "record_stream_separate.pickle": (
         "record_stream.py",
-        ("--variant", "separate"),
+        ("--stream", "separate"),
         "producer/consumer with record_stream and pending frees, then two captures into one pool on two streams",
     ),
     "record_stream_shared.pickle": (
         "record_stream.py",
-        ("--variant", "shared"),
+        ("--stream", "shared"),
         "producer/consumer with record_stream and pending frees, then two captures into one pool on one stream",
     ),
     "replay_graphs_separate.pickle": (
         "replay_graphs.py",
-        ("--variant", "separate"),
+        ("--stream", "separate"),
         "vLLM's capture order: model graphs on one stream, then replay graphs into the same pool on another "
         "(matmuls: each capture stream's cuBLAS workspace lands in the pool; C++ frames recorded)",
     ),
     "replay_graphs_shared.pickle": (
         "replay_graphs.py",
-        ("--variant", "shared"),
+        ("--stream", "shared"),
         "vLLM's capture order with PR 63155: model graphs, then replay graphs on the model graphs' stream "
         "(matmuls; C++ frames recorded)",
     ),

@@ -43,22 +43,22 @@ from kit.experiments import recorded
 from kit.experiments.alternatives import (
     SHARE_ALL,
     assemble,
+    cap_scenario,
     cap_sweep,
-    cap_variant,
     capped_replay_sizes,
     dropped_replay_sizes,
     eager_replay_sizes,
+    keep_scenario,
     keep_sweep,
-    keep_variant,
     kept_eager_replay_sizes,
     padded_replay_sizes,
-    parse_variant,
+    parse_scenario,
     pool_figures,
     replay_group_lines,
     safety_verdict,
+    scenario_replay_sizes,
+    scenarios_to_run,
     steps_with_eager_replay,
-    variant_replay_sizes,
-    variants_to_run,
 )
 from kit.replica import model_runner, speculator
 from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
@@ -184,8 +184,8 @@ def test_caps_leave_the_sizes_up_to_them_and_run_the_rest_eagerly():
     ]
     assert eager_replay_sizes(HALF, 100) == [128, 256] and capped_replay_sizes(HALF, 100) == [64]
     # A cap that leaves every size is vLLM 0.33 as it is: measured once, as unpatched.
-    assert [cap_variant(HALF, cap) for cap in cap_sweep(HALF)] == ["cap_64", "cap_128", "unpatched", "unpatched"]
-    assert variants_to_run(HALF) == ["unpatched", "pr", "share_all", "cap_64", "cap_128", "keep_256", "keep_64_256"]
+    assert [cap_scenario(HALF, cap) for cap in cap_sweep(HALF)] == ["cap_64", "cap_128", "unpatched", "unpatched"]
+    assert scenarios_to_run(HALF) == ["unpatched", "pr", "share_all", "cap_64", "cap_128", "keep_256", "keep_64_256"]
 
 
 def test_the_sweep_is_a_handful_of_processes_however_many_replay_sizes():
@@ -193,21 +193,21 @@ def test_the_sweep_is_a_handful_of_processes_however_many_replay_sizes():
     # capture size (512 is both a model and a replay size: every size, so unpatched).
     assert VLLM.decoder_replay_cudagraph_capture_sizes == [96, 192, 288, 384, 480, 512]
     assert cap_sweep(VLLM) == [96, 192, 512, None]
-    assert [cap_variant(VLLM, cap) for cap in cap_sweep(VLLM)] == ["cap_96", "cap_192", "unpatched", "unpatched"]
+    assert [cap_scenario(VLLM, cap) for cap in cap_sweep(VLLM)] == ["cap_96", "cap_192", "unpatched", "unpatched"]
     assert keep_sweep(VLLM) == [[512], [96, 512], [96, 192, 288, 384, 480, 512]]
-    assert [keep_variant(VLLM, kept) for kept in keep_sweep(VLLM)] == ["keep_512", "keep_96_512", "unpatched"]
-    assert variants_to_run(VLLM) == ["unpatched", "pr", "share_all", "cap_96", "cap_192", "keep_512", "keep_96_512"]
+    assert [keep_scenario(VLLM, kept) for kept in keep_sweep(VLLM)] == ["keep_512", "keep_96_512", "unpatched"]
+    assert scenarios_to_run(VLLM) == ["unpatched", "pr", "share_all", "cap_96", "cap_192", "keep_512", "keep_96_512"]
     # The large shape: about 30 replay sizes, still ten processes in all, not one per size.
     sizes = LARGE_VLLM.decoder_replay_cudagraph_capture_sizes
     assert len(sizes) > 25 and (sizes[0], sizes[-1]) == (128, 8192)
     assert cap_sweep(LARGE_VLLM) == [128, 512, 1024, 2048, 4096, 8192, None]
-    assert variants_to_run(LARGE_VLLM)[3:] == [
+    assert scenarios_to_run(LARGE_VLLM)[3:] == [
         *("cap_128", "cap_512", "cap_1024", "cap_2048", "cap_4096"),
         *("keep_8192", "keep_128_8192"),
     ]
     assert eager_replay_sizes(LARGE_VLLM, 4096) == [s for s in sizes if s > 4096]
     # One replay size: nothing to drop or cap below it; two: the largest alone, then both.
-    assert variants_to_run(sized([256])) == ["unpatched", "pr", "share_all"]
+    assert scenarios_to_run(sized([256])) == ["unpatched", "pr", "share_all"]
     assert keep_sweep(sized([128, 256])) == [[256], [128, 256]]
 
 
@@ -219,27 +219,27 @@ def test_kept_sets_run_a_dropped_size_in_the_next_kept_one_and_eagerly_above_the
     assert kept_eager_replay_sizes(VLLM_SMALL, [96, 288]) == [384, 480, 512]
 
 
-def test_variant_names():
-    assert parse_variant("share_all") == ("share_all", None) and parse_variant("cap_128") == ("cap", 128)
-    assert parse_variant("keep_512") == ("keep", (512,)) and parse_variant("keep_96_512") == ("keep", (96, 512))
+def test_scenario_names():
+    assert parse_scenario("share_all") == ("share_all", None) and parse_scenario("cap_128") == ("cap", 128)
+    assert parse_scenario("keep_512") == ("keep", (512,)) and parse_scenario("keep_96_512") == ("keep", (96, 512))
     for bad in ("cap_0", "cap_x", "cap", "share", "cap_96_512", "keep", "keep_", "keep_512_96", "keep_96_96"):
-        with pytest.raises(KitError, match="unknown variant"):
-            parse_variant(bad)
+        with pytest.raises(KitError, match="unknown scenario"):
+            parse_scenario(bad)
     for bad in ("keep_0_512", "keep_96__512", "drop_512", "keep_96_x"):
-        with pytest.raises(KitError, match="unknown variant"):
-            parse_variant(bad)
-    assert variant_replay_sizes(VLLM_SMALL, "pr") is None
-    assert variant_replay_sizes(VLLM_SMALL, "cap_200") == [96, 192]
-    assert variant_replay_sizes(VLLM_SMALL, "keep_96_512") == [96, 512]
+        with pytest.raises(KitError, match="unknown scenario"):
+            parse_scenario(bad)
+    assert scenario_replay_sizes(VLLM_SMALL, "pr") is None
+    assert scenario_replay_sizes(VLLM_SMALL, "cap_200") == [96, 192]
+    assert scenario_replay_sizes(VLLM_SMALL, "keep_96_512") == [96, 512]
     with pytest.raises(KitError, match=r"^keep_100_512: 100 not among the config's replay capture sizes \(96, "):
-        variant_replay_sizes(VLLM_SMALL, "keep_100_512")
+        scenario_replay_sizes(VLLM_SMALL, "keep_100_512")
     with pytest.raises(KitError, match="^cap_50 leaves no replay size: the smallest is 96$"):
-        variant_replay_sizes(VLLM_SMALL, "cap_50")
+        scenario_replay_sizes(VLLM_SMALL, "cap_50")
     # Every name the sweep makes reads back as the sizes it measures.
     for config in (HALF, VLLM, LARGE_VLLM):
-        for variant in variants_to_run(config)[3:]:
-            sizes = variant_replay_sizes(config, variant)
-            assert sizes and set(sizes) < set(config.decoder_replay_cudagraph_capture_sizes), variant
+        for scenario in scenarios_to_run(config)[3:]:
+            sizes = scenario_replay_sizes(config, scenario)
+            assert sizes and set(sizes) < set(config.decoder_replay_cudagraph_capture_sizes), scenario
 
 
 def test_steps_that_can_make_a_replay_batch_above_a_cap():
@@ -374,14 +374,14 @@ def cpu_runner_with_graph_managers(monkeypatch, config=TINY) -> GPUModelRunner:
 
 
 @pytest.mark.parametrize(
-    "variant,replay_shares,drafter_shares",
+    "scenario,replay_shares,drafter_shares",
     [("unpatched", False, False), ("pr", True, False), ("share_all", True, True)],
 )
-def test_the_speculator_is_captured_last_on_the_stream_the_variant_gives(
-    fake_cuda, monkeypatch, variant, replay_shares, drafter_shares
+def test_the_speculator_is_captured_last_on_the_stream_the_scenario_gives(
+    fake_cuda, monkeypatch, scenario, replay_shares, drafter_shares
 ):
     runner = cpu_runner_with_graph_managers(monkeypatch)
-    with alternatives.variant_patch(variant), CaptureRecorder() as rec:
+    with alternatives.scenario_patch(scenario), CaptureRecorder() as rec:
         runner.capture_model()
     managers = [r.manager for r in rec.records]
     first_drafter = managers.index(alternatives.DRAFTER)
@@ -401,7 +401,7 @@ def test_the_speculator_is_captured_last_on_the_stream_the_variant_gives(
 def test_a_kept_set_captures_only_its_replay_sizes_and_the_dispatch_pads_to_them(fake_cuda, monkeypatch):
     runner = cpu_runner_with_graph_managers(monkeypatch)
     assert TINY.decoder_replay_cudagraph_capture_sizes == [4, 8]
-    alternatives.set_replay_capture_sizes(runner, alternatives.variant_replay_sizes(TINY, "keep_8"))
+    alternatives.set_replay_capture_sizes(runner, alternatives.scenario_replay_sizes(TINY, "keep_8"))
     with CaptureRecorder() as rec:
         runner.capture_model()
     assert {r.size for r in rec.records if r.manager == "replay graphs"} == {8}
@@ -456,22 +456,22 @@ def fake_check(size: int, previous: int, *, exact: bool = True, graph: int | Non
     }
 
 
-def fake_run(variant: str, pool: int, estimate: int, streams: dict, *, differ=(), overwritten=False) -> dict:
+def fake_run(scenario: str, pool: int, estimate: int, streams: dict, *, differ=(), overwritten=False) -> dict:
     sizes = (128, 256, 512)
     checks = [
         fake_check(s, p, exact=(s, p) not in differ, graph=s, overwritten=overwritten) for s in sizes for p in sizes
     ]
     labels = set(streams.values())
     return {
-        "variant": variant,
+        "variant": scenario,
         "graph_pool_bytes": pool,
         "graph_pool_by_stream": {label: pool // len(labels) for label in labels},
         "capture_streams": streams,
         "replay_decisions": [],
-        "checks": checks if variant in alternatives.MAIN_VARIANTS else [],
+        "checks": checks if scenario in alternatives.MAIN_SCENARIOS else [],
         "profile_estimate_bytes": estimate,
         "capture_free_memory_delta": estimate,
-        "provenance": {**PROVENANCE, "command": f"python -m kit.experiments.alternatives --variant {variant}"},
+        "provenance": {**PROVENANCE, "command": f"python -m kit.experiments.alternatives --scenario {scenario}"},
     }
 
 
@@ -628,9 +628,9 @@ def test_alternatives_json_is_the_contract(recordings, capsys):
     write_recording(recordings)
     assert kit_main(["alternatives", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for variant in ("unpatched", "pr", "share_all"):
-        assert {"graph_pool_bytes", "saved_bytes", "safe", "evidence"} <= set(out[variant])
-        assert isinstance(out[variant]["safe"], bool) and "\n" not in out[variant]["evidence"]
+    for scenario in ("unpatched", "pr", "share_all"):
+        assert {"graph_pool_bytes", "saved_bytes", "safe", "evidence"} <= set(out[scenario])
+        assert isinstance(out[scenario]["safe"], bool) and "\n" not in out[scenario]["evidence"]
     assert out["pr"]["saved_bytes"] == 24 * MIB
     assert all({"max_replay_size", "graph_pool_bytes", "eager_replay_sizes"} <= set(r) for r in out["cap_replay_sizes"])
     drops = out["drop_intermediate_sizes"]

@@ -57,7 +57,7 @@ def test_run_in_subprocess_raises_one_line_with_the_childs_error(tmp_path, monke
 
     monkeypatch.setattr(recorded.subprocess, "run", failing_run)
     with pytest.raises(KitError) as raised:
-        recorded.run_in_subprocess("kit.experiments.pairings", "policy", "pr", "large", tmp_path / "o.json", "pairings")
+        recorded.run_in_subprocess("kit.experiments.safety_run", "pr", "large", tmp_path / "o.json", "pairings")
     message = str(raised.value)
     assert message.startswith("pairings failed: torch.AcceleratorError") and "index out of bounds" in message
     assert sys.executable  # the child is this Python

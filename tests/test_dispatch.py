@@ -12,7 +12,7 @@ from kit.experiments.dispatch import (
     dispatchable_replay_sizes,
     rows_for,
 )
-from kit.experiments.pairings import enumerate_pairs, no_break_sizes
+from kit.experiments.safety_run import enumerate_pairs, no_break_sizes
 from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
 from kit.replica.model_runner import GPUModelRunner
 

@@ -201,8 +201,8 @@ def recording(request) -> dict:
     return drafter_run.load_recording(request.param)
 
 
-def _pairs(data: dict, variant: str) -> pd.DataFrame:
-    return pd.DataFrame([p for p in data["pairs"] if p["variant"] == variant])
+def _pairs(data: dict, scenario: str) -> pd.DataFrame:
+    return pd.DataFrame([p for p in data["pairs"] if p["variant"] == scenario])
 
 
 def test_under_share_all_the_drafter_overwrites_the_targets_outputs_and_the_obligation_holds(recording):
@@ -230,21 +230,21 @@ def test_under_the_pr_the_drafter_never_touches_the_targets_outputs(recording):
     assert shared["DFlash speculator graphs"] == shared["model graphs"]
 
 
-@pytest.mark.parametrize("variant", drafter_run.VARIANTS)
-def test_the_read_write_analysis_run_again_on_the_recorded_accesses_gives_the_recorded_pairs(recording, variant):
-    run = recording["variants"][variant]
+@pytest.mark.parametrize("scenario", drafter_run.DRAFTER_SCENARIOS)
+def test_the_read_write_analysis_run_again_on_the_recorded_accesses_gives_the_recorded_pairs(recording, scenario):
+    run = recording["variants"][scenario]
     table = drafter_table(run["accesses"])
     by_pair = table.set_index(["model_size", "drafter_size"])
-    for p in [p for p in recording["pairs"] if p["variant"] == variant]:
+    for p in [p for p in recording["pairs"] if p["variant"] == scenario]:
         row = by_pair.loc[(p["model_size"], p["drafter_size"])]
         assert bool(row["holds"]) == p["readwrite_holds"]
         assert int(row["outputs_overwritten_bytes"]) == p["outputs_overwritten_bytes"]
         assert int(row["read_before_bytes"]) == p["read_before_bytes"] > 0
 
 
-@pytest.mark.parametrize("variant", drafter_run.VARIANTS)
-def test_the_lifetime_analysis_run_again_on_the_recorded_snapshot_gives_the_recorded_verdicts(recording, variant):
-    run = recording["variants"][variant]
+@pytest.mark.parametrize("scenario", drafter_run.DRAFTER_SCENARIOS)
+def test_the_lifetime_analysis_run_again_on_the_recorded_snapshot_gives_the_recorded_verdicts(recording, scenario):
+    run = recording["variants"][scenario]
     assert drafter_liveness_verdicts(drafter_liveness_table(run["snapshot"])) == run["lifetime_verdicts"]
     raw = run["snapshot"]
     trace_only = {**raw, "kit": {k: v for k, v in raw["kit"].items() if k != "step_reads"}}
@@ -252,8 +252,8 @@ def test_the_lifetime_analysis_run_again_on_the_recorded_snapshot_gives_the_reco
 
 
 def test_the_model_graphs_obligation_holds_on_the_same_run(recording):
-    for variant in drafter_run.VARIANTS:
-        pairs = pd.DataFrame(recording["variants"][variant]["model_graphs"]["pairs"])
+    for scenario in drafter_run.DRAFTER_SCENARIOS:
+        pairs = pd.DataFrame(recording["variants"][scenario]["model_graphs"]["pairs"])
         assert pairs[pairs["dispatchable"]]["readwrite_holds"].all()
 
 

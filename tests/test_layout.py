@@ -10,6 +10,7 @@ module imports it implicitly.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import re
@@ -347,3 +348,58 @@ def test_the_reference_checks_catch_a_missing_file_and_module():
     assert names_a_kit_object("kit.load.snapshot.load_snapshot")
     assert not names_a_kit_object("kit.snapshot.load_snapshot")  # the module before the redesign
     assert not names_a_kit_object("kit.load.snapshot.no_such_function")
+
+
+# --- one word per idea (docs/architecture.md, "Words") ------------------------------------------
+
+RETIRED = {  # a word in a name -> why it is not used
+    "variant": "a named run is a scenario",
+    "replay_trace": "the kit walks a trace (walk_trace); replay is vLLM's replay graphs",
+    "tracereplay": "the kit walks a trace (TraceWalk)",
+}
+RETIRED_MODULES = {"pairings": "the safety experiment is safety_run"}  # a pairing: model graph N, replay graph R
+
+
+def names_in(path: Path, module: str) -> list[str]:
+    """The module's own name, and its top-level functions, classes and constants."""
+    names = [module.rpartition(".")[2]]
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def words_out_of_place(module: str, names: list[str]) -> list[str]:
+    """Names that use a retired word, or "policy" outside the stream rule's module."""
+    bad = [f"{module}: {n} ({why})" for n in names for word, why in RETIRED.items() if word in n.lower()]
+    last = module.rpartition(".")[2]
+    bad += [f"{module} ({why})" for word, why in RETIRED_MODULES.items() if last == word]
+    if module != "kit.patch.policy":
+        bad += [f"{module}: {n} (a policy is the stream rule)" for n in names if "polic" in n.lower()]
+    return bad
+
+
+def cli_commands() -> set[str]:
+    from kit.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_no_module_function_or_command_name_uses_a_word_for_another_idea():
+    bad = [b for m, p in MODULES.items() for b in words_out_of_place(m, names_in(p, m))]
+    bad += [c for c in cli_commands() if any(word in c for word in RETIRED)]
+    assert not bad, bad
+
+
+def test_the_word_check_sees_a_retired_word_and_a_policy_out_of_place():
+    assert words_out_of_place("kit.experiments.x", ["run_variant", "PAIRING_POLICIES", "run_scenario"]) == [
+        "kit.experiments.x: run_variant (a named run is a scenario)",
+        "kit.experiments.x: PAIRING_POLICIES (a policy is the stream rule)",
+    ]
+    assert words_out_of_place("kit.experiments.pairings", ["pairings", "run_pairings"]) == [
+        "kit.experiments.pairings (the safety experiment is safety_run)"
+    ]
+    assert words_out_of_place("kit.patch.policy", ["STREAM_POLICIES", "check_policy"]) == []

@@ -453,7 +453,7 @@ def test_the_experiment_refuses_an_unknown_policy_and_a_machine_without_cuda(tmp
     from kit.experiments import readwrite_run
 
     assert readwrite_run.main(["--policy", "sometimes", "--out", str(tmp_path / "x.json")]) == 2
-    assert "unknown read/write policy 'sometimes'" in capsys.readouterr().err
+    assert "unknown read/write scenario 'sometimes'" in capsys.readouterr().err
     if torch.cuda.is_available():
         return
     assert readwrite_run.main(["--preset", "small", "--out", str(tmp_path / "out")]) == 2

@@ -21,8 +21,8 @@ import pytest
 
 from kit.analysis.readwrite import OBLIGATION, ReadWriteRecording, readwrite_table
 from kit.errors import KitError
-from kit.experiments.pairings import PAIRING_POLICIES
 from kit.experiments.readwrite_run import load_recording, summary_lines
+from kit.experiments.safety_run import SAFETY_SCENARIOS
 from tests.test_readwrite import _forward_with_a_replay
 
 
@@ -33,9 +33,9 @@ def check_readwrite_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     assert data["obligation"] == OBLIGATION
-    assert list(data["policies"]) == list(PAIRING_POLICIES)
-    assert [data["policies"][p]["has_early_aux"] for p in PAIRING_POLICIES] == [False, False, True]
-    for policy in PAIRING_POLICIES:
+    assert list(data["policies"]) == list(SAFETY_SCENARIOS)
+    assert [data["policies"][p]["has_early_aux"] for p in SAFETY_SCENARIOS] == [False, False, True]
+    for policy in SAFETY_SCENARIOS:
         pairs = [p for p in data["pairs"] if p["policy"] == policy]
         recording = ReadWriteRecording.from_records(data["policies"][policy]["accesses"])
         table = readwrite_table(recording)

@@ -60,7 +60,7 @@ def test_the_command_line_takes_runs_and_leaves_no_folder_set(tmp_path):
     code = recorded.recording_main(
         argv,
         description="",
-        flag="variant",
+        old_flag="--variant",
         names="",
         run_one=None,
         said=None,

@@ -1,7 +1,7 @@
 """The shipped safety recording: what the adversarial pairings measured on the H200, asserted on the CPU.
 
 `check_safety_recording` holds what a recording of `python -m
-kit.experiments.pairings --preset small --out kit/recordings/safety` must
+kit.experiments.safety_run --preset small --out kit/recordings/safety` must
 show: every pair of every policy ran, under the PR and unpatched every
 pairing is bit-exact, with early aux forced to share at least one differs,
 and the file is the one its PROVENANCE.json entry describes. The tests below
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.experiments.pairings import (
-    PAIRING_POLICIES,
+from kit.experiments.safety_run import (
+    SAFETY_SCENARIOS,
     SCENARIO_OF,
     enumerate_pairs,
     load_recording,
@@ -28,7 +28,7 @@ from kit.experiments.pairings import (
     safety_config,
     safety_lines,
 )
-from tests.test_pairings import fake_recording
+from tests.test_safety_run import fake_recording
 
 
 def check_safety_recording(path: Path, preset: str = "small") -> None:
@@ -38,7 +38,7 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     df = pairs_frame(data)
-    assert list(df["policy"].unique()) == list(PAIRING_POLICIES)
+    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS)
     for policy, rows in df.groupby("policy", sort=False):
         meta = data["policies"][policy]
         config = safety_config(SCENARIO_OF[policy], preset)
@@ -49,7 +49,7 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
         dispatched = rows[rows["dispatchable"]]
         assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
     took_effect = [
-        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in PAIRING_POLICIES
+        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in SAFETY_SCENARIOS
     ]
     assert took_effect == [(True, False), (False, False), (True, True)], "a policy did not take effect"
     for policy in ("pr", "unpatched"):

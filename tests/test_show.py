@@ -28,9 +28,9 @@ from kit.show.alternatives import (
     extra_diff,
     kv_line,
     pool_figure,
-    variant_table,
+    scenario_table,
 )
-from kit.show.alternatives import saving_line as variant_saving_line
+from kit.show.alternatives import saving_line as scenario_saving_line
 from kit.show.before_after import SCENARIO_OF, BeforeAfterView, change_figure, replay_segment_bytes, saving_line
 from kit.show.explorer import SHIPPED, SnapshotExplorer, load_path, load_upload, reuse_section, uploaded_file
 from kit.show.safety import (
@@ -443,20 +443,20 @@ def test_change_figure_draws_both_sides_of_every_group():
 
 
 @pytest.mark.parametrize("preset", ["small", "large"])
-def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys(preset):
+def test_alternatives_view_draws_each_scenarios_pool_by_stream_and_what_it_buys(preset):
     data = load_recording(preset)
-    table = variant_table(data)
+    table = scenario_table(data)
     caps = [c for c in data["cap_replay_sizes"] if c["max_replay_size"] is not None]
     kept = [k for k in data["drop_intermediate_sizes"] if k["measured_in"] != "unpatched"]
     assert kept, "the recording measures dropping intermediate sizes"
-    assert list(table["variant"]) == [
+    assert list(table["scenario"]) == [
         "unpatched",
         "pr",
         "share_all",
         *(f"cap {c['max_replay_size']}" for c in caps),
         *(f"keep {', '.join(map(str, k['kept_replay_sizes']))}" for k in kept),
     ]
-    rows = table.set_index("variant")
+    rows = table.set_index("scenario")
     base = data["unpatched"]["graph_pool_bytes"]
     for name in ("unpatched", "pr", "share_all"):
         assert rows.loc[name, "graph_pool_bytes"] == sum(data[name]["graph_pool_by_stream"].values())
@@ -475,19 +475,19 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys(p
         row = rows.loc[f"keep {', '.join(map(str, k['kept_replay_sizes']))}"]
         assert row["graph_pool_bytes"] == k["graph_pool_bytes"] and row["saved_bytes"] == base - k["graph_pool_bytes"]
         assert row["safe"] is None and row["eager_replay_sizes"] == k["eager_replay_sizes"]
-    # The figure: per variant, the streams' bars add up to its graph pool; the picked one solid, the rest dimmed.
+    # The figure: per scenario, the streams' bars add up to its graph pool; the picked one solid, the rest dimmed.
     figure = pool_figure(table, "share_all")
-    drawn = {name: 0.0 for name in table["variant"]}
+    drawn = {name: 0.0 for name in table["scenario"]}
     for trace in figure.data:
         assert list(trace.marker.opacity) == [1.0 if y == "share_all" else DIMMED for y in trace.y]
         for name, mib in zip(trace.y, trace.x, strict=True):
             drawn[name] += mib
-    assert drawn == pytest.approx({r.variant: r.graph_pool_bytes / 2**20 for r in table.itertuples()})
+    assert drawn == pytest.approx({r.scenario: r.graph_pool_bytes / 2**20 for r in table.itertuples()})
     title = figure.layout.title.text
     share_all = data["share_all"]["graph_pool_bytes"]
     assert f"share_all {kit.format_bytes(share_all)}" in title and f"source: {html_text(data['source'])}" in title
     saved = data["pr"]["saved_bytes"]
-    assert f"saves {kit.format_bytes(saved)} ({saved:,} bytes)" in variant_saving_line(table, "pr")
+    assert f"saves {kit.format_bytes(saved)} ({saved:,} bytes)" in scenario_saving_line(table, "pr")
     # A cap's steps that can go eager follow vLLM's rule: padded to N at or over the threshold, N above the cap.
     cap = next(c for c in caps if c["eager_replay_sizes"])
     threshold = data["config"]["decoder_replay_trim_threshold"]
@@ -502,7 +502,7 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys(p
     assert kv_line(table, "pr").endswith(
         f"{kit.format_bytes(freed['bytes'])} more KV budget = {freed['blocks']:,} blocks, {freed['tokens']:,} tokens"
     )
-    estimates = estimate_table(data).set_index("variant")
+    estimates = estimate_table(data).set_index("scenario")
     assert (
         estimates["outside_graph_pool"] == estimates["capture_free_memory_delta"] - estimates["graph_pool_bytes"]
     ).all()
@@ -513,19 +513,19 @@ def test_alternatives_view_draws_each_variants_pool_by_stream_and_what_it_buys(p
     assert flash["blocks"] == flash["saved_bytes"] // (flash["bytes per token"] * flash["block size"])
     extra = extra_diff(SHARE_ALL.diff())  # what (a) adds beyond the PR: the speculator's capture, not the replay's
     assert "DSparkSpeculator.capture (alternative (a))" in extra and "capture_replay_graphs" not in extra
-    # The view: one main control, the same figure widget redrawn for the variant picked.
+    # The view: one main control, the same figure widget redrawn for the scenario picked.
     view = AlternativesView(data)
     widget = view.bars
-    assert "kit-main-control" in view.variant._dom_classes and view.variant.value == "unpatched"
+    assert "kit-main-control" in view.scenario._dom_classes and view.scenario.value == "unpatched"
     name = f"cap {cap['max_replay_size']}"
-    view.variant.value = name
+    view.scenario.value = name
     assert view.bars is widget and f"{name} {kit.format_bytes(cap['graph_pool_bytes'])}" in widget.layout.title.text
     eager = ", ".join(map(str, cap["eager_replay_sizes"]))
     assert f"replay batches that run eagerly: {eager}" in view.details.value and "not checked" in view.details.value
-    view.variant.value = "share_all"
+    view.scenario.value = "share_all"
     assert "DFlash speculator graphs on the model graphs stream" in view.details.value
     assert f"overwrote the target&#x27;s outputs in the pool in {overwritten} of them" in view.details.value
-    view.variant.value = f"keep {', '.join(map(str, kept[0]['kept_replay_sizes']))}"
+    view.scenario.value = f"keep {', '.join(map(str, kept[0]['kept_replay_sizes']))}"
     assert "only replay sizes" in view.details.value and "every replay batch has a graph" in view.details.value
 
 
@@ -536,7 +536,7 @@ def test_alternatives_figure_shows_stream_names_and_its_source_as_text():
         if "model graphs stream" in held:
             held[MODULE_LABEL] = held.pop("model graphs stream")
     data["source"] = f"recorded on {GPU}"
-    figure = pool_figure(variant_table(data), "pr")
+    figure = pool_figure(scenario_table(data), "pr")
     texts = " ".join(figure_texts(figure))
     assert not raw_markup(texts), raw_markup(texts)
     assert html_text(MODULE_LABEL) in {t.name for t in figure.data} and html_text(GPU) in figure.layout.title.text

@@ -409,7 +409,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
     calls = []
 
     def fake_run(argv, **kwargs):
-        name, path = argv[argv.index("--variant") + 1], argv[argv.index("--path") + 1]
+        name, path = argv[argv.index("--scenario") + 1], argv[argv.index("--path") + 1]
         calls.append((name, path))
         if path == "runner" or name == "early_aux_shared":
             stages = f"{vc.STAGE_MARK}build the runner\n{vc.STAGE_MARK}capture ({path}: {vc.PATH_CALLS[path]})\n"
@@ -423,7 +423,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
     monkeypatch.setattr(vc, "require_cuda", lambda message: None)
     monkeypatch.setattr(vc.subprocess, "run", fake_run)
     results = vc.record(tmp_path)
-    assert calls == [(name, path) for name in vc.VARIANTS for path in vc.PATHS]
+    assert calls == [(name, path) for name in vc.VLLM_SCENARIOS for path in vc.PATHS]
     assert results["patched"] == {"variant": "patched"}
     manifest = json.loads((tmp_path / "PROVENANCE.json").read_text())
     entry = manifest["patched.pickle"]
@@ -441,7 +441,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
     assert "failed" in results["early_aux_shared"]
 
 
-def test_a_variant_process_past_its_time_is_killed_and_says_where_it_was():
+def test_a_scenario_process_past_its_time_is_killed_and_says_where_it_was():
     code = f"import sys, time; print('{vc.STAGE_MARK}capture (runner)', file=sys.stderr, flush=True); time.sleep(30)"
     done = vc.run_process([sys.executable, "-c", code], timeout_s=2)
     found = vc.failure("runner", done)

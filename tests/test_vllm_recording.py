@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kit.experiments import vllm_capture as vc
-from kit.experiments.vllm_capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VARIANTS, summarize
+from kit.experiments.vllm_capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VLLM_SCENARIOS, summarize
 from kit.recordings import RECORDINGS
 
 FOLDER = Path(os.environ.get("KIT_VLLM_RECORDINGS") or RECORDINGS / "vllm")
@@ -55,23 +55,23 @@ def manifest() -> dict:
 def recorded(manifest) -> dict:
     from kit.load.snapshot import load_snapshot
 
-    return {name: summarize(load_snapshot(FOLDER / f"{name}.pickle")) for name in VARIANTS}
+    return {name: summarize(load_snapshot(FOLDER / f"{name}.pickle")) for name in VLLM_SCENARIOS}
 
 
 @pytest.fixture(scope="module")
 def snapshots(manifest) -> dict:
     from kit.load.snapshot import load_snapshot
 
-    return {name: load_snapshot(FOLDER / f"{name}.pickle") for name in VARIANTS}
+    return {name: load_snapshot(FOLDER / f"{name}.pickle") for name in VLLM_SCENARIOS}
 
 
-def test_every_variant_is_recorded_and_nothing_else(manifest):
+def test_every_scenario_is_recorded_and_nothing_else(manifest):
     files = sorted(p.name for p in FOLDER.iterdir() if p.is_file() and p.name not in ("probe.json", "run.txt"))
-    assert files == sorted(["PROVENANCE.json", *(f"{name}.pickle" for name in VARIANTS)])  # what the script wrote
-    assert sorted(manifest) == sorted(f"{name}.pickle" for name in VARIANTS)
+    assert files == sorted(["PROVENANCE.json", *(f"{name}.pickle" for name in VLLM_SCENARIOS)])  # what the script wrote
+    assert sorted(manifest) == sorted(f"{name}.pickle" for name in VLLM_SCENARIOS)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", VLLM_SCENARIOS)
 def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
     entry = manifest[f"{name}.pickle"]
     data = (FOLDER / f"{name}.pickle").read_bytes()
@@ -96,10 +96,10 @@ def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
 
 def test_the_replay_sizes_are_vllms_default_and_every_model_graph_breaks_out(snapshots):
     for name, snap in snapshots.items():
-        variant = snap.kit["variant"]
-        assert variant["replay_sizes"] == REPLAY_SIZES and variant["trim_threshold"] == 128, name
-        assert list(variant["config"]["decoder_replay_cudagraph_capture_sizes"]) == [], name  # left to vLLM
-        assert variant["config"]["window"] == 96, name
+        scenario = snap.kit["variant"]
+        assert scenario["replay_sizes"] == REPLAY_SIZES and scenario["trim_threshold"] == 128, name
+        assert list(scenario["config"]["decoder_replay_cudagraph_capture_sizes"]) == [], name  # left to vLLM
+        assert scenario["config"]["window"] == 96, name
 
 
 def test_each_model_graph_is_two_segments_around_the_break_and_each_replay_graph_one(snapshots):
@@ -238,12 +238,12 @@ def test_the_lifetime_analysis_with_the_breaks_reads_agrees(snapshots):
     assert len(verdicts) == 3 and all(line.split(": ")[1] == "CONFLICT" for line in verdicts)
 
 
-def test_demo_vllm_json_has_each_variants_figures_and_provenance(recorded, capsys):
+def test_demo_vllm_json_has_each_scenarios_figures_and_provenance(recorded, capsys):
     from kit.cli import main
 
     assert main(["demo", "--vllm", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert list(data) == list(VARIANTS)
+    assert list(data) == list(VLLM_SCENARIOS)
     for name, figures in data.items():
         assert figures["replay_added_bytes"] == recorded[name]["replay_added_bytes"]
         assert figures["graph_pool_bytes"] == recorded[name]["graph_pool_bytes"]
@@ -266,5 +266,5 @@ def test_demo_vllm_prints_the_figures(recorded, capsys):
     assert "graph pool saved by the patch on vLLM's own code: " in out and f"({saved} bytes)" in out
     assert out.count("  read/write obligation: holds on all 11 dispatchable pairings") == len(SAFE)
     assert "  read/write obligation: VIOLATED on " in out
-    for name in VARIANTS:  # each source line names the recording as the repository does, on any machine
+    for name in VLLM_SCENARIOS:  # each source line names the recording as the repository does, on any machine
         assert f"({shown(FOLDER / f'{name}.pickle')})" in out

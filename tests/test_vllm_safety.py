@@ -109,7 +109,7 @@ def test_the_stand_in_takes_vllms_default_replay_sizes():
     assert cfg.decoder_replay_cudagraph_capture_sizes == ()  # DecoderReplayCudaGraphManager.__init__ makes them
     assert cfg.with_early_aux().aux_hidden_state_layers == (1, 4) and not cfg.with_early_aux().early_aux_pinned
     assert cfg.with_early_aux(pinned=True).early_aux_pinned
-    shared, pinned = vc.VARIANTS["early_aux_shared"], vc.VARIANTS["early_aux_shared_pinned"]
+    shared, pinned = vc.VLLM_SCENARIOS["early_aux_shared"], vc.VLLM_SCENARIOS["early_aux_shared_pinned"]
     assert shared._replace(description="", pinned=True) == pinned._replace(description="")
 
 
@@ -279,7 +279,7 @@ def old_format(name: str) -> dict:
 
 
 def write_recordings(tmp_path: Path, monkeypatch, extra: dict | None = None) -> list[str]:
-    names = [name for name in vc.VARIANTS if (SHIPPED / f"{name}.pickle").is_file()]
+    names = [name for name in vc.VLLM_SCENARIOS if (SHIPPED / f"{name}.pickle").is_file()]
     for name in names:
         raw = old_format(name)
         raw["kit"].update(extra or {})

@@ -132,7 +132,7 @@ def kv_cache_section(
     """The `kv_cache` part of the alternatives JSON.
 
     `estimates` are the replica's profile estimates (`capture_model(profile_only=True)`) per
-    variant; each variant frees `estimates[baseline] - estimates[variant]` of KV budget.
+    scenario; each scenario frees `estimates[baseline] - estimates[scenario]` of KV budget.
     DeepSeek-V4.1-Flash and DeepSeek-V3 are priced at `saved_bytes`, the PR's 5.18 GiB.
     """
     if baseline not in estimates:

@@ -7,9 +7,9 @@
 - `tensor_parallel`: the same with the replica split over several GPUs;
 - `dispatch`: which replay graph can run in which model graph's break, vLLM
   0.33's rule with the lines it comes from;
-- `pairings`: every pairing of a model graph and a replay graph, as vLLM's
+- `safety_run`: every pairing of a model graph and a replay graph, as vLLM's
   dispatch runs it or, where it cannot, with the replay graph replayed in the
-  break; graphs against eager, per policy (`kit safety`);
+  break; graphs against eager, per scenario (`kit safety`);
 - `readwrite_run`: the bytes each post-break op reads and each replay graph
   writes, recorded during capture, and the proof obligation per pairing;
 - `alternatives`: the PR's alternatives measured (every capture on one
@@ -28,7 +28,7 @@
   vLLM's alike, and what a change saved in the graph pool;
 - `recorded`: what the JSON experiments share: their recordings read and
   written (provenance and manifests by `kit.record.provenance`), and each
-  policy or variant run in a fresh process, its error kept (`child_error`).
+  scenario run in a fresh process, its error kept (`child_error`).
 
 The map of all the kit's packages and their layers is `docs/architecture.md`.
 """

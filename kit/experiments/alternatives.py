@@ -27,7 +27,7 @@ graph-pool group of their own:
   capture sizes that are replay sizes), then none. Kept sets (`keep_sweep`): the largest
   alone, the smallest and the largest, then every size (vLLM as it is, `unpatched`).
 
-Every variant runs the replica with its speculator (`ReplicaConfig.speculator`, a DSpark
+Every scenario runs the replica with its speculator (`ReplicaConfig.speculator`, a DSpark
 drafter whose FULL graphs are captured last, `kit/replica/speculator.py`), each in a fresh
 process (patches and the graph pool are per process):
 
@@ -43,8 +43,8 @@ process (patches and the graph pool are per process):
 - `cap_<N>`, `keep_<sizes>`: the graph pool with fewer replay capture sizes (no graphs-vs-eager
   run: neither moves a capture to another stream, so their streams, and what is at risk, are
   `unpatched`'s; they change only which replay batches have a graph);
-- every variant: `capture_model(profile_only=True)`'s estimate (`profile_cudagraph_memory`,
-  as vLLM sizes the KV cache), and from the estimates the KV cache each variant frees
+- every scenario: `capture_model(profile_only=True)`'s estimate (`profile_cudagraph_memory`,
+  as vLLM sizes the KV cache), and from the estimates the KV cache each scenario frees
   (`kit.analysis.kv_cache`), and what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash.
 
 The phases an analysis of reads and writes can wrap are named in `kit/replica/speculator.py`.
@@ -52,7 +52,7 @@ The phases an analysis of reads and writes can wrap are named in `kit/replica/sp
 the shipped recordings are `alternatives/<preset>.json` under `kit/recordings/`:
 
     python -m kit.experiments.alternatives --preset small --out DIR
-    python -m kit.experiments.alternatives --variant share_all --preset small --out share_all.json
+    python -m kit.experiments.alternatives --scenario share_all --preset small --out share_all.json
     python -m kit alternatives [--preset small|large] [--live] [--json]
 """
 
@@ -78,9 +78,9 @@ from kit.recordings import RECORDINGS
 
 RECORDINGS_DIR = RECORDINGS / "alternatives"
 SEED = 1234
-MAIN_VARIANTS = ("unpatched", "pr", "share_all")
+MAIN_SCENARIOS = ("unpatched", "pr", "share_all")
 DRAFTER = "DFlash speculator graphs"  # the speculator manager's name, as the capture recorder labels it
-VARIANT_KEYS = ("graph_pool_bytes", "saved_bytes", "safe", "evidence")
+SCENARIO_KEYS = ("graph_pool_bytes", "saved_bytes", "safe", "evidence")
 CAP_KEYS = ("max_replay_size", "graph_pool_bytes", "eager_replay_sizes")
 DROP_KEY = "drop_intermediate_sizes"  # added after the first recordings: a recording without it still reads
 KEEP_KEYS = ("kept_replay_sizes", "graph_pool_bytes", "eager_replay_sizes")
@@ -191,8 +191,8 @@ def cap_sweep(config) -> list[int | None]:
     return [*sorted(caps), None]
 
 
-def cap_variant(config, max_replay_size: int | None) -> str:
-    """The variant that measures a cap: a cap that leaves every size is vLLM 0.33 as it is (`unpatched`)."""
+def cap_scenario(config, max_replay_size: int | None) -> str:
+    """The scenario that measures a cap: a cap that leaves every size is vLLM 0.33 as it is (`unpatched`)."""
     if max_replay_size is None or not eager_replay_sizes(config, max_replay_size):
         return "unpatched"
     return f"cap_{max_replay_size}"
@@ -206,8 +206,8 @@ def keep_sweep(config) -> list[list[int]]:
     return [list(k) for k in dict.fromkeys(tuple(k) for k in kept)]
 
 
-def keep_variant(config, kept: list[int]) -> str:
-    """The variant that captures only the replay sizes `kept`: every size kept is `unpatched`."""
+def keep_scenario(config, kept: list[int]) -> str:
+    """The scenario that captures only the replay sizes `kept`: every size kept is `unpatched`."""
     kept = sorted(set(kept))
     if kept == replay_batch_sizes(config):
         return "unpatched"
@@ -229,11 +229,11 @@ def padded_replay_sizes(config, kept: list[int]) -> list[list[int]]:
     return [[s, min(k for k in kept if k >= s)] for s in dropped_replay_sizes(config, kept) if s <= max(kept)]
 
 
-def parse_variant(variant: str) -> tuple[str, int | tuple[int, ...] | None]:
+def parse_scenario(scenario: str) -> tuple[str, int | tuple[int, ...] | None]:
     """`unpatched`, `pr`, `share_all`, `cap_<N>` or `keep_<a>_<b>...`: the kind and its cap or kept sizes."""
-    if variant in MAIN_VARIANTS:
-        return variant, None
-    head, _, rest = variant.partition("_")
+    if scenario in MAIN_SCENARIOS:
+        return scenario, None
+    head, _, rest = scenario.partition("_")
     numbers = rest.split("_")
     if all(n.isdigit() and int(n) > 0 for n in numbers):
         sizes = tuple(int(n) for n in numbers)
@@ -242,35 +242,35 @@ def parse_variant(variant: str) -> tuple[str, int | tuple[int, ...] | None]:
         if head == "keep" and list(sizes) == sorted(set(sizes)):
             return "keep", sizes
     raise KitError(
-        f"unknown variant {variant!r}: one of {', '.join(MAIN_VARIANTS)}, cap_<N> (N > 0), "
+        f"unknown scenario {scenario!r}: one of {', '.join(MAIN_SCENARIOS)}, cap_<N> (N > 0), "
         "or keep_<a>_<b>... (replay sizes, ascending, each once)"
     )
 
 
-def variant_replay_sizes(config, variant: str) -> list[int] | None:
-    """The replay sizes `variant` captures (None: the config's own), each checked against the config's sizes."""
-    kind, arg = parse_variant(variant)
+def scenario_replay_sizes(config, scenario: str) -> list[int] | None:
+    """The replay sizes `scenario` captures (None: the config's own), each checked against the config's sizes."""
+    kind, arg = parse_scenario(scenario)
     sizes = replay_batch_sizes(config)
     if kind == "cap":
         kept = capped_replay_sizes(config, arg)
         if not kept:
-            raise KitError(f"{variant} leaves no replay size: the smallest is {sizes[0]}")
+            raise KitError(f"{scenario} leaves no replay size: the smallest is {sizes[0]}")
         return kept
     if kind == "keep":
         unknown = [s for s in arg if s not in sizes]
         if unknown:
             raise KitError(
-                f"{variant}: {_sizes(unknown)} not among the config's replay capture sizes ({_sizes(sizes)})"
+                f"{scenario}: {_sizes(unknown)} not among the config's replay capture sizes ({_sizes(sizes)})"
             )
         return list(arg)
     return None
 
 
-def variants_to_run(config) -> list[str]:
-    """Each distinct configuration once: the three variants, then every cap and kept set that leaves some size out."""
-    caps = [cap_variant(config, cap) for cap in cap_sweep(config)]
-    keeps = [keep_variant(config, kept) for kept in keep_sweep(config)]
-    return [*MAIN_VARIANTS, *dict.fromkeys(v for v in (*caps, *keeps) if v not in MAIN_VARIANTS)]
+def scenarios_to_run(config) -> list[str]:
+    """Each distinct configuration once: the three scenarios, then every cap and kept set that leaves some size out."""
+    caps = [cap_scenario(config, cap) for cap in cap_sweep(config)]
+    keeps = [keep_scenario(config, kept) for kept in keep_sweep(config)]
+    return [*MAIN_SCENARIOS, *dict.fromkeys(v for v in (*caps, *keeps) if v not in MAIN_SCENARIOS)]
 
 
 def steps_with_eager_replay(config: dict, max_replay_size: int) -> list[int]:
@@ -318,10 +318,10 @@ def kv_layout(config):
     return replica_layout(config.hidden_size, layers, config.dtype)
 
 
-# --- one variant (CUDA) -----------------------------------------------------------------------
+# --- one scenario (CUDA) -----------------------------------------------------------------------
 
 
-def variant_patch(kind: str):
+def scenario_patch(kind: str):
     if kind == "pr":
         return replica_patch.patched("pr")
     if kind == "share_all":
@@ -410,35 +410,35 @@ def set_replay_capture_sizes(runner, replay_sizes: list[int]) -> None:
     runner.model_state.replay_cudagraphs.capture_sizes = sorted(replay_sizes, reverse=True)
 
 
-def captured_runner(variant: str, preset: str = "small"):
-    """The replica with its speculator captured under `variant` in this process, nothing else run.
+def captured_runner(scenario: str, preset: str = "small"):
+    """The replica with its speculator captured under `scenario` in this process, nothing else run.
 
     For an analysis that wraps the phases `kit/replica/speculator.py` names (the target forward,
     the reads of its outputs, the drafter's graph, the speculator capture): patch them, then call
     this, then `runner.step(ids)`.
     """
-    kind, _ = parse_variant(variant)
+    kind, _ = parse_scenario(scenario)
     config = alternatives_config(preset)
-    sizes = variant_replay_sizes(config, variant)
+    sizes = scenario_replay_sizes(config, scenario)
     require_cuda(LIVE_NEEDS_CUDA)
-    with variant_patch(kind):
+    with scenario_patch(kind):
         runner = build_runner(config, sizes)
         runner.capture_model()
     return runner
 
 
-def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
-    """Capture the replica with its speculator under `variant` in this process: pool, estimate, checks."""
+def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict:
+    """Capture the replica with its speculator under `scenario` in this process: pool, estimate, checks."""
     import torch
 
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import free_device_memory
 
-    kind, arg = parse_variant(variant)
+    kind, arg = parse_scenario(scenario)
     config = alternatives_config(preset)
-    sizes = variant_replay_sizes(config, variant)
+    sizes = scenario_replay_sizes(config, scenario)
     require_cuda(LIVE_NEEDS_CUDA)
-    with variant_patch(kind) as patch:
+    with scenario_patch(kind) as patch:
         runner = build_runner(config, sizes)
         replay = runner.model_state.replay_cudagraphs
         torch.cuda.synchronize()
@@ -449,7 +449,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
         capture_delta = free_before - free_device_memory(runner.device, empty_cache=False)
         decisions = [d.reason for d in patch.decisions] if patch is not None else []
     return {
-        "variant": variant,
+        "variant": scenario,
         "preset": preset,
         "max_replay_size": arg if kind == "cap" else None,
         "kept_replay_sizes": list(arg) if kind == "keep" else None,
@@ -459,23 +459,23 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
         "profile_estimate_bytes": int(estimate),
         "capture_free_memory_delta": int(capture_delta),
         "replay_decisions": decisions,
-        "checks": run_checks(runner, seed) if kind in MAIN_VARIANTS else [],
+        "checks": run_checks(runner, seed) if kind in MAIN_SCENARIOS else [],
         "seed": seed,
-        "provenance": provenance(f"python -m kit.experiments.alternatives --variant {variant} --preset {preset}"),
+        "provenance": provenance(f"python -m kit.experiments.alternatives --scenario {scenario} --preset {preset}"),
     }
 
 
-def run_variant_in_subprocess(variant: str, preset: str, out: Path) -> dict:
-    """`run_variant` in a fresh process; what it wrote to `out`."""
-    failed = f"alternative {variant} ({preset})"
-    return recorded.run_in_subprocess("kit.experiments.alternatives", "variant", variant, preset, out, failed)
+def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
+    """`run_scenario` in a fresh process; what it wrote to `out`."""
+    failed = f"alternative {scenario} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.alternatives", scenario, preset, out, failed)
 
 
 # --- the recording ------------------------------------------------------------------------------
 
 
 def safety_verdict(run: dict) -> tuple[bool, str]:
-    """Whether a variant's graphs equal eager, target and drafter, and the evidence in one line."""
+    """Whether a scenario's graphs equal eager, target and drafter, and the evidence in one line."""
     checks = run.get("checks") or []
     if not checks:
         return False, "not checked: no graphs-vs-eager steps were run"
@@ -509,10 +509,10 @@ def safety_verdict(run: dict) -> tuple[bool, str]:
 
 
 def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
-    """The alternatives JSON from the variants' runs (`runs[variant]`, as `run_variant` returns them)."""
+    """The alternatives JSON from the scenarios' runs (`runs[scenario]`, as `run_scenario` returns them)."""
     from kit.analysis.kv_cache import kv_cache_section
 
-    missing = [v for v in variants_to_run(config) if v not in runs]
+    missing = [v for v in scenarios_to_run(config) if v not in runs]
     if missing:
         raise KitError(f"no run of {', '.join(missing)} to assemble the alternatives from")
     base = runs["unpatched"]["graph_pool_bytes"]
@@ -521,10 +521,10 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
         "config": dataclasses.asdict(config),
         "speculator": speculator_summary(config),
     }
-    for variant in MAIN_VARIANTS:
-        run = runs[variant]
+    for scenario in MAIN_SCENARIOS:
+        run = runs[scenario]
         safe, evidence = safety_verdict(run)
-        data[variant] = {
+        data[scenario] = {
             "graph_pool_bytes": run["graph_pool_bytes"],
             "saved_bytes": base - run["graph_pool_bytes"],
             "safe": safe,
@@ -535,8 +535,8 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
         }
     data["cap_replay_sizes"] = []
     for cap in cap_sweep(config):
-        variant = cap_variant(config, cap)
-        run = runs[variant]
+        scenario = cap_scenario(config, cap)
+        run = runs[scenario]
         data["cap_replay_sizes"].append(
             {
                 "max_replay_size": cap,
@@ -546,14 +546,14 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
                 "saved_bytes": base - run["graph_pool_bytes"],
                 "graph_pool_by_stream": run["graph_pool_by_stream"],
                 "profile_estimate_bytes": run["profile_estimate_bytes"],
-                "measured_in": variant,
+                "measured_in": scenario,
             }
         )
     data["replay_capture_sizes"] = replay_batch_sizes(config)
     data[DROP_KEY] = []
     for kept in keep_sweep(config):
-        variant = keep_variant(config, kept)
-        run = runs[variant]
+        scenario = keep_scenario(config, kept)
+        run = runs[scenario]
         data[DROP_KEY].append(
             {
                 "kept_replay_sizes": kept,
@@ -564,27 +564,27 @@ def assemble(preset: str, config, runs: dict[str, dict], prov: dict) -> dict:
                 "saved_bytes": base - run["graph_pool_bytes"],
                 "graph_pool_by_stream": run["graph_pool_by_stream"],
                 "profile_estimate_bytes": run["profile_estimate_bytes"],
-                "measured_in": variant,
+                "measured_in": scenario,
             }
         )
-    estimates = {v: runs[v]["profile_estimate_bytes"] for v in MAIN_VARIANTS}
+    estimates = {v: runs[v]["profile_estimate_bytes"] for v in MAIN_SCENARIOS}
     data["kv_cache"] = kv_cache_section(estimates, kv_layout(config))
     data["provenance"] = prov
     return data
 
 
 def record(preset: str, out_dir: Path) -> Path:
-    """Every variant, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     config = alternatives_config(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(variants_to_run(config), run_variant_in_subprocess, preset, "kit-alternatives-")
+    runs = recorded.run_each(scenarios_to_run(config), run_scenario_in_subprocess, preset, "kit-alternatives-")
     prov = {
         **runs["unpatched"]["provenance"],
         "command": f"python -m kit.experiments.alternatives --preset {preset} --out {_shown(out_dir)}",
     }
     data = assemble(preset, config, runs, prov)
-    figures = {v: {k: data[v][k] for k in VARIANT_KEYS} for v in MAIN_VARIANTS}
+    figures = {v: {k: data[v][k] for k in SCENARIO_KEYS} for v in MAIN_SCENARIOS}
     return recorded.write_recording(data, out_dir, preset, figures=figures)
 
 
@@ -603,11 +603,11 @@ def recording_path(preset: str) -> Path:
 def _schema_problem(data: Any) -> str | None:
     if not isinstance(data, dict):
         return "not a JSON object"
-    for variant in MAIN_VARIANTS:
-        entry = data.get(variant)
-        missing = [k for k in VARIANT_KEYS if not isinstance(entry, dict) or k not in entry]
+    for scenario in MAIN_SCENARIOS:
+        entry = data.get(scenario)
+        missing = [k for k in SCENARIO_KEYS if not isinstance(entry, dict) or k not in entry]
         if missing:
-            return f"{variant!r} lacks {', '.join(missing)}"
+            return f"{scenario!r} lacks {', '.join(missing)}"
     caps = data.get("cap_replay_sizes")
     if not isinstance(caps, list) or not caps:
         return "no 'cap_replay_sizes' list"
@@ -643,14 +643,14 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
 
 
 def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
-    """Record `preset` on this GPU now (each variant in a fresh process) and read it back."""
+    """Record `preset` on this GPU now (each scenario in a fresh process) and read it back."""
     alternatives_config(preset)  # an unknown preset first
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-alternatives-"))
     path = record(preset, out)
     data = load_recording(preset, path)
     gpu = data["provenance"]["gpu"]
-    data["source"] = f"live GPU ({gpu}: captured just now, each variant in a fresh process; {path})"
+    data["source"] = f"live GPU ({gpu}: captured just now, each scenario in a fresh process; {path})"
     return data
 
 
@@ -663,7 +663,7 @@ def _sizes(sizes: list[int]) -> str:
 
 
 def alternatives_lines(data: dict) -> list[str]:
-    """The `python -m kit alternatives` text: source, the variants, the caps, the kept sets, the KV cache."""
+    """The `python -m kit alternatives` text: source, the scenarios, the caps, the kept sets, the KV cache."""
     import pandas as pd
 
     config, spec = data.get("config", {}), data.get("speculator", {})
@@ -675,7 +675,7 @@ def alternatives_lines(data: dict) -> list[str]:
             f"{spec.get('draft_layers', '?')} layers, graphs of {_sizes(spec.get('capture_sizes', []))} tokens, "
             "captured last"
         )
-    variants = pd.DataFrame(
+    scenarios = pd.DataFrame(
         [
             {
                 "variant": v,
@@ -683,12 +683,12 @@ def alternatives_lines(data: dict) -> list[str]:
                 "saved": mib(data[v]["saved_bytes"]),
                 "safe in the replica's step": "yes" if data[v]["safe"] else "NO",
             }
-            for v in MAIN_VARIANTS
+            for v in MAIN_SCENARIOS
         ]
     )
     lines += ["", "unpatched (vLLM 0.33), pr (PR 63155), share_all (alternative (a): every capture on one stream)"]
-    lines += variants.to_string(index=False).splitlines()
-    lines += [f"  {v}: {data[v]['evidence']}" for v in MAIN_VARIANTS]
+    lines += scenarios.to_string(index=False).splitlines()
+    lines += [f"  {v}: {data[v]['evidence']}" for v in MAIN_SCENARIOS]
     lines += [f"  {SAFE_IN_THE_REPLICAS_STEP}"]
     lines += ["", *cap_lines(data), "", *fewer_sizes_lines(data)]
     lines += ["", *kv_cache_lines(data["kv_cache"])]
@@ -820,9 +820,9 @@ def kv_cache_lines(kv: dict) -> list[str]:
         layout = replica["layout"]
         estimates = ", ".join(f"{v} {mib(b)}" for v, b in replica["profile_estimate_bytes"].items())
         lines.append(f"  replica estimate: {estimates}")
-        for variant, freed in replica["freed"].items():
+        for scenario, freed in replica["freed"].items():
             lines.append(
-                f"  {variant} frees {mib(freed['bytes'])} of KV budget: {freed['blocks']:,} blocks, "
+                f"  {scenario} frees {mib(freed['bytes'])} of KV budget: {freed['blocks']:,} blocks, "
                 f"{freed['tokens']:,} tokens"
             )
         per_token, block = layout["bytes_per_token"], layout["block_size"]
@@ -851,9 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     return recorded.recording_main(
         argv,
         description="PR 63155's alternatives on the replica with its speculator.",
-        flag="variant",
+        old_flag="--variant",
         names="unpatched, pr, share_all, cap_<N>, keep_<a>_<b>...",
-        run_one=run_variant,
+        run_one=run_scenario,
         said=lambda name, result: f"{name}: graph pool {mib(result['graph_pool_bytes'])}",
         record=record,
         summary=lambda preset, path: alternatives_lines(load_recording(preset, path)),

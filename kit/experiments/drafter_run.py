@@ -4,7 +4,7 @@ PR 63155's alternative (a), one `graph_capture()` for every capture, also puts
 the speculator's capture on the model graphs' stream; the PR says the
 speculator "needs its own lifetime argument" because it runs after the target
 forward and reads its outputs. This makes that argument on the replica with its
-speculator (`kit.experiments.alternatives`: variants `pr`, the drafter on a
+speculator (`kit.experiments.alternatives`: scenarios `pr`, the drafter on a
 stream of its own, and `share_all`, every capture on one stream), each in a
 fresh process, by the two analyses the replay graphs get:
 
@@ -26,8 +26,8 @@ own obligation on the same run (`readwrite_run.compare_analyses`). The
 snapshot of each run ships inside the recording (`compact_snapshot`: the
 program's own frames only), so the lifetime analysis can be run again on it.
 
-    python -m kit.experiments.drafter_run --preset small --out DIR        # both variants into DIR/small.json
-    python -m kit.experiments.drafter_run --variant share_all --preset small --out share_all.json
+    python -m kit.experiments.drafter_run --preset small --out DIR        # both scenarios into DIR/small.json
+    python -m kit.experiments.drafter_run --scenario share_all --preset small --out share_all.json
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from kit.experiments import recorded
 from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
 
-VARIANTS = ("pr", "share_all")
+DRAFTER_SCENARIOS = ("pr", "share_all")
 RECORDINGS_DIR = RECORDINGS / "drafter"
 SEED = 4321
 PAIR_KEYS = ("variant", "model_size", "drafter_size", "dispatchable", "readwrite_holds", "lifetime_conflict")
@@ -228,26 +228,26 @@ def compare_drafter(raw: dict, recording: ReadWriteRecording, can_run=None) -> l
     return pairs
 
 
-# --- running a variant (CUDA) -------------------------------------------------------------------
+# --- running a scenario (CUDA) -------------------------------------------------------------------
 
 
-def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
-    """Capture the replica with its speculator under `variant`, record reads and writes, run a step of each size."""
+def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict:
+    """Capture the replica with its speculator under `scenario`, record reads and writes, run a step of each size."""
     import torch
 
-    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config, build_runner, variant_patch
+    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config, build_runner, scenario_patch
     from kit.experiments.dispatch import can_run
     from kit.experiments.readwrite_run import compare_analyses, replica_phases
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
 
-    check_variant(variant)
+    check_scenario(scenario)
     config = alternatives_config(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     sizes = sorted(config.cudagraph_capture_sizes)
     # Recording from the first allocation, so the trace replays from an empty allocator.
-    with variant_patch(variant), CaptureRecorder() as capture_recorder:
+    with scenario_patch(scenario), CaptureRecorder() as capture_recorder:
         runner = build_runner(config)
         torch.cuda.synchronize()
         with ReadWriteRecorder() as rw, replica_phases(runner, rw), drafter_phases(runner, rw):
@@ -264,10 +264,10 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
     table = drafter_table(recording, can_run=drafter_can_run)
     model_table = readwrite_table(recording, can_run=can_run(config))
     return {
-        "variant": variant,
+        "variant": scenario,
         "preset": preset,
         "config": dataclasses.asdict(config),
-        "pairs": [{"variant": variant, **pair} for pair in compare_drafter(raw, recording, drafter_can_run)],
+        "pairs": [{"variant": scenario, **pair} for pair in compare_drafter(raw, recording, drafter_can_run)],
         "obligation": drafter_summary(table),
         "verdicts": drafter_verdicts(table),
         "lifetime_verdicts": drafter_liveness_verdicts(drafter_liveness_table(raw)),
@@ -284,7 +284,7 @@ def run_variant(variant: str, preset: str = "small", seed: int = SEED) -> dict:
         "accesses": recording.to_records(),
         "snapshot": compact_snapshot(raw),
         "seed": seed,
-        "provenance": provenance(f"python -m kit.experiments.drafter_run --variant {variant} --preset {preset}"),
+        "provenance": provenance(f"python -m kit.experiments.drafter_run --scenario {scenario} --preset {preset}"),
     }
 
 
@@ -308,27 +308,27 @@ def _capture_streams(raw: dict) -> dict[str, str]:
     return pool_figures(raw)["capture_streams"]
 
 
-def run_variant_in_subprocess(variant: str, preset: str, out: Path) -> dict:
-    """`run_variant` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    failed = f"drafter read/write run for {variant} ({preset})"
-    return recorded.run_in_subprocess("kit.experiments.drafter_run", "variant", variant, preset, out, failed)
+def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
+    """`run_scenario` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
+    failed = f"drafter read/write run for {scenario} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.drafter_run", scenario, preset, out, failed)
 
 
 def record(preset: str, out_dir: Path) -> Path:
-    """Both variants, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    """Both scenarios, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config
 
     alternatives_config(preset)  # an unknown preset first
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(VARIANTS, run_variant_in_subprocess, preset, "kit-drafter-")
+    runs = recorded.run_each(DRAFTER_SCENARIOS, run_scenario_in_subprocess, preset, "kit-drafter-")
     data = {
         "preset": preset,
         "obligation": DRAFTER_OBLIGATION,
         "pairs": [pair for run in runs.values() for pair in run["pairs"]],
         "variants": {v: {k: x for k, x in run.items() if k != "pairs"} for v, run in runs.items()},
         "provenance": {
-            **runs[VARIANTS[0]]["provenance"],
+            **runs[DRAFTER_SCENARIOS[0]]["provenance"],
             "command": f"python -m kit.experiments.drafter_run --preset {preset} --out {recorded.shown(out_dir)}",
         },
     }
@@ -338,10 +338,10 @@ def record(preset: str, out_dir: Path) -> Path:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def check_variant(variant: str) -> str:
-    if variant not in VARIANTS:
-        raise KitError(f"unknown drafter variant {variant!r}: one of {', '.join(VARIANTS)}")
-    return variant
+def check_scenario(scenario: str) -> str:
+    if scenario not in DRAFTER_SCENARIOS:
+        raise KitError(f"unknown drafter scenario {scenario!r}: one of {', '.join(DRAFTER_SCENARIOS)}")
+    return scenario
 
 
 def _schema_problem(data: Any) -> str | None:
@@ -364,15 +364,15 @@ def load_recording(preset: str = "small", path: str | Path | None = None) -> dic
 
 
 def summary_lines(data: dict) -> list[str]:
-    """Per variant: the drafter's obligation on the dispatchable pairings, and where the analyses agree."""
+    """Per scenario: the drafter's obligation on the dispatchable pairings, and where the analyses agree."""
     lines = []
-    for variant in data["variants"]:
-        rows = [p for p in data["pairs"] if p["variant"] == variant]
+    for scenario in data["variants"]:
+        rows = [p for p in data["pairs"] if p["variant"] == scenario]
         running = [p for p in rows if p["dispatchable"]]
         violated = [p for p in running if not p["readwrite_holds"]]
         overwritten = sum(p["outputs_overwritten_bytes"] > 0 for p in running)
         lines.append(
-            f"{variant}: drafter obligation {'holds' if not violated else 'VIOLATED'} on "
+            f"{scenario}: drafter obligation {'holds' if not violated else 'VIOLATED'} on "
             f"{len(violated) if violated else len(running)} of {len(running)} dispatchable pairings (the drafter "
             "overwrites the "
             f"target's outputs in {overwritten}); the lifetime analysis agrees on "
@@ -382,9 +382,9 @@ def summary_lines(data: dict) -> list[str]:
     return lines
 
 
-def safety_evidence(data: dict, variant: str) -> tuple[bool, str] | None:
-    """The drafter's verdict for `variant` from both analyses, in one line; None when the recording lacks it."""
-    rows = [p for p in data["pairs"] if p["variant"] == variant]
+def safety_evidence(data: dict, scenario: str) -> tuple[bool, str] | None:
+    """The drafter's verdict for `scenario` from both analyses, in one line; None when the recording lacks it."""
+    rows = [p for p in data["pairs"] if p["variant"] == scenario]
     if not rows:
         return None
     running = [p for p in rows if p["dispatchable"]]
@@ -460,9 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     return recorded.recording_main(
         argv,
         description="The drafter's lifetime argument (alternative (a)), on this GPU.",
-        flag="variant",
-        names=", ".join(VARIANTS),
-        run_one=run_variant,
+        old_flag="--variant",
+        names=", ".join(DRAFTER_SCENARIOS),
+        run_one=run_scenario,
         said=lambda name, result: result["obligation"],
         record=record,
         summary=lambda preset, path: summary_lines(load_recording(preset, path)),

@@ -1,6 +1,6 @@
 """The proof obligation on the replica's captures: reads and writes against lifetimes, per pairing.
 
-Each policy (`pr`, `unpatched`, `early_aux_shared`, the scenarios of
+Each scenario (`pr`, `unpatched`, `early_aux_shared`, the scenarios of
 `kit.experiments.scenarios`) is captured in a fresh process under the
 capture recorder (the allocator trace) and the read/write recorder
 (`kit.record.readwrite`), with phases set from the replica's breakable
@@ -27,8 +27,8 @@ R starts, in the break too, are checked.
 entry to `out_dir`; the shipped recordings are `readwrite/<preset>.json` in
 the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
 
-    python -m kit.experiments.readwrite_run --preset small --out OUT   # all three policies into OUT/small.json
-    python -m kit.experiments.readwrite_run --policy pr --preset small --out pr.json   # one policy, this process
+    python -m kit.experiments.readwrite_run --preset small --out OUT   # all three scenarios into OUT/small.json
+    python -m kit.experiments.readwrite_run --scenario pr --preset small --out pr.json   # one scenario, this process
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import recorded
-from kit.experiments.pairings import PAIRING_POLICIES
+from kit.experiments.safety_run import SAFETY_SCENARIOS
 from kit.patch.policy import check_policy
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
@@ -286,28 +286,28 @@ def break_inputs(raw: dict) -> list[dict]:
     return out
 
 
-# --- running a policy (CUDA) --------------------------------------------------------
+# --- running a scenario (CUDA) --------------------------------------------------------
 
 
-def run_policy(policy: str, preset: str = "small") -> dict:
+def run_scenario(scenario: str, preset: str = "small") -> dict:
     """Capture the replica under `policy` in this process, recording reads, writes and the trace; the comparison."""
     import torch
 
     from kit.analysis.equivalence import check_equivalence
     from kit.experiments.dispatch import can_run
-    from kit.experiments.pairings import SCENARIO_OF, safety_config
+    from kit.experiments.safety_run import SCENARIO_OF, safety_config
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy, PAIRING_POLICIES, "read/write policy")
+    check_policy(scenario, SAFETY_SCENARIOS, "read/write scenario")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
-    scenario = SCENARIO_OF[policy]
-    patch_policy, _, description = SCENARIOS[scenario]
-    config = safety_config(scenario, preset)  # V4.1's break inputs, and a break at every attention
+    replica_scenario = SCENARIO_OF[scenario]
+    patch_policy, _, description = SCENARIOS[replica_scenario]
+    config = safety_config(replica_scenario, preset)  # V4.1's break inputs, and a break at every attention
     patch = replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext()
     # Recording from the first allocation, so the trace replays from an empty allocator.
     with patch, CaptureRecorder() as capture_recorder:
@@ -319,15 +319,15 @@ def run_policy(policy: str, preset: str = "small") -> dict:
     raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
     pairs = compare_analyses(raw, recording, can_run(config))
     table = readwrite_table(recording, can_run=can_run(config))
-    command = f"python -m kit.experiments.readwrite_run --policy {policy} --preset {preset}"
+    command = f"python -m kit.experiments.readwrite_run --scenario {scenario} --preset {preset}"
     return {
-        "policy": policy,
-        "scenario": scenario,
+        "policy": scenario,
+        "scenario": replica_scenario,
         "description": description,
         "preset": preset,
         "config": dataclasses.asdict(config),
         "has_early_aux": replica_patch.has_early_aux(runner.model_state),
-        "pairs": [{"policy": policy, **pair} for pair in pairs],
+        "pairs": [{"policy": scenario, **pair} for pair in pairs],
         "obligation": obligation_summary(table),
         "verdicts": obligation_verdicts(table),
         "lifetime_verdicts": liveness_verdicts(liveness_table(raw)),
@@ -340,34 +340,34 @@ def run_policy(policy: str, preset: str = "small") -> dict:
     }
 
 
-def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
-    """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    failed = f"read/write run for {policy} ({preset})"
-    return recorded.run_in_subprocess("kit.experiments.readwrite_run", "policy", policy, preset, out, failed)
+def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
+    """`run_scenario` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
+    failed = f"read/write run for {scenario} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.readwrite_run", scenario, preset, out, failed)
 
 
 def record(preset: str, out_dir: Path) -> Path:
-    """Every policy, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.pairings import DISPATCH_RULE
+    """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    from kit.experiments.safety_run import DISPATCH_RULE
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(PAIRING_POLICIES, run_policy_in_subprocess, preset, "kit-readwrite-")
-    first = runs[PAIRING_POLICIES[0]]
+    runs = recorded.run_each(SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, "kit-readwrite-")
+    first = runs[SAFETY_SCENARIOS[0]]
     data = {
         "preset": preset,
         "obligation": OBLIGATION,
         "rule": DISPATCH_RULE,
         "pairs": [pair for run in runs.values() for pair in run["pairs"]],
-        "policies": {policy: {k: v for k, v in run.items() if k != "pairs"} for policy, run in runs.items()},
+        "policies": {scenario: {k: v for k, v in run.items() if k != "pairs"} for scenario, run in runs.items()},
         "provenance": {
             **first["provenance"],
             "command": f"python -m kit.experiments.readwrite_run --preset {preset} --out {recorded.shown(out_dir)}",
         },
     }
-    obligation = {policy: run["obligation"] for policy, run in runs.items()}
+    obligation = {scenario: run["obligation"] for scenario, run in runs.items()}
     return recorded.write_recording(data, out_dir, preset, obligation=obligation, agreement=summary_lines(data))
 
 
@@ -395,16 +395,16 @@ def _schema_problem(data: Any) -> str | None:
 
 
 def summary_lines(data: dict) -> list[str]:
-    """Per policy: the obligation's result on the dispatchable pairings, and where the analyses agree."""
+    """Per scenario: the obligation's result on the dispatchable pairings, and where the analyses agree."""
     lines = []
     df = pd.DataFrame(data["pairs"])
-    for policy, rows in df.groupby("policy", sort=False):
+    for scenario, rows in df.groupby("policy", sort=False):
         running = rows[rows["dispatchable"]]
         violated = running[~running["readwrite_holds"]]
         agree = int(rows["agree"].sum())
         trace_agree = int(rows["agree_trace_only"].sum())
         lines.append(
-            f"{policy}: obligation {'holds' if violated.empty else 'VIOLATED'} on "
+            f"{scenario}: obligation {'holds' if violated.empty else 'VIOLATED'} on "
             f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "
             "pairings; the lifetime analysis agrees "
             f"on {agree} of {len(rows)} pairings with the breaks' reads, {trace_agree} from the trace alone"
@@ -416,9 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     return recorded.recording_main(
         argv,
         description="Reads and writes against lifetimes, per pairing, on this GPU.",
-        flag="policy",
-        names=", ".join(PAIRING_POLICIES),
-        run_one=run_policy,
+        old_flag="--policy",
+        names=", ".join(SAFETY_SCENARIOS),
+        run_one=run_scenario,
         said=lambda name, result: result["obligation"],
         record=record,
         summary=lambda preset, path: summary_lines(load_recording(preset, path)),

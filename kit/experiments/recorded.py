@@ -1,12 +1,12 @@
-"""The JSON recordings of the replica's experiments, their provenance, and each variant in a fresh process.
+"""The JSON recordings of the replica's experiments, their provenance, and each scenario in a fresh process.
 
-`kit.experiments.pairings`, `readwrite_run` and `alternatives` share this:
+`kit.experiments.safety_run`, `readwrite_run` and `alternatives` share this:
 reading a recording back (`read_recording`: one-line errors for a missing
 file, one not JSON, one its schema check refuses; `source_line` for where it
 was recorded), writing one (`write_recording`: `<preset>.json` and its
 `PROVENANCE.json` entry, both atomically, through `kit.record.provenance`),
 paths as the repository shows them (`shown`), and running one
-policy or variant as `python -m MODULE --FLAG NAME --preset P --out F` in a
+scenario or scenario as `python -m MODULE --FLAG NAME --preset P --out F` in a
 fresh process (`run_in_subprocess`, `run_each`): patches and the graph pool
 are per process. `recording_main` is each of those modules' command line.
 """
@@ -121,21 +121,21 @@ def write_recording(data: dict, out_dir: Path, preset: str, **entry: Any) -> Pat
 
 
 def write_run(result: dict, out: str | Path) -> None:
-    """One policy's or variant's run, as `--out` of a single run gets it."""
+    """One scenario's run, as `--out` of a single run gets it."""
     with atomic_write(out) as f:
         f.write(json.dumps(result, indent=1) + "\n")
 
 
-# --- each variant in a fresh process -----------------------------------------------------------
+# --- each scenario in a fresh process -----------------------------------------------------------
 
 
-def run_in_subprocess(module: str, flag: str, name: str, preset: str, out: Path, failed: str) -> dict:
-    """`python -m module --flag name --preset preset --out out` in a fresh process; what it wrote to `out`.
+def run_in_subprocess(module: str, name: str, preset: str, out: Path, failed: str) -> dict:
+    """`python -m module --scenario name --preset preset --out out` in a fresh process; what it wrote to `out`.
 
     On failure, KitError `<failed> failed: <the child's error>` (`child_error`).
     """
     done = subprocess.run(
-        [sys.executable, "-m", module, f"--{flag}", name, "--preset", preset, "--out", str(out)],
+        [sys.executable, "-m", module, "--scenario", name, "--preset", preset, "--out", str(out)],
         capture_output=True,
         text=True,
     )
@@ -212,29 +212,32 @@ def recording_main(
     argv: list[str] | None,
     *,
     description: str,
-    flag: str,
+    old_flag: str,
     names: str,
     run_one: Callable[[str, str], dict],
     said: Callable[[str, dict], str],
     record: Callable[[str, Path], Path],
     summary: Callable[[str, Path], list[str]],
 ) -> int:
-    """A recording module's command line: `--FLAG NAME` runs one in this process into `--out`, else all of them.
+    """A recording module's command line: `--scenario NAME` runs one in this process into `--out`, else all of them.
 
-    With `--FLAG`, `run_one(name, preset)` is written to the file `--out` and
-    `said(name, result)` printed (the line `run_in_subprocess`'s caller sees);
-    without it, `record(preset, folder)` writes `<preset>.json` and
+    With `--scenario`, `run_one(name, preset)` is written to the file `--out`
+    and `said(name, result)` printed (the line `run_in_subprocess`'s caller
+    sees); without it, `record(preset, folder)` writes `<preset>.json` and
     `summary(preset, path)` is printed. A KitError is one line on stderr, exit 2.
+    `old_flag` (`--policy`, `--variant`) is the name the flag had when the
+    shipped recordings were made; their provenance commands still run.
     """
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(f"--{flag}", help=f"one {flag} in this process ({names}); --out is its JSON file")
+    help_one = f"one scenario in this process ({names}); --out is its JSON file"
+    parser.add_argument("--scenario", old_flag, dest="scenario", help=help_one)
     parser.add_argument("--preset", default="small")
-    every = f"folder for <preset>.json (every {flag}), or with --{flag} a file"
+    every = "folder for <preset>.json (every scenario), or with --scenario a file"
     parser.add_argument("--out", required=True, help=every)
-    keep = f"keep each {flag}'s run in this folder and reuse those already there (resume a cut-off recording)"
+    keep = "keep each scenario's run in this folder and reuse those already there (resume a cut-off recording)"
     parser.add_argument("--runs", type=Path, help=keep)
     args = parser.parse_args(argv)
-    name = getattr(args, flag)
+    name = args.scenario
     token = RUNS_DIR.set(args.runs)
     try:
         if name:

@@ -1,4 +1,4 @@
-"""The figures of one capture experiment's snapshot, read one way for the replica's scenarios and vLLM's variants.
+"""The figures of one capture experiment's snapshot, read one way for the replica's scenarios and vLLM's.
 
 `kit.experiments.scenarios` (the replica) and `kit.experiments.vllm_capture`
 (vLLM 0.33's own capture path) record the same kind of snapshot: a global
@@ -29,7 +29,8 @@ OLD_NAMES = {
 
 def summarize(snapshot: Any) -> dict:
     """One experiment's figures: the graph pool, where the replay graphs captured and what they added, the check;
-    the scenario (replica) or variant (vLLM) it ran, and the pairings and obligation a vLLM recording holds."""
+    the scenario it ran (the replica keeps it under `scenario`, vLLM's recordings under `variant`), and the
+    pairings and obligation a vLLM recording holds."""
     from kit.analysis.attribution import is_replay_capture, replay_captures_added
     from kit.load.snapshot import load_snapshot
 
@@ -44,7 +45,7 @@ def summarize(snapshot: Any) -> dict:
     added = replay_captures_added(snap, pool)
     by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
     equivalence = meta.get("equivalence", [])
-    scenario, variant = meta.get("scenario", {}), meta.get("variant", {})
+    scenario, vllm_run = meta.get("scenario", {}), meta.get("variant", {})
 
     def group(stream_name: str) -> dict | None:
         rows = in_pool[in_pool["stream"] == streams.get(stream_name, -1)]
@@ -54,9 +55,9 @@ def summarize(snapshot: Any) -> dict:
 
     figures = {
         "scenario": scenario.get("name"),
-        "variant": variant.get("name"),
-        "policy": scenario.get("policy") or variant.get("policy"),
-        "path": variant.get("path"),
+        "variant": vllm_run.get("name"),
+        "policy": scenario.get("policy") or vllm_run.get("policy"),
+        "path": vllm_run.get("path"),
         "source": snap.source_label,
         "graph_pool_bytes": int(in_pool["reserved"].sum()),
         "graph_pool_segments": int(in_pool["segments"].sum()),
@@ -66,16 +67,18 @@ def summarize(snapshot: Any) -> dict:
         "replay_streams": replay_streams,
         "replay_stream_names": sorted({names.get(c["stream"], str(c["stream"])) for c in replay}),
         "replay_on_model_stream": replay_streams == [model_stream],
-        "replay_streams_from_graph_capture": all(s in variant.get("graph_capture_streams", []) for s in replay_streams),
+        "replay_streams_from_graph_capture": all(
+            s in vllm_run.get("graph_capture_streams", []) for s in replay_streams
+        ),
         "replay_added_bytes": int(added["bytes"].sum()) if len(added) else 0,
         "replay_added_by_stream": {str(k): int(v) for k, v in dict(by_stream).items()},
         "replay_graphs": len(replay),
         "bit_exact": all(r.get("bit_exact", False) for r in equivalence) if equivalence else None,
         "max_abs_diff": max((r["max_abs_diff"] for r in equivalence if "max_abs_diff" in r), default=None),
         "equivalence_error": next((r["error"] for r in equivalence if "error" in r), None),
-        "has_early_aux": scenario.get("has_early_aux", variant.get("has_early_aux")),
-        "early_aux_pinned": variant.get("early_aux_pinned"),
-        "replay_sizes": variant.get("replay_sizes"),
+        "has_early_aux": scenario.get("has_early_aux", vllm_run.get("has_early_aux")),
+        "early_aux_pinned": vllm_run.get("early_aux_pinned"),
+        "replay_sizes": vllm_run.get("replay_sizes"),
         **safety_figures(meta),
     }
     if scenario:

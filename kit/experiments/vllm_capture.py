@@ -10,7 +10,7 @@ breakable PIECEWISE wrapper (`BreakableCUDAGraphWrapper`) and its eager
 breaks (`eager_break_during_capture`), `DecoderReplayLayers`,
 `DeepseekV41ModelState.capture_inner_cudagraphs`,
 `DecoderReplayCudaGraphManager` and the global graph pool of vLLM's CUDA
-platform. `kit.patch.vllm` patches those functions in the variants that ask
+platform. `kit.patch.vllm` patches those functions in the scenarios that ask
 for it, and `kit.CaptureRecorder` records every graph.
 
 What is stood in, and why (each is also in every recording's provenance:
@@ -54,27 +54,27 @@ the KV cache writes, parallelism of any kind.
 
 The replay capture sizes are vLLM's default (`DecoderReplayCudaGraphManager.__init__`
 makes them from the window, 96 here: 96, 192, ..., 480, 512), read back from
-the manager. Variants, each in a fresh process (the graph pool and the patch
+the manager. Scenarios, each in a fresh process (the graph pool and the patch
 are per process): `unpatched` (vLLM 0.33), `patched` (PR 63155),
 `early_aux_pr` (an aux id before the replay layers, under the PR: the replay
 graphs keep their own stream), `early_aux_shared` (the same forced to share),
 `early_aux_shared_pinned` (forced to share, the early aux handed out as V4.1
-does). Each writes a snapshot (`<variant>.pickle`) whose `kit` key holds the
-variant, the path that ran, the streams `graph_capture` made, the
+does). Each writes a snapshot (`<scenario>.pickle`) whose `kit` key holds the
+scenario, the path that ran, the streams `graph_capture` made, the
 graphs-versus-eager check, the read/write obligation over the dispatchable
 pairings (`readwrite`, recorded during the capture by vLLM's phases), the
 pairings against eager (`pairings`), what each break read (`break_reads`) and
 the provenance (`kit.experiments.vllm_safety`); `record` writes them with
 `PROVENANCE.json`.
 
-This module runs the variants and reads their recordings back; it is the
+This module runs the scenarios and reads their recordings back; it is the
 entry point, and re-exports what the tests and notebooks use of the two it
 is built on: `kit.experiments.vllm_import` (importing vLLM's capture path and
 standing in its compiled parts, with the stubs of `kit/experiments/vllm_stubs/`)
 and `kit.experiments.vllm_standin` (the stand-in model and the runner built
 around it). The figures are `kit.experiments.summary`'s, as the replica's.
 
-    python -m kit.experiments.vllm_capture --out DIR          # every variant (needs CUDA)
+    python -m kit.experiments.vllm_capture --out DIR          # every scenario (needs CUDA)
     python -m kit.experiments.vllm_capture --probe            # which capture modules import here
 """
 
@@ -125,8 +125,8 @@ from kit.fileio import atomic_write
 from kit.record.provenance import add_entry, provenance, require_cuda
 
 
-class Variant(NamedTuple):
-    """A variant: the patch policy (None: unpatched), whether an aux id comes before the replay layers, what it
+class VllmScenario(NamedTuple):
+    """A scenario: the patch policy (None: unpatched), whether an aux id comes before the replay layers, what it
     shows, and whether that early aux is handed out as V4.1 does (`pinned`: vLLM's wrapper then keeps it)."""
 
     policy: str | None
@@ -135,17 +135,17 @@ class Variant(NamedTuple):
     pinned: bool = False
 
 
-VARIANTS = {
-    "unpatched": Variant(None, False, "vLLM 0.33: replay graphs on a stream graph_capture() makes for them"),
-    "patched": Variant("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
-    "early_aux_pr": Variant("pr", True, "early aux under PR 63155: the replay graphs keep their own stream"),
-    "early_aux_shared": Variant("share", True, "early aux forced onto the model graphs' stream"),
-    "early_aux_shared_pinned": Variant(
+VLLM_SCENARIOS = {
+    "unpatched": VllmScenario(None, False, "vLLM 0.33: replay graphs on a stream graph_capture() makes for them"),
+    "patched": VllmScenario("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
+    "early_aux_pr": VllmScenario("pr", True, "early aux under PR 63155: the replay graphs keep their own stream"),
+    "early_aux_shared": VllmScenario("share", True, "early aux forced onto the model graphs' stream"),
+    "early_aux_shared_pinned": VllmScenario(
         "share", True, "early aux forced to share, handed out as V4.1 does: vLLM's wrapper keeps its block", True
     ),
 }
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
-VARIANT_TIMEOUT_S = 240.0  # capture with both recorders, the check, 11 pairings
+SCENARIO_TIMEOUT_S = 240.0  # capture with both recorders, the check, 11 pairings
 STAGE_MARK = "KIT_STAGE "
 
 
@@ -254,11 +254,11 @@ def check_equivalence(runner, seed: int = 1234) -> list[dict]:
     )
 
 
-def run_variant(name: str, path: str = "runner") -> dict:
-    """Build, capture under the variant's patch with both recorders on, check against eager, run the pairings;
+def run_scenario(name: str, path: str = "runner") -> dict:
+    """Build, capture under the scenario's patch with both recorders on, check against eager, run the pairings;
     the raw snapshot, with the obligation and the pairings in its `kit` key."""
-    if name not in VARIANTS:
-        raise KitError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
+    if name not in VLLM_SCENARIOS:
+        raise KitError(f"unknown scenario {name!r}: one of {', '.join(VLLM_SCENARIOS)}")
     if path not in PATHS:
         raise KitError(f"unknown path {path!r}: one of {', '.join(PATHS)}")
     require_cuda(CAPTURE_NEEDS_CUDA)
@@ -273,10 +273,10 @@ def run_variant(name: str, path: str = "runner") -> dict:
     from kit.patch.policy import has_early_aux
     from kit.record.recorder import CaptureRecorder
 
-    variant = VARIANTS[name]
-    policy = variant.policy
+    scenario = VLLM_SCENARIOS[name]
+    policy = scenario.policy
     cfg = StandInConfig()
-    cfg = cfg.with_early_aux(pinned=variant.pinned) if variant.early_aux else cfg
+    cfg = cfg.with_early_aux(pinned=scenario.pinned) if scenario.early_aux else cfg
     weak_ref = install_weak_ref_op()
     stage(f"apply the patch ({policy})" if policy else "no patch")
     patch = vllm_patch.patched(policy=policy) if policy else contextlib.nullcontext()
@@ -302,10 +302,10 @@ def run_variant(name: str, path: str = "runner") -> dict:
     raw["kit"]["variant"] = {
         "name": name,
         "policy": policy or "unpatched",
-        "description": variant.description,
+        "description": scenario.description,
         "path": path,
         "config": dataclasses.asdict(cfg),
-        "early_aux_pinned": variant.pinned if variant.early_aux else None,
+        "early_aux_pinned": scenario.pinned if scenario.early_aux else None,
         "replay_sizes": vllm_safety.replay_sizes(runner),
         "trim_threshold": vllm_safety.trim_threshold(runner),
         "has_early_aux": has_early_aux(runner.model_state),
@@ -319,7 +319,7 @@ def run_variant(name: str, path: str = "runner") -> dict:
     if attached is not raw:
         raw["kit"]["break_reads_error"] = attached
     raw["kit"]["provenance"].update(
-        provenance(f"python -m kit.experiments.vllm_capture --variant {name} --path {path}", python=True),
+        provenance(f"python -m kit.experiments.vllm_capture --scenario {name} --path {path}", python=True),
         vllm=vllm_source(), stubs=stubs_in_use(), stood_in=STOOD_IN, bypassed=BYPASSED,
         constructed=list(CONSTRUCTED), not_modelled=NOT_MODELLED, weak_ref_tensor=weak_ref,
         compiled_stand_ins=stood_in,
@@ -345,7 +345,7 @@ PATH_CALLS = {
 
 
 def stage(name: str) -> None:
-    """Say on stderr which step a variant's process is in (`record` keeps the last one a failed process reached)."""
+    """Say on stderr which step a scenario's process is in (`record` keeps the last one a failed process reached)."""
     print(f"{STAGE_MARK}{name}", file=sys.stderr, flush=True)
 
 
@@ -359,13 +359,13 @@ def recording_path(name: str) -> Path:
 
 
 def load_recordings() -> dict:
-    """The shipped H200 recordings of every variant, as snapshots; KitError naming how to make them if none."""
+    """The shipped H200 recordings of every scenario, as snapshots; KitError naming how to make them if none."""
     from kit.experiments.recorded import shown
     from kit.load.snapshot import load_snapshot
 
     runs = {
         name: load_snapshot(recording_path(name), label=shown(recording_path(name)))
-        for name in VARIANTS
+        for name in VLLM_SCENARIOS
         if recording_path(name).is_file()
     }
     if not runs:
@@ -377,7 +377,7 @@ def load_recordings() -> dict:
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
-    """`{variant: {"replay_added_bytes", "graph_pool_bytes", ..., "pairings", "readwrite", ..., "provenance"}}`, as
+    """`{scenario: {"replay_added_bytes", "graph_pool_bytes", ..., "pairings", "readwrite", ..., "provenance"}}`, as
     `demo --vllm --json` prints; the pairings' and obligation's keys are None for a recording made before them."""
     keys = (
         "replay_added_bytes", "graph_pool_bytes", "graph_pool_segments", "replay_on_model_stream",
@@ -392,7 +392,7 @@ def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
 
 
 def demo_lines(summaries: dict) -> list[str]:
-    """The figures of every variant for a terminal: where the replay graphs captured, what they added, the check,
+    """The figures of every scenario for a terminal: where the replay graphs captured, what they added, the check,
     the read/write obligation and the pairings on vLLM's path."""
     from kit.analysis.readwrite import OBLIGATION
     from kit.analysis.tables import format_bytes
@@ -403,7 +403,7 @@ def demo_lines(summaries: dict) -> list[str]:
         where = "the model graphs' stream" if s["replay_on_model_stream"] else "a stream of their own"
         made = "made by graph_capture()" if s["replay_streams_from_graph_capture"] else "NOT made by graph_capture()"
         check = "bit-exact" if s["bit_exact"] else f"DIFFERS, largest difference {s['max_abs_diff']:.4g}"
-        about = VARIANTS[name].description if name in VARIANTS else s.get("policy")
+        about = VLLM_SCENARIOS[name].description if name in VLLM_SCENARIOS else s.get("policy")
         lines += [
             f"{name} ({about}): {s['source']}",
             f"  vLLM path: {s['path']}; replay graphs captured on {where} ({made})",
@@ -437,17 +437,17 @@ def demo(*, live: bool = False, as_json: bool = False, vllm: bool = True) -> Non
     print("\n".join(demo_lines(summaries)))
 
 
-# --- every variant, each in a fresh process ---------------------------------------------------
+# --- every scenario, each in a fresh process ---------------------------------------------------
 
 
-def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VARIANTS)) -> dict:
-    """Every variant in a fresh process into `out_dir`: `<variant>.pickle`, `PROVENANCE.json`; what each gave.
+def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) -> dict:
+    """Every scenario in a fresh process into `out_dir`: `<scenario>.pickle`, `PROVENANCE.json`; what each gave.
 
-    A variant whose `GPUModelRunner.capture_model` path fails is run again on
+    A scenario whose `GPUModelRunner.capture_model` path fails is run again on
     the `managers` path (the two managers' captures called as the runner
-    calls them); what stopped the first is kept in its entry, and a variant
+    calls them); what stopped the first is kept in its entry, and a scenario
     that fails both ways is listed with both errors. Nothing raises for a
-    failed variant: the lead gets every figure that could be had.
+    failed scenario: the lead gets every figure that could be had.
     """
     require_cuda(CAPTURE_NEEDS_CUDA)
     out = Path(out_dir).resolve()
@@ -456,13 +456,13 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VARIANTS)) -> dic
     for name in names:
         errors = []
         for path in PATHS:
-            done = run_process([sys.executable, "-m", MODULE, "--variant", name, "--path", path, "--out", str(out)])
+            done = run_process([sys.executable, "-m", MODULE, "--scenario", name, "--path", path, "--out", str(out)])
             if done.returncode == 0:
                 break
             errors.append(failure(path, done))
         if done.returncode != 0:
             results[name] = {"failed": errors}
-            add_entry(out, f"{name}.pickle", {"failed": errors})  # after each variant: a run cut short keeps it
+            add_entry(out, f"{name}.pickle", {"failed": errors})  # after each scenario: a run cut short keeps it
             continue
         # The summary is the last JSON line (vLLM logs to stdout too).
         summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
@@ -481,18 +481,18 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VARIANTS)) -> dic
     return results
 
 
-def run_process(argv: list[str], timeout_s: float = VARIANT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """A variant's process; one that runs past `timeout_s` is killed and answers as failed, with what it had said."""
+def run_process(argv: list[str], timeout_s: float = SCENARIO_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """A scenario's process; one that runs past `timeout_s` is killed and answers as failed, with what it had said."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
         said = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
-        note = f"\nkit: error: killed after {timeout_s:.0f} s (the variant's time limit)"
+        note = f"\nkit: error: killed after {timeout_s:.0f} s (the scenario's time limit)"
         return subprocess.CompletedProcess(argv, -9, said[0], said[1] + note)
 
 
 def failure(path: str, done: subprocess.CompletedProcess) -> dict:
-    """What stopped a variant's process: the step it had reached, the error's line, and the output's last lines."""
+    """What stopped a scenario's process: the step it had reached, the error's line, and the output's last lines."""
     output = done.stderr or done.stdout or ""
     lines = output.strip().splitlines()
     stages = [line[len(STAGE_MARK) :] for line in lines if line.startswith(STAGE_MARK)]
@@ -511,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         description="vLLM 0.33's own capture path on this GPU, unpatched and under PR 63155."
     )
     parser.add_argument("--out", help="folder for the snapshots and PROVENANCE.json")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help="run only this one, in this process")
+    parser.add_argument(
+        "--scenario", "--variant", choices=sorted(VLLM_SCENARIOS), help="run only this one, in this process"
+    )  # --variant: the name the recordings' provenance commands use
     parser.add_argument("--path", choices=PATHS, default="runner")
     parser.add_argument("--probe", action="store_true", help="import each capture module and say what stopped it")
     parser.add_argument("--probe-modules", help=argparse.SUPPRESS)  # one process of --probe: these, in order
@@ -539,9 +541,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         if not args.out:
             raise KitError("--out DIR is required")
-        if args.variant:
-            raw = run_variant(args.variant, args.path)
-            with atomic_write(Path(args.out) / f"{args.variant}.pickle", "wb") as f:
+        if args.scenario:
+            raw = run_scenario(args.scenario, args.path)
+            with atomic_write(Path(args.out) / f"{args.scenario}.pickle", "wb") as f:
                 pickle.dump(raw, f)
             print(json.dumps(summarize(raw)))
             return 0

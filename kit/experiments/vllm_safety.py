@@ -3,7 +3,7 @@
 `kit.experiments.vllm_capture` runs vLLM's own capture path around a stand-in
 DeepSeek-V4.1 (`GPUModelRunner.capture_model`, `BreakableCUDAGraphWrapper`,
 `DecoderReplayLayers`, `DecoderReplayCudaGraphManager`); this module adds,
-in the same fresh process as each variant's capture:
+in the same fresh process as each scenario's capture:
 
 - **the read/write recording** of the capture (`vllm_phases`): the bytes every
   aten op reads and writes (`kit.record.readwrite.ReadWriteRecorder`), tagged
@@ -40,7 +40,7 @@ in the same fresh process as each variant's capture:
   the same shapes: a difference is one of memory, not of a GEMM picked for
   another row count). Pairings vLLM's dispatch cannot produce are not run:
   on vLLM's path `run` replays only the graph `dispatch` picks for the batch's
-  rows; the replica's adversarial runs (`kit.experiments.pairings`) stress
+  rows; the replica's adversarial runs (`kit.experiments.safety_run`) stress
   those.
 
 `summary(meta)` reads both back from a recording's `kit` key (None for a
@@ -78,7 +78,7 @@ SEED = 4321
 NOT_RUN = (
     "pairings vLLM's dispatch cannot produce (a replay graph above the one N's rows can reach, or N below the trim "
     "threshold) are not run on vLLM's path: DecoderReplayCudaGraphManager.run replays only the graph its dispatch "
-    "picks for the batch's rows (the replica's adversarial pairings, kit.experiments.pairings, stress them)"
+    "picks for the batch's rows (the replica's adversarial pairings, kit.experiments.safety_run, stress them)"
 )
 REFERENCE = (
     "graph: N's forward through its breakable graph, the replay batch (the step's last rows_for(N, R) rows) padded "

@@ -196,7 +196,7 @@ def _define_model():
     when the capture ends, as the final hidden state's do, and a replay graph
     captured on the same stream may take them, the case PR 63155's early-aux
     exception is for. `early_aux_pinned=True` hands them out as V4.1 does
-    (variant `early_aux_shared_pinned`). Late aux states are views of the
+    (scenario `early_aux_shared_pinned`). Late aux states are views of the
     replay layers' break buffers, outside the graph pool, either way; eager
     forwards (no capture) always return the tensors themselves.
     """

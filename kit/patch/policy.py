@@ -26,7 +26,7 @@ STREAM_POLICIES = ("pr", "share", "separate")
 def check_policy(policy: str, known: tuple[str, ...] = STREAM_POLICIES, what: str = "stream policy") -> str:
     """`policy`, if it is one of `known`; KitError `unknown <what> ...` naming them otherwise.
 
-    The experiments that run one policy per process (`kit.experiments.pairings`,
+    The experiments that run one policy per process (`kit.experiments.safety_run`,
     `readwrite_run`) check theirs here too, with their own `known` and `what`.
     """
     if policy not in known:

@@ -1,22 +1,22 @@
-"""Notebook 05's views of PR 63155's alternatives: the graph pool per variant and per cap, and what it buys.
+"""Notebook 05's views of PR 63155's alternatives: the graph pool per scenario and per cap, and what it buys.
 
 They read the alternatives JSON (`kit.experiments.drafter_run.load_alternatives`, or
 `run_alternatives_live` on a GPU: share_all backed by the drafter's analyses too), whose
 `source` line every table and figure carries:
 
-- `variant_table`: one row per variant, the three of alternative (a) (`unpatched`, `pr`,
+- `scenario_table`: one row per scenario, the three of alternative (a) (`unpatched`, `pr`,
   `share_all`), one per cap of alternative (b) (`cap 96`, ...) and one per kept set of
   replay sizes (`keep 96, 512`, ...): the graph pool, what it saves against `unpatched`,
   the replay batches that run eagerly, the profile estimate
   (`capture_model(profile_only=True)`) and the KV cache its drop frees in the replica;
-- `pool_figure`: the graph pool of every variant, split by the stream that captured into it,
-  one variant picked out;
-- `checks_table`: a variant's graphs-vs-eager steps (target outputs and draft);
+- `pool_figure`: the graph pool of every scenario, split by the stream that captured into it,
+  one scenario picked out;
+- `checks_table`: a scenario's graphs-vs-eager steps (target outputs and draft);
 - `deepseek_table`: what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash (an assumed layout,
   its source stated) and on DeepSeek-V3's MLA;
 - `extra_diff`: the lines alternative (a) changes beyond the PR (the speculator's capture);
-- `AlternativesView`: a variant toggle (the notebook's main control) over the figure and the
-  picked variant's details.
+- `AlternativesView`: a scenario toggle (the notebook's main control) over the figure and the
+  picked scenario's details.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ WHAT = {
     "pr": "PR 63155: the replay graphs on the model graphs' stream",
     "share_all": "alternative (a): the replay graphs and the speculator on the model graphs' stream",
 }
-DIMMED = 0.3  # opacity of the variants not picked
+DIMMED = 0.3  # opacity of the scenarios not picked
 LEGEND_BOTTOM_MARGIN = 120  # px
-TABLE_COLUMNS = ["variant", "what", "graph_pool_bytes", "saved_bytes", "eager replay batches"]
+TABLE_COLUMNS = ["scenario", "what", "graph_pool_bytes", "saved_bytes", "eager replay batches"]
 TABLE_COLUMNS += ["profile_estimate_bytes", "kv_freed_bytes", "kv_blocks", "kv_tokens", "safe"]
 BYTE_COLUMNS = ["graph_pool_bytes", "saved_bytes", "profile_estimate_bytes", "kv_freed_bytes"]
 CHECK_COLUMNS = ["size", "previous_size", "draft_graph_size", "target_outputs_overwritten", "bit_exact"]
@@ -70,7 +70,7 @@ def _row(data: dict, name: str, what: str, entry: dict, eager: list[int], base_e
     base = data["unpatched"]["graph_pool_bytes"]
     freed = kv_cache_bought(base_estimate - entry["profile_estimate_bytes"], replica_layout_of(data))
     return {
-        "variant": name,
+        "scenario": name,
         "what": what,
         "graph_pool_bytes": entry["graph_pool_bytes"],
         "saved_bytes": base - entry["graph_pool_bytes"],
@@ -85,8 +85,8 @@ def _row(data: dict, name: str, what: str, entry: dict, eager: list[int], base_e
     }
 
 
-def variant_table(data: dict) -> pd.DataFrame:
-    """One row per variant: (a)'s three, then each cap of (b); the graph pool, the estimate and the KV cache freed.
+def scenario_table(data: dict) -> pd.DataFrame:
+    """One row per scenario: (a)'s three, then each cap of (b); the graph pool, the estimate and the KV cache freed.
 
     A cap's row is safe-unchecked (None) unless its config is one of the three (a cap that
     leaves every replay size captured is `unpatched` itself, `measured_in`).
@@ -130,30 +130,30 @@ def variant_table(data: dict) -> pd.DataFrame:
 
 
 def shown_table(table: pd.DataFrame) -> Styler:
-    """The variant table's columns a reader needs, styled, its source as caption."""
+    """The scenario table's columns a reader needs, styled, its source as caption."""
     shown = table[TABLE_COLUMNS].copy()
     shown["safe"] = shown["safe"].map(lambda s: "not checked" if s is None else ("yes" if s else "NO"))
     shown.attrs.update(table.attrs)
     return style_table(shown).format("{:,}".format, subset=["kv_blocks", "kv_tokens"])
 
 
-def _get(table: pd.DataFrame, variant: str) -> pd.Series:
-    rows = table[table["variant"] == variant]
+def _get(table: pd.DataFrame, scenario: str) -> pd.Series:
+    rows = table[table["scenario"] == scenario]
     if rows.empty:
-        raise ValueError(f"no variant {variant!r}: one of {', '.join(table['variant'])}")
+        raise ValueError(f"no scenario {scenario!r}: one of {', '.join(table['scenario'])}")
     return rows.iloc[0]
 
 
-def saving_line(table: pd.DataFrame, variant: str) -> str:
-    """One sentence: a variant's graph pool and what it saves against unpatched."""
-    row, base = _get(table, variant), _get(table, "unpatched")
+def saving_line(table: pd.DataFrame, scenario: str) -> str:
+    """One sentence: a scenario's graph pool and what it saves against unpatched."""
+    row, base = _get(table, scenario), _get(table, "unpatched")
     return (
-        f"{variant}: graph pool {format_bytes(row['graph_pool_bytes'])}, saves {format_bytes(row['saved_bytes'])} "
+        f"{scenario}: graph pool {format_bytes(row['graph_pool_bytes'])}, saves {format_bytes(row['saved_bytes'])} "
         f"({row['saved_bytes']:,} bytes) against unpatched's {format_bytes(base['graph_pool_bytes'])}"
     )
 
 
-def cap_line(table: pd.DataFrame, variant: str, config: dict) -> str:
+def cap_line(table: pd.DataFrame, scenario: str, config: dict) -> str:
     """One sentence: a cap's graph pool and saving, and the replay batches (and model steps) it leaves to eager.
 
     `config` is the recording's replica config: which steps can make a replay batch above the
@@ -161,27 +161,27 @@ def cap_line(table: pd.DataFrame, variant: str, config: dict) -> str:
     """
     from kit.experiments.alternatives import steps_with_eager_replay
 
-    row = _get(table, variant)
+    row = _get(table, scenario)
     eager = row["eager_replay_sizes"]
-    line = f"{saving_line(table, variant)}; "
+    line = f"{saving_line(table, scenario)}; "
     if not eager:
         return line + "every replay batch still has a graph"
     steps = _sizes(steps_with_eager_replay(config, row["max_replay_size"]))
     return line + f"replay batches of {_sizes(eager)} rows would run eagerly (in steps padded to {steps} tokens)"
 
 
-def kv_line(table: pd.DataFrame, variant: str) -> str:
+def kv_line(table: pd.DataFrame, scenario: str) -> str:
     """One sentence: the profile estimate before (unpatched) and after, and the KV cache its drop frees."""
-    row, base = _get(table, variant), _get(table, "unpatched")
+    row, base = _get(table, scenario), _get(table, "unpatched")
     return (
-        f"{variant}: the profile estimate falls from {format_bytes(base['profile_estimate_bytes'])} to "
+        f"{scenario}: the profile estimate falls from {format_bytes(base['profile_estimate_bytes'])} to "
         f"{format_bytes(row['profile_estimate_bytes'])}: {format_bytes(row['kv_freed_bytes'])} more KV budget = "
         f"{row['kv_blocks']:,} blocks, {row['kv_tokens']:,} tokens"
     )
 
 
 def estimate_table(data: dict) -> pd.DataFrame:
-    """Per variant of (a): the graph pool, the capture's drop in free memory, the part outside the pool, the estimate.
+    """Per scenario of (a): the graph pool, the capture's drop in free memory, the part outside the pool, the estimate.
 
     The drop in free device memory counts every segment the capture reserved and kept,
     the graph pool's and the default pool's blocks cached on the capture streams alike;
@@ -193,7 +193,7 @@ def estimate_table(data: dict) -> pd.DataFrame:
         delta = entry["capture_free_memory_delta"]
         rows.append(
             {
-                "variant": name,
+                "scenario": name,
                 "graph_pool_bytes": entry["graph_pool_bytes"],
                 "capture_free_memory_delta": delta,
                 "outside_graph_pool": delta - entry["graph_pool_bytes"],
@@ -206,15 +206,15 @@ def estimate_table(data: dict) -> pd.DataFrame:
 
 
 def streams_of(table: pd.DataFrame) -> list[str]:
-    """Every capture stream that holds graph-pool bytes in some variant: the known three first, in capture order."""
+    """Every capture stream that holds graph-pool bytes in some scenario: the known three first, in capture order."""
     seen = dict.fromkeys(s for by_stream in table["by_stream"] for s in by_stream)
     return [s for s in STREAM_COLOURS if s in seen] + [s for s in seen if s not in STREAM_COLOURS]
 
 
 def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
-    """The graph pool of every variant, stacked by capture stream; `selected` drawn solid, the others dimmed."""
+    """The graph pool of every scenario, stacked by capture stream; `selected` drawn solid, the others dimmed."""
     row = _get(table, selected)
-    names = list(table["variant"])
+    names = list(table["scenario"])
     opacity = [1.0 if name == selected else DIMMED for name in names]
     fig = go.Figure()
     for stream in streams_of(table):
@@ -237,7 +237,7 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
         text=f"  saves {format_bytes(row['saved_bytes'])}; frees {row['kv_blocks']:,} KV blocks",
     )
     title = (
-        f"Graph pool per variant, by capture stream: {selected} {format_bytes(row['graph_pool_bytes'])} "
+        f"Graph pool per scenario, by capture stream: {selected} {format_bytes(row['graph_pool_bytes'])} "
         f"(dashed: unpatched)<br><sup>source: {html_text(table.attrs.get('source', '?'))}</sup>"
     )
     fig.update_layout(
@@ -255,17 +255,17 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
     return fig
 
 
-def checks_table(data: dict, variant: str) -> pd.DataFrame:
-    """A variant's graphs-vs-eager steps: each size after a graph step of each size, target outputs and draft."""
-    rows = pd.DataFrame(data[variant].get("checks") or [], columns=CHECK_COLUMNS)
+def checks_table(data: dict, scenario: str) -> pd.DataFrame:
+    """A scenario's graphs-vs-eager steps: each size after a graph step of each size, target outputs and draft."""
+    rows = pd.DataFrame(data[scenario].get("checks") or [], columns=CHECK_COLUMNS)
     rows = rows[CHECK_COLUMNS].copy()
     rows["differing_outputs"] = rows["differing_outputs"].map(lambda o: ", ".join(o) or "none")
-    rows.attrs["source"] = f"{data.get('source', '?')}: {variant}"
+    rows.attrs["source"] = f"{data.get('source', '?')}: {scenario}"
     return rows
 
 
 def drafter_table(data: dict) -> pd.DataFrame:
-    """The drafter's two analyses side by side, per variant and (model graph, drafter graph) that can run.
+    """The drafter's two analyses side by side, per scenario and (model graph, drafter graph) that can run.
 
     From `share_all.drafter_analyses` (`kit.experiments.drafter_run.with_drafter_analyses`);
     empty when the recording has no drafter analyses.
@@ -273,7 +273,7 @@ def drafter_table(data: dict) -> pd.DataFrame:
     found = data["share_all"].get("drafter_analyses") or {}
     rows = [
         {
-            "variant": p["variant"],
+            "scenario": p["variant"],
             "model graph": p["model_size"],
             "drafter graph": p["drafter_size"],
             "target outputs it overwrites": format_bytes(p["outputs_overwritten_bytes"]),
@@ -330,7 +330,7 @@ def extra_diff(diff: str) -> str:
 
 
 def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
-    """The picked variant in a few lines: where it captured, what runs eagerly, what it buys, whether it is safe."""
+    """The picked scenario in a few lines: where it captured, what runs eagerly, what it buys, whether it is safe."""
     row = _get(table, selected)
     base_estimate = data["unpatched"]["profile_estimate_bytes"]
     held = row["by_stream"]
@@ -358,25 +358,25 @@ def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
 
 
 class AlternativesView:
-    """Pick a variant: the graph pool of all of them by stream, the picked one solid, and its details below.
+    """Pick a scenario: the graph pool of all of them by stream, the picked one solid, and its details below.
 
-    `data` is the alternatives JSON. `widget` is the view to display; `variant` is its main control.
+    `data` is the alternatives JSON. `widget` is the view to display; `scenario` is its main control.
     """
 
     def __init__(self, data: dict) -> None:
         self.data = data
-        self.table = variant_table(data)
-        self.variant = widgets.ToggleButtons(options=list(self.table["variant"]), description="variant")
-        self.variant.add_class("kit-main-control")
+        self.table = scenario_table(data)
+        self.scenario = widgets.ToggleButtons(options=list(self.table["scenario"]), description="scenario")
+        self.scenario.add_class("kit-main-control")
         self.details = widgets.HTML()
-        self.bars = FigureWidget(pool_figure(self.table, self.variant.value))  # the first view, also saved
-        self.variant.observe(self.show, names="value")
+        self.bars = FigureWidget(pool_figure(self.table, self.scenario.value))  # the first view, also saved
+        self.scenario.observe(self.show, names="value")
         self.show()
 
     @property
     def widget(self) -> widgets.VBox:
-        return widgets.VBox([self.variant, self.bars, self.details])
+        return widgets.VBox([self.scenario, self.bars, self.details])
 
     def show(self, change=None) -> None:
-        show_in(self.bars, pool_figure(self.table, self.variant.value))
-        self.details.value = details_html(self.data, self.table, self.variant.value)
+        show_in(self.bars, pool_figure(self.table, self.scenario.value))
+        self.details.value = details_html(self.data, self.table, self.scenario.value)

@@ -3,7 +3,7 @@
 Three checks ask one question, whether a replay graph that runs in a model
 graph's eager break overwrites anything the model graph still needs:
 
-- the adversarial pairings (`kit.experiments.pairings`): every replay graph
+- the adversarial pairings (`kit.experiments.safety_run`): every replay graph
   replayed in every model graph's break, the outputs against eager;
 - the read/write obligation (`kit.analysis.readwrite`, recorded by
   `kit.experiments.readwrite_run`): the bytes each replay graph writes
@@ -39,7 +39,7 @@ from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations
 from kit.analysis.names import MODEL_STREAM_LABEL
 from kit.analysis.tables import format_bytes, style_table
 from kit.errors import KitError
-from kit.experiments import pairings, readwrite_run
+from kit.experiments import readwrite_run, safety_run
 from kit.experiments.scenarios import summarize
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
@@ -63,7 +63,7 @@ SCROLL = '<div style="overflow-x: auto; max-width: 100%">{}</div>'
 
 @dataclass
 class SafetyRecords:
-    """The adversarial pairings (`pairs`, `kit.experiments.pairings.pairs_frame`) and the read/write run.
+    """The adversarial pairings (`pairs`, `kit.experiments.safety_run.pairs_frame`) and the read/write run.
 
     `readwrite` is a `kit.experiments.readwrite_run` recording with a
     `source` line added; `pairs.attrs["source"]` names the pairings' source.
@@ -83,7 +83,7 @@ class SafetyRecords:
         table = left.merge(right, on=["policy", "model_size", "replay_size"], how="outer", validate="one_to_one")
         if table[["bit_exact", "readwrite_holds"]].isna().any().any():
             raise KitError("the pairings and read/write recordings do not cover the same policies and pairings")
-        order = {policy: i for i, policy in enumerate(pairings.PAIRING_POLICIES)}
+        order = {policy: i for i, policy in enumerate(safety_run.SAFETY_SCENARIOS)}
         table = table.sort_values(
             ["policy", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "policy" else c
         ).reset_index(drop=True)
@@ -108,17 +108,17 @@ def load_safety(preset: str, source: str) -> SafetyRecords:
     """The pairings and read/write runs at `preset`: the H200 recordings, or recorded now on this GPU (`LIVE`).
 
     Live, each policy of each experiment is captured in a fresh process
-    (`pairings.run_live`, `readwrite_run.record`), some minutes on a GPU.
+    (`safety_run.run_live`, `readwrite_run.record`), some minutes on a GPU.
     """
     check_source(source)
     if source == LIVE:
-        pairs = pairings.pairs_frame(pairings.run_live(preset))
+        pairs = safety_run.pairs_frame(safety_run.run_live(preset))
         path = readwrite_run.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
         data = readwrite_run.load_recording(preset, path)
         data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each policy in a fresh "
         data["source"] += f"process; {path})"
     else:
-        pairs = pairings.load_pairs(preset)
+        pairs = safety_run.load_pairs(preset)
         path = readwrite_run.RECORDINGS_DIR / f"{preset}.json"
         data = readwrite_run.load_recording(preset, path)
         data["source"] = _recorded_source(data, path)
@@ -133,8 +133,10 @@ def _differs(cell: object) -> str:
 
 
 def pairings_table(pairs: pd.DataFrame) -> Styler:
-    """Every policy's pairings in one table (`pairings.pair_tables`): model graphs down, replay graphs across."""
-    table = pd.concat([t.assign(policy=policy) for policy, t in pairings.pair_tables(pairs).items()], ignore_index=True)
+    """Every policy's pairings in one table (`safety_run.pair_tables`): model graphs down, replay graphs across."""
+    table = pd.concat(
+        [t.assign(policy=policy) for policy, t in safety_run.pair_tables(pairs).items()], ignore_index=True
+    )
     table = table[["policy", *(c for c in table.columns if c != "policy")]]
     table.attrs["source"] = f"{pairs.attrs.get('source', '?')}; * stress only: vLLM never runs that pairing"
     return style_table(table).map(_differs)

@@ -1,6 +1,6 @@
 """Producer and consumer streams with record_stream, then two graph captures into one pool: a plain torch program.
 
-    python scripts/plain_programs/record_stream.py --variant separate --out record_stream_separate.pickle
+    python scripts/plain_programs/record_stream.py --stream separate --out record_stream_separate.pickle
 
 What an engineer overlapping work on streams would write, with torch alone (no
 kit). Memory history is turned on after the models are made (the trace starts
@@ -16,8 +16,8 @@ mid-process). Then:
 2. Two graphs in one pool: graph 1 (an `nn.MultiheadAttention` block, 2048
    tokens) is captured on stream s1 into a `graph_pool_handle()` pool, its
    intermediates freed inside the capture; graph 2 (1024 tokens) into the same
-   pool on a second stream (`--variant separate`) or on s1 (`--variant shared`).
-   The separate variant makes new pool segments while graph 1's freed blocks
+   pool on a second stream (`--stream separate`) or on s1 (`--stream shared`).
+   The separate run makes new pool segments while graph 1's freed blocks
    sit on s1; the shared one reuses them. Both variants do the same thing apart
    from that stream.
 """
@@ -100,7 +100,7 @@ def capture_second(model: nn.Module, x: torch.Tensor, pool, stream: torch.cuda.S
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where to dump the snapshot (a pickle)")
-    parser.add_argument("--variant", choices=("separate", "shared"), required=True)
+    parser.add_argument("--stream", "--variant", choices=("separate", "shared"), required=True)
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="model width (smaller for a quick try)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -121,7 +121,7 @@ def main() -> None:
 
         pool = torch.cuda.graph_pool_handle()
         s1 = torch.cuda.Stream()
-        s2 = torch.cuda.Stream() if args.variant == "separate" else s1
+        s2 = torch.cuda.Stream() if args.stream == "separate" else s1
         g1, out1 = capture_first(model, x1, pool, s1)
         g2, out2 = capture_second(model, x2, pool, s2)
         g1.replay()

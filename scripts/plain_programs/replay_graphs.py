@@ -1,13 +1,13 @@
 """Model graphs, then decoder replay graphs, into one graph pool: vLLM's capture order in plain torch.
 
-    python scripts/plain_programs/replay_graphs.py --variant separate --out replay_graphs_separate.pickle
+    python scripts/plain_programs/replay_graphs.py --stream separate --out replay_graphs_separate.pickle
 
 The shape of vLLM 0.33's `capture_model()` on DeepSeek-V4.1, written with torch
 alone (no kit): the model graphs are captured largest batch first on one
 stream (`graph_capture()`'s), each after a warm-up on the default stream, into
 a `graph_pool_handle()` pool; then the replay graphs (a smaller stack of the
 same layers) are captured into the same pool, on a stream of their own
-(`--variant separate`, vLLM 0.33) or on the model graphs' stream (`--variant
+(`--stream separate`, vLLM 0.33) or on the model graphs' stream (`--stream
 shared`, PR 63155). Every layer is a matrix multiply, so the first capture on
 each stream makes that stream's cuBLAS workspace inside the capture, in the
 graph pool; `torch.cuda.graph` empties the cache on entry, so the warm-ups'
@@ -61,7 +61,7 @@ def capture_replay_graphs(layers: nn.Module, x: torch.Tensor, pool, stream: torc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where to dump the snapshot (a pickle)")
-    parser.add_argument("--variant", choices=("separate", "shared"), required=True)
+    parser.add_argument("--stream", "--variant", choices=("separate", "shared"), required=True)
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="model width (smaller for a quick try)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -75,12 +75,12 @@ def main() -> None:
         pool = torch.cuda.graph_pool_handle()
         model_stream = torch.cuda.Stream()
         model_graphs = capture_model_graphs(model, x, pool, model_stream)
-        replay_stream = torch.cuda.Stream() if args.variant == "separate" else model_stream
+        replay_stream = torch.cuda.Stream() if args.stream == "separate" else model_stream
         replay_graphs = capture_replay_graphs(replay_layers, x, pool, replay_stream)
         for graph, _ in model_graphs + replay_graphs:
             graph.replay()
         torch.cuda.synchronize()
-        print(f"{len(model_graphs)} model graphs, {len(replay_graphs)} replay graphs ({args.variant})")
+        print(f"{len(model_graphs)} model graphs, {len(replay_graphs)} replay graphs ({args.stream})")
         torch.cuda.memory._dump_snapshot(args.out)
         torch.cuda.memory._record_memory_history(enabled=None)
 

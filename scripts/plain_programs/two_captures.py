@@ -1,6 +1,6 @@
 """Two CUDA graph captures into one graph pool, on two streams or on one: a plain torch program.
 
-    python scripts/plain_programs/two_captures.py --variant separate --out two_captures_separate.pickle
+    python scripts/plain_programs/two_captures.py --stream separate --out two_captures_separate.pickle
 
 What an engineer debugging graph memory would write, with torch alone (no kit):
 the model (two `nn.TransformerEncoderLayer`s and an `nn.Linear` head), its static
@@ -8,10 +8,10 @@ inputs and a few other buffers are made first, and only then is memory history
 turned on, so the trace starts mid-process. Graph 1 (2048 tokens) is captured
 on stream s1 into a `graph_pool_handle()` pool; its intermediates are freed
 inside the capture, its output kept. Graph 2 (1024 tokens) is captured into
-the same pool on stream s2: a second `torch.cuda.Stream()` (`--variant separate`)
-or s1 itself (`--variant shared`). Its allocations fit the blocks graph 1 freed,
-which sit on s1: the shared variant reuses them, the separate one makes new
-pool segments on s2 beside them. Apart from the stream, both variants allocate
+the same pool on stream s2: a second `torch.cuda.Stream()` (`--stream separate`)
+or s1 itself (`--stream shared`). Its allocations fit the blocks graph 1 freed,
+which sit on s1: the shared run reuses them, the separate one makes new
+pool segments on s2 beside them. Apart from the stream, both runs allocate
 the same sizes in the same order, warm-up included.
 """
 
@@ -69,7 +69,7 @@ def capture_second(model: nn.Module, x: torch.Tensor, pool, stream: torch.cuda.S
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where to dump the snapshot (a pickle)")
-    parser.add_argument("--variant", choices=("separate", "shared"), required=True)
+    parser.add_argument("--stream", "--variant", choices=("separate", "shared"), required=True)
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="model width (smaller for a quick try)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -85,7 +85,7 @@ def main() -> None:
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
         pool = torch.cuda.graph_pool_handle()
         s1 = torch.cuda.Stream()
-        s2 = torch.cuda.Stream() if args.variant == "separate" else s1
+        s2 = torch.cuda.Stream() if args.stream == "separate" else s1
         g1, out1 = capture_first(model, x1, pool, s1)
         g2, out2 = capture_second(model, x2, pool, s2)
         g1.replay()

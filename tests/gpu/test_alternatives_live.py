@@ -13,7 +13,7 @@ import pytest
 
 from kit.experiments.alternatives import (
     DRAFTER,
-    MAIN_VARIANTS,
+    MAIN_SCENARIOS,
     alternatives_config,
     cap_sweep,
     eager_replay_sizes,
@@ -36,8 +36,8 @@ def test_the_pr_saves_and_one_stream_for_all_saves_no_less(small):
 
 
 def test_drafter_graphs_equal_eager_under_vllm_and_the_pr(small):
-    for variant in ("unpatched", "pr"):
-        entry = small[variant]
+    for scenario in ("unpatched", "pr"):
+        entry = small[scenario]
         assert entry["safe"], entry["evidence"]
         replayed = {c["draft_graph_size"] for c in entry["checks"]} - {None}
         assert replayed == set(small["speculator"]["capture_sizes"])
@@ -50,8 +50,8 @@ def test_alternative_a_is_checked_whatever_the_verdict(small):
     assert entry["safe"] == all(c["bit_exact"] for c in entry["checks"])
 
 
-def test_each_variant_captures_on_the_streams_it_asks_for(small):
-    streams = {v: small[v]["capture_streams"] for v in MAIN_VARIANTS}
+def test_each_scenario_captures_on_the_streams_it_asks_for(small):
+    streams = {v: small[v]["capture_streams"] for v in MAIN_SCENARIOS}
     unpatched = streams["unpatched"]
     assert len({unpatched["model graphs"], unpatched["replay graphs"], unpatched[DRAFTER]}) == 3
     assert streams["pr"]["replay graphs"] == streams["pr"]["model graphs"] != streams["pr"][DRAFTER]

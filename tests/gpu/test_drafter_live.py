@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kit.experiments.drafter_run import VARIANTS, load_recording, record
+from kit.experiments.drafter_run import DRAFTER_SCENARIOS, load_recording, record
 
 pytestmark = pytest.mark.gpu
 
@@ -22,16 +22,16 @@ def small(tmp_path_factory):
     return load_recording("small", record("small", tmp_path_factory.mktemp("drafter")))
 
 
-def test_both_variants_cover_every_pairing(small):
+def test_both_scenarios_cover_every_pairing(small):
     pairs = pd.DataFrame(small["pairs"])
-    for variant in VARIANTS:
-        rows = pairs[pairs["variant"] == variant]
+    for scenario in DRAFTER_SCENARIOS:
+        rows = pairs[pairs["variant"] == scenario]
         assert len(rows) == rows["model_size"].nunique() * rows["drafter_size"].nunique()
         assert rows["dispatchable"].sum() == rows["model_size"].nunique()
 
 
-def test_the_streams_are_the_ones_each_variant_asks_for(small):
-    pr, share = (small["variants"][v]["capture_streams"] for v in VARIANTS)
+def test_the_streams_are_the_ones_each_scenario_asks_for(small):
+    pr, share = (small["variants"][v]["capture_streams"] for v in DRAFTER_SCENARIOS)
     assert pr["DFlash speculator graphs"] != pr["model graphs"]
     assert share["DFlash speculator graphs"] == share["model graphs"]
 
@@ -42,12 +42,12 @@ def test_the_analyses_agree_with_the_steps_reads(small):
 
 
 def test_an_overwrite_the_step_saw_is_one_the_analysis_found(small):
-    for variant in VARIANTS:
-        run = small["variants"][variant]
-        pairs = pd.DataFrame([p for p in small["pairs"] if p["variant"] == variant and p["dispatchable"]])
+    for scenario in DRAFTER_SCENARIOS:
+        run = small["variants"][scenario]
+        pairs = pd.DataFrame([p for p in small["pairs"] if p["variant"] == scenario and p["dispatchable"]])
         found = pairs.set_index("model_size")["outputs_overwritten_bytes"]
         for step in run["steps"]:
             if step["target_outputs_overwritten"]:
                 assert found[step["size"]] > 0
-        if variant == "pr":
+        if scenario == "pr":
             assert not any(s["target_outputs_overwritten"] for s in run["steps"]) and (found == 0).all()

@@ -1,6 +1,6 @@
 """Adversarial pairings on the CPU: which pairs, the adversary's hook, reading and showing a recording, the command.
 
-The pairs themselves run on a GPU (tests/gpu/test_pairings_live.py); here a
+The pairs themselves run on a GPU (tests/gpu/test_safety_run_live.py); here a
 fake recording in tmp_path stands in for the shipped one, and a fake replay
 graph manager (the real manager's `run`, with an eager "replay" that logs
 each call) stands in for the replay graphs.
@@ -17,12 +17,12 @@ import sys
 import pytest
 import torch
 
-import kit.experiments.pairings as pairings
+import kit.experiments.safety_run as safety_run
 from kit import KitError
 from kit.cli import main as kit_main
-from kit.experiments.pairings import (
+from kit.experiments.safety_run import (
     DISPATCH_RULE,
-    PAIRING_POLICIES,
+    SAFETY_SCENARIOS,
     SCENARIO_OF,
     adversary,
     compare_outputs,
@@ -43,7 +43,7 @@ PROVENANCE = {
     "torch": "2.11.0+cu130",
     "cuda": "13.0",
     "date": "2026-12-10T00:00:00+00:00",
-    "command": "python -m kit.experiments.pairings --preset small --out kit/recordings/safety",
+    "command": "python -m kit.experiments.safety_run --preset small --out kit/recordings/safety",
 }
 
 
@@ -145,9 +145,9 @@ def test_outputs_are_compared_bit_for_bit_hidden_states_and_every_aux_state():
 
 
 def policy_metadata(policy: str, preset: str) -> dict:
-    """What `run_policy` records beside a policy's pairs."""
+    """What `run_scenario` records beside a policy's pairs."""
     scenario = SCENARIO_OF[policy]
-    config = pairings.safety_config(scenario, preset)
+    config = safety_run.safety_config(scenario, preset)
     return {
         "policy": policy,
         "scenario": scenario,
@@ -157,7 +157,7 @@ def policy_metadata(policy: str, preset: str) -> dict:
         "has_early_aux": policy == "early_aux_shared",
         "shares_model_stream": policy != "unpatched",
         "outputs": output_names(config),
-        "seed": pairings.SEED,
+        "seed": safety_run.SEED,
         "provenance": PROVENANCE,
     }
 
@@ -165,7 +165,7 @@ def policy_metadata(policy: str, preset: str) -> dict:
 def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), preset="small"):
     """A recording of every policy at `preset`: bit-exact but for `differing` (model, replay) of early_aux_shared."""
     pairs = []
-    for policy in PAIRING_POLICIES:
+    for policy in SAFETY_SCENARIOS:
         for n, r, dispatchable in enumerate_pairs(PRESETS[preset]):
             bad = policy == "early_aux_shared" and (n, r) in differing
             alone_bad = policy == "early_aux_shared" and n in alone_differing
@@ -187,7 +187,7 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
         "preset": preset,
         "rule": DISPATCH_RULE,
         "pairs": pairs,
-        "policies": {policy: policy_metadata(policy, preset) for policy in PAIRING_POLICIES},
+        "policies": {policy: policy_metadata(policy, preset) for policy in SAFETY_SCENARIOS},
         "provenance": PROVENANCE,
     }
     path = folder / f"{preset}.json"
@@ -197,14 +197,14 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
 
 @pytest.fixture
 def recordings(tmp_path, monkeypatch):
-    monkeypatch.setattr(pairings, "RECORDINGS_DIR", tmp_path)
+    monkeypatch.setattr(safety_run, "RECORDINGS_DIR", tmp_path)
     return tmp_path
 
 
 def test_verdicts_say_all_bit_exact_or_which_pairs_differ_and_by_how_much(recordings):
     fake_recording(recordings, differing={(512, 96), (128, 288)}, alone_differing={512})
     df = load_pairs("small")
-    assert list(df["policy"].unique()) == list(PAIRING_POLICIES) and len(df) == 54
+    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS) and len(df) == 54
     assert df.attrs["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
     )
@@ -235,7 +235,7 @@ def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
         "early_aux_shared: 1 of 18 pairings differ from eager (1 of them dispatchable): (256, 96) — "
         "largest difference 5",
     ]
-    headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in PAIRING_POLICIES]
+    headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in SAFETY_SCENARIOS]
     assert [line for line in out if line in headers] == headers  # one table each, under its name
     assert sum("differs 5" in line for line in out) == 1
 
@@ -282,12 +282,12 @@ def test_a_recording_that_is_not_one_is_one_line(recordings, capsys):
     assert _one_line_error(capsys, ["safety"]) == f"{path}: not a safety recording (a pair lacks bit_exact)"
 
 
-def test_an_unknown_preset_or_policy_is_one_line(recordings, capsys):
+def test_an_unknown_preset_or_scenario_is_one_line(recordings, capsys):
     assert _one_line_error(capsys, ["safety", "--preset", "huge"]) == (
         "unknown preset 'huge': one of small, large, small_half, large_half"
     )
-    with pytest.raises(KitError, match="unknown pairing policy 'share': one of pr, unpatched, early_aux_shared"):
-        pairings.run_policy("share")
+    with pytest.raises(KitError, match="unknown safety scenario 'share': one of pr, unpatched, early_aux_shared"):
+        safety_run.run_scenario("share")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -307,8 +307,8 @@ def test_live_without_cuda_is_one_line(tmp_path):
     done = _run("kit", "safety", "--live")
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     out = tmp_path / "pr.json"
-    done = _run("kit.experiments.pairings", "--policy", "pr", "--out", str(out))
+    done = _run("kit.experiments.safety_run", "--policy", "pr", "--out", str(out))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
-    done = _run("kit.experiments.pairings", "--out", str(tmp_path / "rec"))
+    done = _run("kit.experiments.safety_run", "--out", str(tmp_path / "rec"))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     assert list(tmp_path.iterdir()) == []  # refused before any file or folder was made

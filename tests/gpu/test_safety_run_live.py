@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kit.experiments.pairings import (
-    PAIRING_POLICIES,
+from kit.experiments.safety_run import (
+    SAFETY_SCENARIOS,
     SCENARIO_OF,
     enumerate_pairs,
     load_recording,
@@ -30,7 +30,7 @@ def small(tmp_path_factory) -> dict:
 
 def test_every_pair_ran_under_every_policy(small):
     df = pairs_frame(small)
-    assert list(df["policy"].unique()) == list(PAIRING_POLICIES)
+    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS)
     for policy, rows in df.groupby("policy"):
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
         assert ran == enumerate_pairs(safety_config(SCENARIO_OF[policy], "small")), policy
@@ -40,8 +40,8 @@ def test_every_pair_ran_under_every_policy(small):
 
 def test_the_policies_took_effect(small):
     meta = small["policies"]
-    assert [meta[p]["shares_model_stream"] for p in PAIRING_POLICIES] == [True, False, True]
-    assert [meta[p]["has_early_aux"] for p in PAIRING_POLICIES] == [False, False, True]
+    assert [meta[p]["shares_model_stream"] for p in SAFETY_SCENARIOS] == [True, False, True]
+    assert [meta[p]["has_early_aux"] for p in SAFETY_SCENARIOS] == [False, False, True]
 
 
 def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
@@ -50,7 +50,7 @@ def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
         rows = df[df["policy"] == policy]
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), rows[~rows["bit_exact"]]
         assert rows["alone_bit_exact"].all()
-    n, dispatchable = len(df) // len(PAIRING_POLICIES), int(df["dispatchable"].sum()) // len(PAIRING_POLICIES)
+    n, dispatchable = len(df) // len(SAFETY_SCENARIOS), int(df["dispatchable"].sum()) // len(SAFETY_SCENARIOS)
     assert pair_verdicts(df)[:2] == [
         f"pr: all {n} pairings bit-exact ({dispatchable} dispatchable)",
         f"unpatched: all {n} pairings bit-exact ({dispatchable} dispatchable)",

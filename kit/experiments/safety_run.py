@@ -25,7 +25,7 @@ to them: `adversary()` shadows the model state's `prepare_replay_batch` on
 the instance, and wraps the `run_graph` of each replay batch it sets in
 `Adversary.then(real)`.
 
-Policies, each captured in a fresh process (patches and the graph pool are
+Scenarios, each captured in a fresh process (patches and the graph pool are
 per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
 `early_aux_shared` (an aux hidden state at layer 1, before the replay
 layers, with the replay graphs forced onto the model graphs' stream), the
@@ -36,8 +36,8 @@ times and replay graphs have breaks of their own. `record(preset, out_dir)`
 writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the
 shipped recordings are `safety/<preset>.json` under `kit/recordings/`:
 
-    python -m kit.experiments.pairings --preset small --out DIR   # the shipped: DIR = the recordings' safety/
-    python -m kit.experiments.pairings --policy pr --preset small --out pr.json   # one policy, this process
+    python -m kit.experiments.safety_run --preset small --out DIR   # the shipped: DIR = the recordings' safety/
+    python -m kit.experiments.safety_run --scenario pr --preset small --out pr.json   # one scenario, this process
     python -m kit safety [--preset small|large] [--live] [--json]
 """
 
@@ -64,10 +64,10 @@ from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
-# A pairing policy (what the safety and read/write experiments compare) -> the scenario of
-# kit.experiments.scenarios that captures it; not kit.patch.policy's STREAM_POLICIES.
+# The safety and read/write experiments' scenarios -> the replica scenario of
+# kit.experiments.scenarios that captures it (the PR's run is `patched` there).
 SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
-PAIRING_POLICIES = tuple(SCENARIO_OF)
+SAFETY_SCENARIOS = tuple(SCENARIO_OF)
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
@@ -239,11 +239,11 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
     return rows
 
 
-def safety_config(scenario: str, preset: str):
+def safety_config(replica_scenario: str, preset: str):
     """The scenario's replica with V4.1's break inputs and an eager break at every attention."""
     from kit.experiments.scenarios import scenario_config
 
-    return dataclasses.replace(scenario_config(scenario, preset), hyper_connections=True, attention_breaks=True)
+    return dataclasses.replace(scenario_config(replica_scenario, preset), hyper_connections=True, attention_breaks=True)
 
 
 def _shares_model_stream(runner) -> bool:
@@ -253,26 +253,26 @@ def _shares_model_stream(runner) -> bool:
     return model is not None and replay is not None and model == replay
 
 
-def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
+def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict:
     """Capture the replica under `policy` in this process and run every pair; its rows and metadata."""
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(policy, PAIRING_POLICIES, "pairing policy")
+    check_policy(scenario, SAFETY_SCENARIOS, "safety scenario")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
-    scenario = SCENARIO_OF[policy]
-    patch_policy, _, description = SCENARIOS[scenario]
-    config = safety_config(scenario, preset)
+    replica_scenario = SCENARIO_OF[scenario]
+    patch_policy, _, description = SCENARIOS[replica_scenario]
+    config = safety_config(replica_scenario, preset)
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
-    pairs = [{"policy": policy, **row} for row in run_pairs(runner, seed)]
-    command = f"python -m kit.experiments.pairings --policy {policy} --preset {preset}"
+    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed)]
+    command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
     return {
-        "policy": policy,
-        "scenario": scenario,
+        "policy": scenario,
+        "scenario": replica_scenario,
         "description": description,
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -286,29 +286,29 @@ def run_policy(policy: str, preset: str = "small", seed: int = SEED) -> dict:
     }
 
 
-def run_policy_in_subprocess(policy: str, preset: str, out: Path) -> dict:
-    """`run_policy` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    failed = f"pairings for {policy} ({preset})"
-    return recorded.run_in_subprocess("kit.experiments.pairings", "policy", policy, preset, out, failed)
+def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
+    """`run_scenario` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
+    failed = f"pairings for {scenario} ({preset})"
+    return recorded.run_in_subprocess("kit.experiments.safety_run", scenario, preset, out, failed)
 
 
 def record(preset: str, out_dir: Path) -> Path:
-    """Every policy, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
+    """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(PAIRING_POLICIES, run_policy_in_subprocess, preset, "kit-pairings-")
-    first = runs[PAIRING_POLICIES[0]]
+    runs = recorded.run_each(SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, "kit-pairings-")
+    first = runs[SAFETY_SCENARIOS[0]]
     data = {
         "preset": preset,
         "rule": DISPATCH_RULE,
         "pairs": [row for run in runs.values() for row in run["pairs"]],
-        "policies": {policy: {k: v for k, v in run.items() if k != "pairs"} for policy, run in runs.items()},
+        "policies": {scenario: {k: v for k, v in run.items() if k != "pairs"} for scenario, run in runs.items()},
         "provenance": {
             **first["provenance"],
-            "command": f"python -m kit.experiments.pairings --preset {preset} --out {_shown(out_dir)}",
+            "command": f"python -m kit.experiments.safety_run --preset {preset} --out {_shown(out_dir)}",
         },
     }
     return recorded.write_recording(data, out_dir, preset, verdicts=pair_verdicts(pairs_frame(data)))
@@ -348,7 +348,7 @@ def _schema_problem(data: Any) -> str | None:
 
 
 def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
-    """Record `preset` on this GPU now (each policy in a fresh process) and read it back."""
+    """Record `preset` on this GPU now (each scenario in a fresh process) and read it back."""
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
@@ -357,15 +357,15 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     path = record(preset, out)
     data = load_recording(preset, path)
     data["source"] = (
-        f"live GPU ({data['provenance']['gpu']}: captured just now, each policy in a fresh process; {path})"
+        f"live GPU ({data['provenance']['gpu']}: captured just now, each scenario in a fresh process; {path})"
     )
     return data
 
 
 def pairs_frame(data: dict) -> pd.DataFrame:
-    """A recording's pairs, one row each, policies in `PAIRING_POLICIES` order; `attrs` keep source and provenance."""
+    """A recording's pairs, one row each, scenarios in `SAFETY_SCENARIOS` order; `attrs` keep source and provenance."""
     df = pd.DataFrame(data["pairs"])
-    order = {p: i for i, p in enumerate(PAIRING_POLICIES)}
+    order = {p: i for i, p in enumerate(SAFETY_SCENARIOS)}
     df = df.sort_values(
         ["policy", "model_size", "replay_size"],
         key=lambda c: c.map(order).fillna(len(order)) if c.name == "policy" else c,
@@ -386,9 +386,9 @@ def _cell(row) -> str:
 
 
 def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per policy: model graph sizes down, replay graph sizes across, each cell bit-exact or the largest difference."""
+    """Per scenario: model graphs down, replay graphs across, each cell bit-exact or the largest difference."""
     tables = {}
-    for policy, rows in df.groupby("policy", sort=False):
+    for scenario, rows in df.groupby("policy", sort=False):
         cells = rows.assign(cell=rows.apply(_cell, axis=1))
         table = cells.pivot(index="model_size", columns="replay_size", values="cell")
         if "alone_bit_exact" in rows:
@@ -398,22 +398,22 @@ def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
                 for exact, diff in zip(alone["alone_bit_exact"], alone["alone_max_abs_diff"], strict=True)
             ]
         table.columns = [str(c) for c in table.columns]
-        tables[policy] = table.rename_axis("N \\ R").reset_index()
+        tables[scenario] = table.rename_axis("N \\ R").reset_index()
     return tables
 
 
 def pair_verdicts(df: pd.DataFrame) -> list[str]:
-    """One line per policy: all pairings bit-exact, or which differ from eager and by how much."""
+    """One line per scenario: all pairings bit-exact, or which differ from eager and by how much."""
     lines = []
-    for policy, rows in df.groupby("policy", sort=False):
+    for scenario, rows in df.groupby("policy", sort=False):
         n, dispatchable = len(rows), int(rows["dispatchable"].sum())
         bad = rows[~rows["bit_exact"].astype(bool)]
         if bad.empty:
-            lines.append(f"{policy}: all {n} pairings bit-exact ({dispatchable} dispatchable)")
+            lines.append(f"{scenario}: all {n} pairings bit-exact ({dispatchable} dispatchable)")
             continue
         pairs = ", ".join(f"({m}, {r})" for m, r in zip(bad["model_size"], bad["replay_size"], strict=True))
         line = (
-            f"{policy}: {len(bad)} of {n} pairings differ from eager ({int(bad['dispatchable'].sum())} of them "
+            f"{scenario}: {len(bad)} of {n} pairings differ from eager ({int(bad['dispatchable'].sum())} of them "
             f"dispatchable): {pairs} — largest difference {float(bad['max_abs_diff'].max()):.4g}"
         )
         if "alone_bit_exact" in rows:
@@ -425,7 +425,7 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
 
 
 def safety_lines(data: dict) -> list[str]:
-    """The `python -m kit safety` text: source, rule, a table per policy, the verdicts."""
+    """The `python -m kit safety` text: source, rule, a table per scenario, the verdicts."""
     df = pairs_frame(data)
     lines = [
         f"source: {data.get('source', '?')}",
@@ -434,9 +434,9 @@ def safety_lines(data: dict) -> list[str]:
         data.get("rule", DISPATCH_RULE),
     ]
     described = data.get("policies", {})
-    for policy, table in pair_tables(df).items():
-        about = described.get(policy, {}).get("description")
-        lines += ["", f"{policy} ({about})" if about else policy, *table.to_string(index=False).splitlines()]
+    for scenario, table in pair_tables(df).items():
+        about = described.get(scenario, {}).get("description")
+        lines += ["", f"{scenario} ({about})" if about else scenario, *table.to_string(index=False).splitlines()]
     lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break"]
     no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
     if no_break:
@@ -461,9 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     return recorded.recording_main(
         argv,
         description="Adversarial pairings of the replica's graphs, on this GPU.",
-        flag="policy",
-        names=", ".join(PAIRING_POLICIES),
-        run_one=run_policy,
+        old_flag="--policy",
+        names=", ".join(SAFETY_SCENARIOS),
+        run_one=run_scenario,
         said=lambda name, result: pair_verdicts(pairs_frame(result))[0],
         record=record,
         summary=lambda preset, path: pair_verdicts(load_pairs(preset, path)),
