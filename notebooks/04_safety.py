@@ -38,7 +38,7 @@
 # **Where it is shown.** Every check in this notebook runs on the **replica**, not on vLLM's
 # own code. **vLLM's own code** (`kit.experiments.vllm_capture`: vLLM 0.33's
 # `GPUModelRunner.capture_model`, `DecoderReplayLayers` and `DecoderReplayCudaGraphManager`
-# around a stand-in model, on the H200) is notebook 07's: there it shows which stream the
+# around a stand-in model, on the H200) is notebook 06's: there it shows which stream the
 # replay graphs capture on, the graph pool, graphs against eager, and the early-aux case,
 # unpatched and under the PR. The pairings, the obligation and the lifetime analysis shown
 # here are the replica's. What is taken from vLLM's code here is the rule for which replay
@@ -263,11 +263,11 @@ for policy, mine in records.checks.groupby("policy", sort=False):
 # The PR's `has_early_aux()` (printed at the top) keeps an aux hidden state made before the
 # replay layers, the case `early_aux_shared` forces onto the shared stream, off it. From the
 # trace alone, the lifetime analysis can also flag the break's kept-bound inputs, which nothing
-# reads after the break (section 3). All of it on the replica; notebook 07 runs vLLM 0.33's own
+# reads after the break (section 3). All of it on the replica; notebook 06 runs vLLM 0.33's own
 # capture code (the replay graphs' stream, the graph pool, graphs against eager, early aux).
 #
 # **Next question.** The PR names two alternatives. One is a single `graph_capture()` for
 # every capture, which would put the speculator on the shared stream too. The other is fewer
 # replay capture sizes. `05_alternatives` measures what each saves, whether the first is
-# safe, and what the saved bytes buy in KV cache. `06_your_snapshot` runs the lifetime
+# safe, and what the saved bytes buy in KV cache. `07_your_snapshot` runs the lifetime
 # analysis on your own `_dump_snapshot` pickle.

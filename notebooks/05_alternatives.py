@@ -32,7 +32,7 @@
 # **Where it is shown.** Everything measured here runs on the **replica** (`kit/replica`,
 # vLLM's capture path in miniature, here with a DSpark speculator:
 # `kit.experiments.alternatives`), each scenario captured in a fresh process. None of it runs
-# on **vLLM's own code**: `kit.experiments.vllm_capture` (notebook 07) runs vLLM 0.33's
+# on **vLLM's own code**: `kit.experiments.vllm_capture` (notebook 06) runs vLLM 0.33's
 # capture code with a stand-in model and no speculator, unpatched, under the PR and with
 # early aux; neither alternative.
 
@@ -336,5 +336,6 @@ print(
 # is KV cache, in the replica and, for the PR's stated 5.18 GiB, on DeepSeek under the
 # layouts and assumptions printed with the figures.
 #
-# **Next question.** These are the replica's captures. What does your own snapshot show?
-# `06_your_snapshot` runs the kit's tables and figures on any `_dump_snapshot` pickle.
+# **Next question.** These are the replica's captures. Does the PR apply to the installed vLLM
+# itself, and does vLLM 0.33's own capture code strand and save what the replica does?
+# `06_vllm_in_process` patches vLLM in this process and reads its own captures recorded on the H200.

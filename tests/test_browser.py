@@ -96,7 +96,7 @@ CONTROL = {
         ("pr: PR 63155: the replay graphs on the model graphs' stream", "saves 24.00 MiB against unpatched"),
         True,
     ),
-    "06_your_snapshot": (
+    "07_your_snapshot": (
         "ToggleButtons",
         ("two_captures_separate.pickle)", "check (python -m kit check exits 1)", "22.00 MiB stranded (23068672 bytes)"),
         (
@@ -105,7 +105,7 @@ CONTROL = {
         ),
         True,
     ),
-    "07_vllm_in_process": (
+    "06_vllm_in_process": (
         "Dropdown",
         ("+++ vllm.distributed.parallel_state.graph_capture (PR 63155)",),
         ("+++ vllm.v1.worker.gpu.cudagraph_utils.CudaGraphManager.capture (PR 63155)",),

@@ -98,7 +98,7 @@ KEY_LINES = {
         "1,792 tokens",
         "DeepSeek-V4.1-Flash (assumed): 32,918 blocks of 64, 2,106,752 tokens",
     ),
-    "06_your_snapshot": (
+    "07_your_snapshot": (
         "trace: 716 entries, starting mid-process: 9 segments already there",
         "$ python -m kit check kit/recordings/plain/two_captures_separate.pickle   (exit 1)",
         "graph pool 1 (0, 1), stream of capture_second (two_captures.py:61) (stream 404756496): 22.00 MiB stranded "
@@ -107,7 +107,7 @@ KEY_LINES = {
         "graph pool 1: 56.00 MiB reserved before, 34.00 MiB after (saved 22.00 MiB)",
         "kit: error: upload hostile.pickle: refused to load global 'builtins.print': a snapshot holds plain data only",
     ),
-    "07_vllm_in_process": (
+    "06_vllm_in_process": (
         f"vLLM installed: {HAS_VLLM}; CUDA: False; model: (KIT_VLLM_MODEL not set)",
         "reverted: graph_capture (device: torch.device)",
         "patch applied: False",
@@ -153,11 +153,11 @@ SHOWN = {
         "graph pool 72.00 MiB (model graphs stream 24.00 MiB, replay graphs stream 24.00 MiB, DFlash speculator "
         "graphs stream 24.00 MiB); saves 0 B against unpatched",
     ),
-    "06_your_snapshot": (
+    "07_your_snapshot": (
         "check (python -m kit check exits 1): failed: 1 group(s) stranded more than 0 B",
         "graph pool 1 (0, 1): 56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)",
     ),
-    "07_vllm_in_process": (
+    "06_vllm_in_process": (
         # the PR's captures: the replay graphs on the model graphs' stream, adding no segment
         "decoder replay graphs 480 model graphs stream 1 0 0 0 B",
     )

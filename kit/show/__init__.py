@@ -9,7 +9,7 @@
 - `timeline`: the blocks a model graph holds across its eager breaks (notebook 04);
 - `safety`: the scenarios side by side and the policy explorer (notebook 04);
 - `alternatives`: the PR's two alternatives, their graph pools and the KV cache the saving buys (notebook 05);
-- `explorer`: any snapshot in, tables, verdicts and figures out (notebook 06).
+- `explorer`: any snapshot in, tables, verdicts and figures out (notebook 07).
 
 Plotly is imported here only, so the tables and analyses run on a machine
 that has pandas but no plotly (the GPU machine).

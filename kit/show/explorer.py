@@ -1,4 +1,4 @@
-"""Notebook 06's snapshot explorer: any snapshot in, the kit's tables, verdicts, what-if and figures out.
+"""Notebook 07's snapshot explorer: any snapshot in, the kit's tables, verdicts, what-if and figures out.
 
 A reader picks a snapshot four ways: a recording shipped with the kit (the
 plain `_dump_snapshot()` files of `kit/recordings/plain/` among them), a path

@@ -303,8 +303,12 @@ if llm is not None:
 # DeepSeek-V4.1 checkpoint is the one thing not run.
 #
 # **Where this leaves the walkthrough.** 01 to 03 showed the stranded memory and what the PR
-# saves, 04 and 05 whether sharing the stream is safe and what else could be shared, 06 how to
-# find the same pattern in any snapshot, and this notebook that the PR applies to vLLM 0.33's own
-# code with the saving and the safety check (section 4b's read/write line) the replica predicted.
-# What is left is a real DeepSeek-V4.1 checkpoint on a GPU: set `KIT_VLLM_MODEL`, pick a policy in
-# section 4 and run this notebook again, once per policy in a fresh kernel.
+# saves, 04 and 05 whether sharing the stream is safe and what else could be shared, and this
+# notebook that the PR applies to vLLM 0.33's own code with the saving and the safety check
+# (section 4b's read/write line) the replica predicted. What is left is a real DeepSeek-V4.1
+# checkpoint on a GPU: set `KIT_VLLM_MODEL`, pick a policy in section 4 and run this notebook
+# again, once per policy in a fresh kernel.
+#
+# **Next question.** Does your own process, or a snapshot from a debugging session, strand
+# graph-pool memory the same way? `07_your_snapshot` runs the kit's tables, verdicts and
+# figures on any `_dump_snapshot` pickle.

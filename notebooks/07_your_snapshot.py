@@ -38,7 +38,7 @@
 # calls around `LLM(model, ...)` (its `capture_model()` runs in there). With workers in other
 # processes (tensor or data parallel), collect every rank's allocator from the driver with
 # `kit.record.vllm_ranks.snapshot_all_ranks(llm)`, one snapshot per rank (see
-# `07_vllm_in_process`).
+# `06_vllm_in_process`).
 #
 # This notebook's default snapshot is such a file: `kit/recordings/plain/two_captures_separate.pickle`,
 # recorded on an H200 from `scripts/plain_programs/two_captures.py`, a torch program the kit did
@@ -220,9 +220,7 @@ display(explorer.widget)
 # a plain snapshot from a program the kit did not write, with labels that stay the same
 # across runs, and a one-line error for anything that is not a snapshot.
 #
-# **Next question.** Everything so far ran the kit's replica of vLLM's capture path, or
-# programs the kit did not write. Does the PR apply to the installed vLLM itself, and does its
-# own capture code strand and save what the replica does? `07_vllm_in_process` patches vLLM
-# in this process and reads vLLM 0.33's own captures recorded on the H200. (Whether a what-if's
-# sharing is allowed is `04_safety`'s question: nothing the first graph still needs may be live
-# while the second runs.)
+# **Where this leaves you.** A what-if says what sharing a stream would save; whether the
+# sharing is allowed is `04_safety`'s question: nothing the first graph still needs may be
+# live while the second runs. For vLLM's own capture code, with the PR applied in this
+# process, go back to `06_vllm_in_process`.
