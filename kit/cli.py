@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 
 from kit.errors import KitError
+from kit.units import GIB
 
 
 def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty") -> None:
@@ -283,7 +284,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print("\n".join(describe(summary)))
     saved = saved_by_the_patch(summaries)
     if saved is not None:
-        print(f"graph pool saved by the patch: {saved / 2**30:.3f} GiB ({saved} bytes)")
+        print(f"graph pool saved by the patch: {saved / GIB:.3f} GiB ({saved} bytes)")
 
 
 def cmd_safety(args: argparse.Namespace) -> None:

@@ -40,8 +40,8 @@ from kit import progress
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import DEFAULT, Op
 from kit.fileio import atomic_write
+from kit.units import GIB, KIB, MIB
 
-KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 STREAMS = {
     "model": "model graphs stream",
     "replay": "replay graphs stream",

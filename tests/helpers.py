@@ -28,7 +28,8 @@ import time
 from kit.recordings import RECORDINGS
 
 KIB = 1024
-MIB = 1024 * 1024
+from kit.units import MIB
+
 FIXTURES = RECORDINGS  # the H200 recordings shipped with the kit
 RECORDED = {"two_streams": FIXTURES / "two_streams.pickle", "shared_stream": FIXTURES / "shared_stream.pickle"}
 

@@ -403,3 +403,38 @@ def test_the_word_check_sees_a_retired_word_and_a_policy_out_of_place():
         "kit.experiments.pairings (the safety experiment is safety_run)"
     ]
     assert words_out_of_place("kit.patch.policy", ["STREAM_POLICIES", "check_policy"]) == []
+
+
+# --- byte units, defined once (kit.units) -----------------------------------------------------
+
+UNIT_NAMES = {"KIB", "MIB", "GIB"}
+UNIT_POWERS = {10, 20, 30}
+
+
+def units_defined_outside(module: str, source: str) -> list[str]:
+    """Where a module other than kit.units defines KIB/MIB/GIB or writes 2**10, 2**20 or 2**30 itself."""
+    if module == "kit.units":
+        return []
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            names = [n for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            found += [f"{module}:{node.lineno} {n.id} =" for n in names if n.id in UNIT_NAMES]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            base, exp = node.left, node.right
+            if getattr(base, "value", None) == 2 and getattr(exp, "value", None) in UNIT_POWERS:
+                found.append(f"{module}:{node.lineno} 2**{exp.value}")
+    return found
+
+
+def test_byte_units_are_defined_once():
+    found = [f for m, p in MODULES.items() for f in units_defined_outside(m, p.read_text())]
+    assert not found, f"import KIB/MIB/GIB from kit.units instead: {found}"
+
+
+def test_the_units_check_sees_a_second_definition_and_a_bare_power():
+    assert units_defined_outside("kit.x", "MIB = 1 << 20\nx = y / 2**30\nz = 1 << 20\n") == [
+        "kit.x:1 MIB =",
+        "kit.x:2 2**30",
+    ]
+    assert units_defined_outside("kit.units", "KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30") == []

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kit.errors import KitError, describe
+from kit.units import MIB
 
 DEFAULT = "default"
 MAX_BYTES = 1 << 40  # one request above 1 TiB is a typo, not a workload
@@ -223,7 +224,6 @@ def workload_from_bytes(data: bytes, where: str = "workload") -> list[Op]:
 
 
 # Sizes on and around every boundary of the allocator (`kit.allocator.rules`).
-MIB = 1024 * 1024
 BOUNDARY_SIZES = [
     1,
     511,

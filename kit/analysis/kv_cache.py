@@ -39,10 +39,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kit.errors import KitError
+from kit.units import GIB
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
 FLASHMLA_BLOCK_SIZE = 64  # FlashMLA's kernel block size
-PR_SAVED_BYTES = round(5.18 * 2**30)  # PR 63155: 5.18 GiB of graph pool on DeepSeek-V4.1-Flash, GB200, per GPU
+PR_SAVED_BYTES = round(5.18 * GIB)  # PR 63155: 5.18 GiB of graph pool on DeepSeek-V4.1-Flash, GB200, per GPU
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 V41_FLASH_LAYERS, V41_WINDOW, V41_MXFP8_RECORD, V41_INDEXER_K = 40, 128, 528, 132
 SWA_BYTES_PER_REQUEST = V41_FLASH_LAYERS * V41_WINDOW * V41_MXFP8_RECORD

@@ -32,8 +32,8 @@ import pandas as pd
 from kit.analysis.tables import FIGURES, format_bytes, segment_table
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import MIB
 
-MIB = 1024 * 1024
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".json")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kit.load.snapshot import Snapshot
+from kit.units import MIB
 
-MIB = 1 << 20
 # Sizes seen on the H200 with torch 2.11 (kit/recordings/plain/replay_graphs_separate.pickle):
 # the cuBLAS workspace (`_getWorkspaceSize()` on Hopper) and the cuBLASLt one.
 WORKSPACE_BYTES = frozenset({32 * MIB, 1 * MIB})

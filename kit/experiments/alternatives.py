@@ -75,6 +75,7 @@ from kit.patch.pr import Codebase, Target
 from kit.patch.source import Hunk
 from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
+from kit.units import GIB, MIB
 
 RECORDINGS_DIR = RECORDINGS / "alternatives"
 SEED = 1234
@@ -655,7 +656,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return f"{n / MIB:,.1f} MiB"
 
 
 def _sizes(sizes: list[int]) -> str:
@@ -833,7 +834,7 @@ def kv_cache_lines(kv: dict) -> list[str]:
             continue
         layout = entry["layout"]
         line = (
-            f"  {layout['name']}: the PR's {entry['saved_bytes'] / 2**30:.2f} GiB = {entry['blocks']:,} blocks of "
+            f"  {layout['name']}: the PR's {entry['saved_bytes'] / GIB:.2f} GiB = {entry['blocks']:,} blocks of "
             f"{layout['block_size']}, {entry['tokens']:,} tokens at {layout['bytes_per_token']:,} B/token"
         )
         if "or_swa_requests" in entry:

@@ -39,8 +39,8 @@ from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
+from kit.units import MIB
 
-MIB = 1024 * 1024
 BAR_TOP_MARGIN = 120  # px above the bars: the two-line title, then the legend's row
 TITLE_LINE = 16  # px per extra line of a wrapped source
 SOURCE_CHARS = 150  # a source line's length before it wraps (about 900 px of <sup> text)

@@ -29,6 +29,7 @@ from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
 from kit.show.pictures import MARK_COLOURS, FigureWidget, figure_widget, segment_map_figure, segment_row
+from kit.units import MIB
 
 GRAPH_POOL = GRAPH_POOL_LABEL
 TAKEN = "taken"
@@ -163,8 +164,8 @@ class StepThrough:
                         {
                             "kind": wanted[b.address],
                             "row": segment_row(pool_label(seg.segment_pool_id, state.pool_names), seg.address),
-                            "base": (b.address - seg.address) / 2**20,
-                            "size": b.size / 2**20,
+                            "base": (b.address - seg.address) / MIB,
+                            "size": b.size / MIB,
                         }
                     )
         return out
