@@ -26,9 +26,8 @@ import threading
 import time
 
 from kit.recordings import RECORDINGS
-
-KIB = 1024
-from kit.units import MIB
+from kit.units import KIB as KIB  # re-exported for the tests
+from kit.units import MIB as MIB
 
 FIXTURES = RECORDINGS  # the H200 recordings shipped with the kit
 RECORDED = {"two_streams": FIXTURES / "two_streams.pickle", "shared_stream": FIXTURES / "shared_stream.pickle"}
