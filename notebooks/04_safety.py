@@ -68,6 +68,7 @@ from kit.recordings import default_source
 from kit.replica.model import PRESETS
 from kit.show.safety import (
     SafetyView,
+    agreement_lines,
     agreement_table,
     disagreement_lines,
     load_safety,
@@ -248,16 +249,7 @@ display(SafetyView(snapshots, replay_size_for=default_step_replay_graph(PRESETS[
 
 # %%
 print(f"data source: {SOURCE}")
-for policy, mine in records.checks.groupby("policy", sort=False):
-    can_run = mine[mine["dispatchable"]]
-    violated = int(can_run["violated"].sum())
-    obligation = "holds on every one" if not violated else f"fails on {violated}"
-    agree = bool((mine["differs"] == mine["violated"]).all() and (mine["lifetime"] == mine["violated"]).all())
-    print(
-        f"{policy}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; over "
-        f"all {len(mine)}, the pairings that differ from eager and those the lifetime analysis flags with the "
-        f"breaks' reads are {'exactly' if agree else 'not exactly'} the pairings that fail it"
-    )
+print("\n".join(agreement_lines(records)))
 
 # %% [markdown]
 # The PR's `has_early_aux()` (printed at the top) keeps an aux hidden state made before the

@@ -37,7 +37,9 @@ from kit.show.safety import (
     CHECKS,
     SafetyRecords,
     SafetyView,
+    agreement_lines,
     agreement_table,
+    attributable,
     bound_break_inputs,
     disagreement_lines,
     liveness_view,
@@ -279,6 +281,29 @@ def test_pair_list_marks_the_pairings_vllm_cannot_produce():
     rows = pd.DataFrame({"model_size": [128, 256], "replay_size": [128, 64], "dispatchable": [False, True]})
     assert pair_list(rows) == "(128, 128)*, (256, 64)"
     assert pair_list(rows.iloc[:0]) == "none"
+
+
+def test_agreement_lines_leave_out_only_what_is_not_the_replay_graphs_and_say_so():
+    """At the large preset, model graphs 2048 and 4096 differ from eager with their own replay graph alone under
+    early_aux_shared: their adversary pairings are left out of the comparison, counted and named; at small
+    everything agrees over all 18."""
+    large = load_safety("large", "recorded")
+    early = large.pairs[large.pairs["policy"] == "early_aux_shared"]
+    # recomputed from the recording's own columns, not through attributable()
+    alone_differs = set(early.loc[~early["alone_bit_exact"].astype(bool), "model_size"])
+    left_out = early[(early["how"] == "adversary") & early["model_size"].isin(alone_differs)]
+    assert alone_differs == {2048, 4096} and len(left_out) == 24
+    assert not attributable(early).loc[left_out.index].any() and attributable(early).drop(left_out.index).all()
+
+    lines = agreement_lines(large)
+    assert lines[0].startswith("pr: of the 80 pairings vLLM's dispatch can produce, the obligation holds on every one")
+    assert "over all 128, " in lines[0] and "are exactly the pairings" in lines[0]
+    assert lines[2].startswith("early_aux_shared: of the 80 pairings vLLM's dispatch can produce, the obligation fails")
+    assert "over 104, " in lines[2]
+    assert "(24 left out: adversary pairings of model graphs 2048, 4096, which differ" in lines[2]
+    assert "are exactly the pairings that fail it" in lines[2]
+    small = agreement_lines(load_safety("small", "recorded"))
+    assert all("over all 18, " in line and "are exactly" in line and "left out" not in line for line in small)
 
 
 def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_sentence(safety):

@@ -74,8 +74,10 @@ class SafetyRecords:
 
     @property
     def checks(self) -> pd.DataFrame:
-        """One row per (policy, model graph, replay graph): each check's verdict, and whether vLLM can run it."""
+        """One row per (policy, model graph, replay graph): each check's verdict, whether vLLM can run it, and
+        whether a difference from eager there is the replay graph's to answer for (`attributable`)."""
         left = self.pairs[["policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff"]]
+        left = left.assign(attributable=attributable(self.pairs))
         right = pd.DataFrame(self.readwrite["pairs"])
         right = right[["policy", "model_size", "replay_size", "readwrite_holds", "lifetime_conflict"]].assign(
             trace_only=right["trace_only_conflict"]
@@ -93,6 +95,57 @@ class SafetyRecords:
             lifetime=table["lifetime_conflict"].astype(bool),
             trace_only=table["trace_only"].astype(bool),
         )
+
+
+def attributable(pairs: pd.DataFrame) -> pd.Series:
+    """Whether a difference from eager in each pairing can be put down to its replay graph R.
+
+    An adversary pairing (one vLLM's dispatch cannot make) replays R and then the
+    step's own replay graph. Where the model graph already differs from eager with
+    its own replay graph alone (`alone_bit_exact`, recorded by `safety_run`), a
+    difference there is not R's, and no check of R can be held to it.
+    """
+    if not {"how", "alone_bit_exact"} <= set(pairs.columns):
+        return pd.Series(True, index=pairs.index)
+    return ~((pairs["how"] == "adversary") & ~pairs["alone_bit_exact"].fillna(True).astype(bool))
+
+
+def agreement_lines(records: SafetyRecords) -> list[str]:
+    """Per policy: the obligation on the pairings vLLM can make, and whether outputs and lifetimes agree with it.
+
+    The pairings that differ from eager and those the lifetime analysis (with the
+    breaks' reads) flags are compared with those that fail the obligation, over
+    every pairing; where they differ only on pairings that are not attributable
+    (`attributable`), over the rest, and the ones left out are counted and named.
+    """
+    lines = []
+    for policy, mine in records.checks.groupby("policy", sort=False):
+        can_run = mine[mine["dispatchable"]]
+        violated = int(can_run["violated"].sum())
+        obligation = "holds on every one" if not violated else f"fails on {violated}"
+        judged = mine if _agree(mine) else mine[mine["attributable"]]
+        line = (
+            f"{policy}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; over "
+            f"{'all ' if len(judged) == len(mine) else ''}{len(judged)}, the pairings that differ from eager and those "
+            f"the lifetime analysis flags with the breaks' reads are {'exactly' if _agree(judged) else 'not exactly'} "
+            "the pairings that fail it"
+        )
+        left_out = mine.drop(judged.index)
+        if len(left_out):
+            models = sorted(set(left_out["model_size"]))
+            one = len(models) == 1
+            graphs = f"model graph{'' if one else 's'} {', '.join(map(str, models))}"
+            differ = "differs from eager with its own" if one else "differ from eager with their own"
+            line += (
+                f" ({len(left_out)} left out: adversary pairings of {graphs}, which {differ} replay graph alone, "
+                "so a difference there is not the replay graph's)"
+            )
+        lines.append(line)
+    return lines
+
+
+def _agree(checks: pd.DataFrame) -> bool:
+    return bool(((checks["differs"] == checks["violated"]) & (checks["lifetime"] == checks["violated"])).all())
 
 
 def _recorded_source(data: dict, path: Path) -> str:
