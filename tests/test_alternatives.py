@@ -732,8 +732,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_live_without_cuda_is_one_line(tmp_path):
     done = _run("kit", "alternatives", "--live")
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
-    done = _run("kit.experiments.alternatives", "--variant", "pr", "--out", str(tmp_path / "pr.json"))
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
+    for flag in ("--scenario", "--variant"):  # --variant: the name in the recordings' provenance commands
+        done = _run("kit.experiments.alternatives", flag, "pr", "--out", str(tmp_path / "pr.json"))
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     done = _run("kit.experiments.alternatives", "--out", str(tmp_path / "rec"))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     assert list(tmp_path.iterdir()) == []  # refused before any file or folder was made

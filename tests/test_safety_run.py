@@ -307,8 +307,9 @@ def test_live_without_cuda_is_one_line(tmp_path):
     done = _run("kit", "safety", "--live")
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     out = tmp_path / "pr.json"
-    done = _run("kit.experiments.safety_run", "--policy", "pr", "--out", str(out))
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
+    for flag in ("--scenario", "--policy"):  # --policy: the name in the recordings' provenance commands
+        done = _run("kit.experiments.safety_run", flag, "pr", "--out", str(out))
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     done = _run("kit.experiments.safety_run", "--out", str(tmp_path / "rec"))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     assert list(tmp_path.iterdir()) == []  # refused before any file or folder was made
