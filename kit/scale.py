@@ -39,16 +39,17 @@ from pathlib import Path
 from kit import progress
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import DEFAULT, Op
+from kit.analysis.names import GRAPH_POOL_LABEL, MODEL_STREAM_LABEL, REPLAY_STREAM_LABEL
 from kit.fileio import atomic_write
 from kit.units import GIB, KIB, MIB
 
 STREAMS = {
-    "model": "model graphs stream",
-    "replay": "replay graphs stream",
+    "model": MODEL_STREAM_LABEL,
+    "replay": REPLAY_STREAM_LABEL,
     "comm": "comm stream",
     "sampler": "sampler stream",
 }
-GLOBAL_POOL = "global graph pool"
+GLOBAL_POOL = GRAPH_POOL_LABEL
 TIME_ZERO_US = 1_796_243_795_000_000  # a plausible time stamp, as torch writes them
 # vLLM's default capture sizes: 1, 2, 4, then every 8 up to 512.
 CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))

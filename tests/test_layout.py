@@ -438,3 +438,42 @@ def test_the_units_check_sees_a_second_definition_and_a_bare_power():
         "kit.x:2 2**30",
     ]
     assert units_defined_outside("kit.units", "KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30") == []
+
+
+# --- pool, stream and manager labels, written once (kit.analysis.names) -------------------------
+
+
+def label_literals(module: str, source: str, labels: set[str]) -> list[str]:
+    """String constants in code (docstrings aside) equal to one of the recorder's labels."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{module}:{node.lineno} {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in labels and id(node) not in docstrings
+    ]
+
+
+def recorder_labels() -> set[str]:
+    from kit.analysis import names
+
+    return {value for name, value in vars(names).items() if name.endswith("_LABEL") and isinstance(value, str)}
+
+
+def test_pool_stream_and_manager_labels_are_written_once():
+    # The replica names its managers as vLLM does, in its own code; the recorder reads them from there.
+    checked = {m: p for m, p in MODULES.items() if m != "kit.analysis.names" and not m.startswith("kit.replica")}
+    found = [f for m, p in checked.items() for f in label_literals(m, p.read_text(), recorder_labels())]
+    assert not found, f"use the constants of kit.analysis.names: {found}"
+
+
+def test_the_label_check_sees_a_literal_but_not_a_docstring():
+    source = '"""The model graphs stream."""\nstreams = {"model graphs stream": 1}\n'
+    assert label_literals("kit.x", source, recorder_labels()) == ["kit.x:2 'model graphs stream'"]

@@ -43,9 +43,11 @@ DEFAULT_POOL_LABEL = "default pool"
 # The names the kit's recorder gives vLLM's pool and streams (`kit["pools"]`, `kit["streams"]`), which
 # figures and views pick out by name.
 GRAPH_POOL_LABEL = "global graph pool"
-MODEL_STREAM_LABEL = "model graphs stream"
+MODEL_GRAPHS_LABEL = "model graphs"  # the model graphs' manager (CudaGraphManager)
+SPECULATOR_GRAPHS_LABEL = "DFlash speculator graphs"  # the speculator's manager (DFlashCudaGraphManager)
+MODEL_STREAM_LABEL = f"{MODEL_GRAPHS_LABEL} stream"  # a capture stream is named by its first known manager
 REPLAY_STREAM_LABEL = "replay graphs stream"
-SPECULATOR_STREAM_LABEL = "DFlash speculator graphs stream"
+SPECULATOR_STREAM_LABEL = f"{SPECULATOR_GRAPHS_LABEL} stream"
 _ALLOC = TRACE_ACTIONS.index("alloc")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import (
+    DEFAULT_POOL_LABEL,
     FrozenMap,
     generated_labels,
     pool_frames,
@@ -44,7 +45,7 @@ def pool_label(pool: tuple[int, int], names: Mapping | None = None) -> str:
     if names and tuple(pool) in names:
         return names[tuple(pool)]
     if tuple(pool) == DEFAULT_POOL:
-        return "default pool"
+        return DEFAULT_POOL_LABEL
     a, b = pool
     if a == 0:
         return f"graph pool {b}"  # from torch.cuda.graph_pool_handle()

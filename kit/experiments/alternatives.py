@@ -66,6 +66,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kit.analysis.names import GRAPH_POOL_LABEL, SPECULATOR_GRAPHS_LABEL
 from kit.errors import KitError
 from kit.experiments import recorded
 from kit.experiments.recorded import shown as _shown
@@ -80,7 +81,7 @@ from kit.units import GIB, MIB
 RECORDINGS_DIR = RECORDINGS / "alternatives"
 SEED = 1234
 MAIN_SCENARIOS = ("unpatched", "pr", "share_all")
-DRAFTER = "DFlash speculator graphs"  # the speculator manager's name, as the capture recorder labels it
+DRAFTER = SPECULATOR_GRAPHS_LABEL  # the speculator manager's name, as the capture recorder labels it
 SCENARIO_KEYS = ("graph_pool_bytes", "saved_bytes", "safe", "evidence")
 CAP_KEYS = ("max_replay_size", "graph_pool_bytes", "eager_replay_sizes")
 DROP_KEY = "drop_intermediate_sizes"  # added after the first recordings: a recording without it still reads
@@ -333,7 +334,7 @@ def scenario_patch(kind: str):
 def pool_figures(raw: dict) -> dict:
     """The global graph pool of a recorder's snapshot: bytes reserved, by stream, and the stream each manager used."""
     meta = raw.get("kit", {})
-    pool = meta.get("pools", {}).get("global graph pool")
+    pool = meta.get("pools", {}).get(GRAPH_POOL_LABEL)
     if pool is None:
         raise KitError("the recording names no global graph pool: no manager captured into it")
     labels = {stream: name for name, stream in meta.get("streams", {}).items()}

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit.analysis.names import GRAPH_POOL_LABEL, MODEL_STREAM_LABEL, REPLAY_STREAM_LABEL
+
 # The names the replica's summary gave three figures before there was one summary: old name -> name.
 OLD_NAMES = {
     "graph_pool_reserved": "graph_pool_bytes",
@@ -39,7 +41,7 @@ def summarize(snapshot: Any) -> dict:
     pool, in_pool = graph_pool_rows(snap)
     streams = meta["streams"]
     replay = [c for c in meta.get("captures", []) if is_replay_capture(c["manager"])]
-    model_stream = streams.get("model graphs stream")
+    model_stream = streams.get(MODEL_STREAM_LABEL)
     names = {stream: name for name, stream in streams.items()}
     replay_streams = sorted({c["stream"] for c in replay})
     added = replay_captures_added(snap, pool)
@@ -61,8 +63,8 @@ def summarize(snapshot: Any) -> dict:
         "source": snap.source_label,
         "graph_pool_bytes": int(in_pool["reserved"].sum()),
         "graph_pool_segments": int(in_pool["segments"].sum()),
-        "model_group": group("model graphs stream"),
-        "replay_group": group("replay graphs stream"),
+        "model_group": group(MODEL_STREAM_LABEL),
+        "replay_group": group(REPLAY_STREAM_LABEL),
         "model_stream": model_stream,
         "replay_streams": replay_streams,
         "replay_stream_names": sorted({names.get(c["stream"], str(c["stream"])) for c in replay}),
@@ -123,7 +125,7 @@ def graph_pool_rows(snapshot: Any) -> tuple[tuple[int, int], Any]:
     from kit.load.snapshot import load_snapshot
 
     snap = load_snapshot(snapshot)
-    pool = tuple(snap.kit["pools"]["global graph pool"])
+    pool = tuple(snap.kit["pools"][GRAPH_POOL_LABEL])
     table = segment_table(snap)
     return pool, table[table["pool"] == pool]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit.analysis.names import GRAPH_POOL_LABEL, MODEL_STREAM_LABEL, REPLAY_STREAM_LABEL
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.record.history import recording_history, trace_length
@@ -91,12 +92,12 @@ def run_two_captures(
             g.replay()
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
-    streams = {"model graphs stream": model_stream.cuda_stream}
+    streams = {MODEL_STREAM_LABEL: model_stream.cuda_stream}
     if not shared_stream:
-        streams["replay graphs stream"] = replay_stream.cuda_stream
+        streams[REPLAY_STREAM_LABEL] = replay_stream.cuda_stream
     snap["kit"] = {
         "streams": streams,
-        "pools": {"global graph pool": list(pool)},
+        "pools": {GRAPH_POOL_LABEL: list(pool)},
         "graphs": {c["graph"]: c["pool"] for c in captures},
         "captures": captures,
         "workload": {

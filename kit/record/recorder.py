@@ -69,6 +69,7 @@ from types import FrameType
 import pandas as pd
 
 from kit.analysis.attribution import capture_table
+from kit.analysis.names import GRAPH_POOL_LABEL, MODEL_GRAPHS_LABEL, SPECULATOR_GRAPHS_LABEL
 from kit.analysis.tables import segment_table
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot
@@ -79,13 +80,12 @@ from kit.record.provenance import provenance
 # Display names where the one made from the class name would read badly; the
 # rest follow the class (DecoderReplayCudaGraphManager -> "decoder replay graphs").
 _MANAGER_NAMES = {
-    "CudaGraphManager": "model graphs",
-    "ModelCudaGraphManager": "model graphs",
-    "DFlashCudaGraphManager": "DFlash speculator graphs",
+    "CudaGraphManager": MODEL_GRAPHS_LABEL,
+    "ModelCudaGraphManager": MODEL_GRAPHS_LABEL,
+    "DFlashCudaGraphManager": SPECULATOR_GRAPHS_LABEL,
 }
 TORCH_COMPILE = "torch.compile graphs"  # graphs recorded by torch.compile's cudagraph trees
 UNLABELLED = "unlabelled graphs"  # graphs no manager, label or torch.compile accounts for
-GLOBAL_GRAPH_POOL = "global graph pool"  # vLLM's name for the pool its graph managers share
 _CUDAGRAPH_TREES = "torch/_inductor/cudagraph_trees.py"
 
 
@@ -522,7 +522,7 @@ def pool_names(records: list[CaptureRecord]) -> dict[str, list[int]]:
     for pool, mine in by_pool.items():
         managers = {r.manager for r in mine}
         if any(r.global_pool for r in mine):
-            names.setdefault(GLOBAL_GRAPH_POOL, list(pool))
+            names.setdefault(GRAPH_POOL_LABEL, list(pool))
         elif len(managers) == 1 and all(r.identified for r in mine):
             names.setdefault(f"{mine[0].manager} pool", list(pool))
     return names
