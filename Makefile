@@ -59,7 +59,7 @@ lint: venv
 walkthrough: venv
 	$(PY) scripts/walkthrough.py --out build
 
-# Re-record the shipped H200 recordings (kit/recordings): the two-capture experiment, the simulator's
+# Re-record the shipped H200 recordings (kit/recordings): the model-and-replay experiment, the simulator's
 # fidelity corpus and the replica's experiments (needs CUDA).
 recordings:
 	$(PYTHON) scripts/record_fixtures.py --out kit/recordings

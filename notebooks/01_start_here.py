@@ -85,8 +85,8 @@ watch_cells()
 #
 # Four headline figures, each from a different place:
 # - **42 MiB**: the graph-pool segments the replay capture adds on a stream of its own, and
-#   what sharing the stream saves, in the kit's **two-capture experiment**
-#   (`kit.experiments.two_captures`: two plain `torch.cuda.graph` captures into one pool;
+#   what sharing the stream saves, in the kit's **model-and-replay experiment**
+#   (`kit.experiments.model_and_replay`: two plain `torch.cuda.graph` captures into one pool;
 #   this notebook and 02);
 # - **24 MiB**: the replay graphs' graph-pool segments, saved by the patch (48 MiB to
 #   24 MiB), in the kit's **replica** of vLLM 0.33's capture path at its `small` preset
@@ -105,9 +105,9 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
+from kit.experiments.model_and_replay import model_and_replay
 from kit.experiments.scenarios import replica_runs
 from kit.experiments.summary import graph_pool_saved
-from kit.experiments.two_captures import two_captures
 from kit.markup import html_text
 from kit.recordings import RECORDED, default_source
 from kit.show.before_after import change_figure, replay_segment_bytes
@@ -116,11 +116,11 @@ from kit.show.pictures import FigureWidget
 pio.renderers.default = "plotly_mimetype"  # JupyterLab's renderer; `make walkthrough` inlines plotly.js
 
 
-two_streams, one_stream = (two_captures(shared_stream=shared, source=RECORDED) for shared in (False, True))
+two_streams, one_stream = (model_and_replay(shared_stream=shared, source=RECORDED) for shared in (False, True))
 replica = {preset: replica_runs(preset, ("unpatched", "patched"), source=RECORDED) for preset in ("small", "large")}
 headline = [
-    ("two-capture experiment: the replay capture's new graph-pool segments", replay_segment_bytes(two_streams)),
-    ("two-capture experiment: what sharing the stream saves", graph_pool_saved(two_streams, one_stream)),
+    ("model-and-replay experiment: the replay capture's new graph-pool segments", replay_segment_bytes(two_streams)),
+    ("model-and-replay experiment: what sharing the stream saves", graph_pool_saved(two_streams, one_stream)),
 ]
 for preset, runs in replica.items():
     added = replay_segment_bytes(runs["unpatched"])
@@ -143,15 +143,15 @@ print(f"data source: {SOURCE}")
 # %% [markdown]
 # ## The experiment
 #
-# The kit's two-capture experiment: a model-like graph (four layers of bf16 matmuls,
+# The kit's model-and-replay experiment: a model-like graph (four layers of bf16 matmuls,
 # intermediates freed as it goes) is captured into a `torch.cuda.graph_pool_handle()` pool.
 # Then a smaller "replay" graph is captured into the *same* pool, once on a **new** stream
 # (as every `graph_capture()` of vLLM 0.33 makes one) and once on the **same** stream (as
 # the PR does for the replay graphs). These are two plain torch captures, not vLLM.
 
 # %%
-new_stream = two_captures(shared_stream=False, source=SOURCE)
-shared_stream = two_captures(shared_stream=True, source=SOURCE)
+new_stream = model_and_replay(shared_stream=False, source=SOURCE)
+shared_stream = model_and_replay(shared_stream=True, source=SOURCE)
 print(new_stream.source_label)
 kit.style_table(kit.segment_table(new_stream))
 

@@ -42,8 +42,8 @@ import plotly.io as pio
 from IPython.display import display
 
 import kit
+from kit.experiments.model_and_replay import model_and_replay
 from kit.experiments.scenarios import replica_runs
-from kit.experiments.two_captures import two_captures
 from kit.patch.vllm import quiet_import
 from kit.recordings import default_source
 from kit.replica import cudagraph_utils, parallel_state
@@ -66,7 +66,7 @@ print(f"data source: {SOURCE}")
 # equals the recorded snapshot.
 
 # %%
-snap = two_captures(shared_stream=False, source=SOURCE)
+snap = model_and_replay(shared_stream=False, source=SOURCE)
 steps = StepThrough(snap)
 mismatches = steps.mismatches()
 print(f"data source: simulator, replaying the trace from: {snap.source_label}")

@@ -180,7 +180,7 @@ for attempt, load in (
 # streams, record_stream on separate or shared streams, torch.compile's reduce-overhead mode;
 # then the kit's own), or **path** to read the path in the box (relative to the repository)
 # and press Load, or upload a file. Where this process has CUDA, **live** runs the
-# two-capture experiment of `01_start_here` in this process, with memory history on. The app
+# model-and-replay experiment of `01_start_here` in this process, with memory history on. The app
 # is `kit.show.explorer.SnapshotExplorer`; below the tables and verdicts come:
 #
 # - the **check** line: `kit.check_snapshot(snap)`, ok or one line per offending group, with

@@ -4,7 +4,7 @@ Run on a machine with a CUDA GPU (one command re-records everything):
 
     python scripts/record_fixtures.py --out kit/recordings      # or: make recordings
 
-Each scenario runs `kit.experiments.two_captures.run_two_captures` in a fresh process, so its
+Each scenario runs `kit.experiments.model_and_replay.run_model_and_replay` in a fresh process, so its
 allocator starts empty, with memory history recorded from the first allocation:
 
 - `two_streams`: the replay capture on a new stream, as vLLM 0.33 does;
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kit.experiments.two_captures import run_two_captures  # noqa: E402
+from kit.experiments.model_and_replay import run_model_and_replay  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
@@ -39,7 +39,7 @@ COMMAND = "python scripts/record_fixtures.py --out kit/recordings"
 
 def record(scenario: str, path: Path, sizes: dict) -> dict:
 
-    snap = run_two_captures(scenario == "shared_stream", **sizes)
+    snap = run_model_and_replay(scenario == "shared_stream", **sizes)
     snap["kit"]["provenance"] = {
         "scenario": scenario,
         "description": SCENARIOS[scenario],

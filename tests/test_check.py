@@ -12,7 +12,7 @@ Expected outcomes, from what each recording is:
   measures memory, not safety: a model with early aux fails it by design;
 - early aux forced to share: no stranding (though graphs then differ from
   eager, `docs/replica.md`): exit 0;
-- the two-capture experiment on two streams: exit 1; on a shared stream: exit 0;
+- the model-and-replay experiment on two streams: exit 1; on a shared stream: exit 0;
 - plain snapshots (`kit/recordings/plain`, where present): every `*_separate`
   program exit 1, the `*_shared` ones and torch.compile's exit 0.
 """

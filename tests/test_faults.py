@@ -447,7 +447,7 @@ def test_the_snapshot_writer_round_trips(tmp_path):
 
 @pytest.mark.parametrize("history", [None, "all"])
 def test_the_kits_other_recordings_leave_history_as_they_found_it(monkeypatch, history):
-    """`kit.experiments.two_captures.run_two_captures` and `run-workload` record through `recording_history`."""
+    """`kit.experiments.model_and_replay.run_model_and_replay` and `run-workload` record through `recording_history`."""
     cuda = FakeCuda(monkeypatch, history=history)
     with pytest.raises(RuntimeError, match="inside"), kit_history.recording_history(max_entries=10, stacks="python"):
         assert cuda.history == (history or "all")

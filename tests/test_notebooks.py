@@ -30,11 +30,11 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 # Lines a notebook prints from the shipped H200 recordings: the headline figures of 01's map (the
-# two-capture experiment's 42 MiB, the replica's 24 MiB and 1.42 GiB), measured again where each is shown.
+# model-and-replay experiment's 42 MiB, the replica's 24 MiB and 1.42 GiB), measured again where each is shown.
 KEY_LINES = {
     "01_start_here": (
-        "(44,040,192 bytes): two-capture experiment: the replay capture's new graph-pool segments",
-        "42.00 MiB = 0.041 GiB (44,040,192 bytes): two-capture experiment: what sharing the stream saves",
+        "(44,040,192 bytes): model-and-replay experiment: the replay capture's new graph-pool segments",
+        "42.00 MiB = 0.041 GiB (44,040,192 bytes): model-and-replay experiment: what sharing the stream saves",
         "24.00 MiB = 0.023 GiB (25,165,824 bytes): replica, small preset: graph pool saved by the patch",
         "1.42 GiB = 1.424 GiB (1,528,823,808 bytes): replica, large preset: graph pool saved by the patch",
         "5.18 GiB on DeepSeek-V4.1-Flash: stated in PR 63155, not measured by the kit",

@@ -3,7 +3,7 @@
 A reader picks a snapshot four ways: a recording shipped with the kit (the
 plain `_dump_snapshot()` files of `kit/recordings/plain/` among them), a path
 (read relative to a root folder), an uploaded file, or, where the process has
-CUDA, the two-capture experiment run live. `SnapshotExplorer` shows for it
+CUDA, the model-and-replay experiment run live. `SnapshotExplorer` shows for it
 what the CLI's `table`, `reuse`, `check` and `what-if` print: one row per
 (pool, stream) group, how each allocation was served, the stranding verdicts
 and, when the snapshot has the capture recorder's windows, the liveness
@@ -40,7 +40,7 @@ from kit.analysis.trace.reports import reuse_table, stranding_verdicts
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, what_if
 from kit.errors import KitError
-from kit.experiments.two_captures import two_captures
+from kit.experiments.model_and_replay import model_and_replay
 from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
 from kit.markup import html_text
 from kit.recordings import LIVE, recording
@@ -206,7 +206,7 @@ class SnapshotExplorer:
 
     `root` is the folder relative paths are read from; `default_path` fills
     the path box and is the first snapshot shown; `live` offers the
-    two-capture experiment run in this process (it needs CUDA). `widget` is
+    model-and-replay experiment run in this process (it needs CUDA). `widget` is
     the app to display; `main` is its main control (the snapshot picker).
     The what-if panel's `whatif_from` and `whatif_to` dropdowns list the
     shown snapshot's streams by label; `whatif` holds the last prediction
@@ -268,9 +268,9 @@ class SnapshotExplorer:
         return widgets.VBox([*controls, *tables, *self.figures.values(), *whatif])
 
     def live_snapshot(self) -> Snapshot:
-        """The two-capture experiment (replay capture on a new stream), run in this process once."""
+        """The model-and-replay experiment (replay capture on a new stream), run in this process once."""
         if self._live is None:
-            self._live = two_captures(shared_stream=False, source=LIVE)
+            self._live = model_and_replay(shared_stream=False, source=LIVE)
         return self._live
 
     def load_choice(self, choice: str) -> Snapshot:

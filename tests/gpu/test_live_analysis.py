@@ -1,18 +1,18 @@
-"""The notebooks' live path on a GPU: the two-capture experiment, then the trace analyses on it."""
+"""The notebooks' live path on a GPU: the model-and-replay experiment, then the trace analyses on it."""
 
 from __future__ import annotations
 
 import pytest
 
 from kit import reuse_table, segment_table, what_if
-from kit.experiments.two_captures import two_captures
+from kit.experiments.model_and_replay import model_and_replay
 
 pytestmark = pytest.mark.gpu
 
 
-def test_live_two_captures_strand_the_replay_stream_and_what_if_predicts_sharing():
-    new = two_captures(shared_stream=False, source="live GPU")
-    shared = two_captures(shared_stream=True, source="live GPU")
+def test_live_model_and_replay_captures_strand_the_replay_stream_and_what_if_predicts_sharing():
+    new = model_and_replay(shared_stream=False, source="live GPU")
+    shared = model_and_replay(shared_stream=True, source="live GPU")
     assert new.data_source == "live GPU"
     pool = tuple(new.kit["pools"]["global graph pool"])
     reuse = reuse_table(new)

@@ -1,4 +1,4 @@
-"""The two-capture experiment: the PR's root cause in a dozen lines of torch.
+"""The model-and-replay experiment: the PR's root cause in a dozen lines of torch.
 
 A model-like graph (real matmuls, intermediates freed as it goes) is captured
 into a `graph_pool_handle()` pool, then a smaller "replay" graph is captured
@@ -56,7 +56,7 @@ def capture(name: str, pool, stream, x, layers, captures: list[dict]):
     return graph, out
 
 
-def run_two_captures(
+def run_model_and_replay(
     shared_stream: bool, *, hidden: int = 2048, tokens: int = 1024, replay_tokens: int = 512, layers: int = 4
 ) -> dict[str, Any]:
     """Capture the model graph and then the replay graph; return the snapshot dict.
@@ -67,7 +67,7 @@ def run_two_captures(
     import torch
 
     if not torch.cuda.is_available():
-        raise KitError("the two-capture experiment needs CUDA; load its recording instead")
+        raise KitError("the model-and-replay experiment needs CUDA; load its recording instead")
     with recording_history(max_entries=1_000_000, stacks="python"):
         dev = torch.device("cuda")
         gen = torch.Generator(device=dev).manual_seed(0)
@@ -115,10 +115,10 @@ def run_two_captures(
 RECORDED_AS = {False: "two_streams.pickle", True: "shared_stream.pickle"}
 
 
-def two_captures(shared_stream: bool, source: str | None = None) -> Snapshot:
-    """The two-capture experiment from `source`: run live, or its H200 recording."""
+def model_and_replay(shared_stream: bool, source: str | None = None) -> Snapshot:
+    """The model-and-replay experiment from `source`: run live, or its H200 recording."""
     source = check_source(source or default_source())
     if source == LIVE:
-        label = f"two-capture experiment, replay on {'shared' if shared_stream else 'new'} stream"
-        return Snapshot(run_two_captures(shared_stream), origin=label, live=True)
+        label = f"model-and-replay experiment, replay on {'shared' if shared_stream else 'new'} stream"
+        return Snapshot(run_model_and_replay(shared_stream), origin=label, live=True)
     return load_snapshot(recording(RECORDED_AS[shared_stream]))
