@@ -554,6 +554,14 @@ MUTATIONS = (
         ("tests/test_child_error.py",),
         "a failed child's error is the raised line, not torch's closing advice",
     ),
+    Mutation(
+        "record_each_stamps_the_last_runs_provenance",
+        "kit/experiments/recorded.py",
+        "    first = next(iter(runs.values()))",
+        "    first = list(runs.values())[-1]",
+        ("tests/test_recorded_resume.py",),
+        "a recording's provenance is its first run's, with the command that records every scenario",
+    ),
 )
 
 

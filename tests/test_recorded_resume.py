@@ -69,3 +69,44 @@ def test_the_command_line_takes_runs_and_leaves_no_folder_set(tmp_path):
     )
     assert code == 0 and seen == [tmp_path / "runs"]
     assert recorded.RUNS_DIR.get() is None
+
+
+def test_record_each_makes_the_folder_and_stamps_the_whole_command(tmp_path):
+    def run_one(name, preset, out):
+        return {"name": name, "pairs": [{"of": name}], "provenance": {"gpu": f"gpu of {name}", "command": "one run"}}
+
+    out_dir, runs, provenance = recorded.record_each(
+        "kit.experiments.safety_run", ["pr", "unpatched"], run_one, "small", tmp_path / "made"
+    )
+    assert out_dir == (tmp_path / "made").resolve() and out_dir.is_dir()
+    assert list(runs) == ["pr", "unpatched"]
+    assert provenance == {
+        "gpu": "gpu of pr",
+        "command": f"python -m kit.experiments.safety_run --preset small --out {recorded.shown(out_dir)}",
+    }
+    pairs, rest = recorded.split_pairs(runs)
+    assert pairs == [{"of": "pr"}, {"of": "unpatched"}]
+    assert rest["unpatched"] == {"name": "unpatched", "provenance": runs["unpatched"]["provenance"]}
+
+
+MODULES = ("safety_run", "readwrite_run", "drafter_run", "alternatives")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_recording_module_records_through_record_each(name, tmp_path, monkeypatch):
+    import importlib
+
+    module = importlib.import_module(f"kit.experiments.{name}")
+    seen = []
+
+    def record_each(module_name, names, run_one, preset, out_dir):
+        seen.append((module_name, list(names), run_one, preset))
+        raise KitError("stop here")
+
+    monkeypatch.setattr(module, "require_cuda", lambda message: None)
+    monkeypatch.setattr(recorded, "record_each", record_each)
+    with pytest.raises(KitError, match="stop here"):
+        module.record("small", tmp_path)
+    [(module_name, names, run_one, preset)] = seen
+    assert module_name == module.__name__ and preset == "small" and names
+    assert run_one is module.run_scenario_in_subprocess

@@ -69,7 +69,6 @@ from typing import Any
 from kit.analysis.names import GRAPH_POOL_LABEL, SPECULATOR_GRAPHS_LABEL
 from kit.errors import KitError
 from kit.experiments import recorded
-from kit.experiments.recorded import shown as _shown
 from kit.patch import replica as replica_patch
 from kit.patch import vllm as vllm_patch
 from kit.patch.pr import Codebase, Target
@@ -579,13 +578,10 @@ def record(preset: str, out_dir: Path) -> Path:
     """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
     config = alternatives_config(preset)
     require_cuda(LIVE_NEEDS_CUDA)
-    out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(scenarios_to_run(config), run_scenario_in_subprocess, preset, "kit-alternatives-")
-    prov = {
-        **runs["unpatched"]["provenance"],
-        "command": f"python -m kit.experiments.alternatives --preset {preset} --out {_shown(out_dir)}",
-    }
-    data = assemble(preset, config, runs, prov)
+    out_dir, runs, provenance = recorded.record_each(
+        "kit.experiments.alternatives", scenarios_to_run(config), run_scenario_in_subprocess, preset, out_dir
+    )
+    data = assemble(preset, config, runs, provenance)
     figures = {v: {k: data[v][k] for k in SCENARIO_KEYS} for v in MAIN_SCENARIOS}
     return recorded.write_recording(data, out_dir, preset, figures=figures)
 

@@ -320,17 +320,16 @@ def record(preset: str, out_dir: Path) -> Path:
 
     alternatives_config(preset)  # an unknown preset first
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
-    out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(DRAFTER_SCENARIOS, run_scenario_in_subprocess, preset, "kit-drafter-")
+    out_dir, runs, provenance = recorded.record_each(
+        "kit.experiments.drafter_run", DRAFTER_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
+    )
+    pairs, variants = recorded.split_pairs(runs)
     data = {
         "preset": preset,
         "obligation": DRAFTER_OBLIGATION,
-        "pairs": [pair for run in runs.values() for pair in run["pairs"]],
-        "variants": {v: {k: x for k, x in run.items() if k != "pairs"} for v, run in runs.items()},
-        "provenance": {
-            **runs[DRAFTER_SCENARIOS[0]]["provenance"],
-            "command": f"python -m kit.experiments.drafter_run --preset {preset} --out {recorded.shown(out_dir)}",
-        },
+        "pairs": pairs,
+        "variants": variants,
+        "provenance": provenance,
     }
     return recorded.write_recording(data, out_dir, preset, agreement=summary_lines(data))
 

@@ -353,19 +353,17 @@ def record(preset: str, out_dir: Path) -> Path:
 
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
-    out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, "kit-readwrite-")
-    first = runs[SAFETY_SCENARIOS[0]]
+    out_dir, runs, provenance = recorded.record_each(
+        "kit.experiments.readwrite_run", SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
+    )
+    pairs, policies = recorded.split_pairs(runs)
     data = {
         "preset": preset,
         "obligation": OBLIGATION,
         "rule": DISPATCH_RULE,
-        "pairs": [pair for run in runs.values() for pair in run["pairs"]],
-        "policies": {scenario: {k: v for k, v in run.items() if k != "pairs"} for scenario, run in runs.items()},
-        "provenance": {
-            **first["provenance"],
-            "command": f"python -m kit.experiments.readwrite_run --preset {preset} --out {recorded.shown(out_dir)}",
-        },
+        "pairs": pairs,
+        "policies": policies,
+        "provenance": provenance,
     }
     obligation = {scenario: run["obligation"] for scenario, run in runs.items()}
     return recorded.write_recording(data, out_dir, preset, obligation=obligation, agreement=summary_lines(data))

@@ -1,14 +1,16 @@
 """The JSON recordings of the replica's experiments, their provenance, and each scenario in a fresh process.
 
-`kit.experiments.safety_run`, `readwrite_run` and `alternatives` share this:
+`kit.experiments.safety_run`, `readwrite_run`, `drafter_run` and `alternatives` share this:
 reading a recording back (`read_recording`: one-line errors for a missing
 file, one not JSON, one its schema check refuses; `source_line` for where it
 was recorded), writing one (`write_recording`: `<preset>.json` and its
 `PROVENANCE.json` entry, both atomically, through `kit.record.provenance`),
-paths as the repository shows them (`shown`), and running one
-scenario or scenario as `python -m MODULE --FLAG NAME --preset P --out F` in a
-fresh process (`run_in_subprocess`, `run_each`): patches and the graph pool
-are per process. `recording_main` is each of those modules' command line.
+paths as the repository shows them (`shown`), and running each scenario as
+`python -m MODULE --scenario NAME --preset P --out F` in a fresh process
+(`run_in_subprocess`, `run_each`): patches and the graph pool are per
+process. Every module's `record` starts with `record_each` (the folder, the
+runs, the recording's provenance) and `split_pairs`; `recording_main` is
+each module's command line.
 """
 
 from __future__ import annotations
@@ -192,6 +194,28 @@ def run_each(
         return run_all(output_dir(RUNS_DIR.get()))
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         return run_all(Path(tmp))
+
+
+def record_each(
+    module: str, names: Iterable[str], run_one: Callable[[str, str, Path], dict], preset: str, out_dir: str | Path
+) -> tuple[Path, dict[str, dict], dict]:
+    """What every recording module's `record` starts with: `out_dir` made, and `run_each` of `names` into it.
+
+    Returns the folder, the runs by name, and the recording's provenance: the
+    first run's, with the command that records them all
+    (`python -m MODULE --preset P --out DIR`).
+    """
+    out_dir = output_dir(out_dir)
+    runs = run_each(names, run_one, preset, f"kit-{module.rsplit('.', 1)[-1]}-")
+    first = next(iter(runs.values()))
+    command = f"python -m {module} --preset {preset} --out {shown(out_dir)}"
+    return out_dir, runs, {**first["provenance"], "command": command}
+
+
+def split_pairs(runs: dict[str, dict]) -> tuple[list[dict], dict[str, dict]]:
+    """Every run's `pairs` in one list, and each run's other keys by name."""
+    pairs = [pair for run in runs.values() for pair in run["pairs"]]
+    return pairs, {name: {k: v for k, v in run.items() if k != "pairs"} for name, run in runs.items()}
 
 
 def _kept_run(path: Path) -> dict:

@@ -58,7 +58,6 @@ from kit.errors import KitError
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
-from kit.experiments.recorded import shown as _shown
 from kit.patch.policy import check_policy
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
@@ -298,19 +297,11 @@ def record(preset: str, out_dir: Path) -> Path:
 
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
-    out_dir = recorded.output_dir(out_dir)
-    runs = recorded.run_each(SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, "kit-pairings-")
-    first = runs[SAFETY_SCENARIOS[0]]
-    data = {
-        "preset": preset,
-        "rule": DISPATCH_RULE,
-        "pairs": [row for run in runs.values() for row in run["pairs"]],
-        "policies": {scenario: {k: v for k, v in run.items() if k != "pairs"} for scenario, run in runs.items()},
-        "provenance": {
-            **first["provenance"],
-            "command": f"python -m kit.experiments.safety_run --preset {preset} --out {_shown(out_dir)}",
-        },
-    }
+    out_dir, runs, provenance = recorded.record_each(
+        "kit.experiments.safety_run", SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
+    )
+    pairs, policies = recorded.split_pairs(runs)
+    data = {"preset": preset, "rule": DISPATCH_RULE, "pairs": pairs, "policies": policies, "provenance": provenance}
     return recorded.write_recording(data, out_dir, preset, verdicts=pair_verdicts(pairs_frame(data)))
 
 
