@@ -260,7 +260,7 @@ def cmd_run_workload(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from kit.experiments.scenarios import LIVE_NEEDS_CUDA, check_preset, describe, replica_runs, run_all
+    from kit.experiments.scenarios import LIVE_NEEDS_CUDA, check_preset, replica_runs, run_all, scenario_lines
     from kit.experiments.summary import saved_by_the_patch, summarize
     from kit.record.provenance import require_cuda
 
@@ -281,7 +281,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         runs = replica_runs(args.preset, source="recorded")
         summaries = {name: summarize(snapshot) for name, snapshot in runs.items()}
     for summary in summaries.values():
-        print("\n".join(describe(summary)))
+        print("\n".join(scenario_lines(summary)))
     saved = saved_by_the_patch(summaries)
     if saved is not None:
         print(f"graph pool saved by the patch: {saved / GIB:.3f} GiB ({saved} bytes)")

@@ -63,7 +63,7 @@ from kit.show.alternatives import (
     AlternativesView,
     cap_name,
     deepseek_table,
-    drafter_table,
+    drafter_analyses_table,
     estimate_table,
     extra_diff,
     kv_line,
@@ -173,7 +173,7 @@ if drafter:
     print(drafter["obligation"])
     print(f"share_all: {drafter['evidence']}")
     print(f"share_all safe by graphs vs eager and both analyses: {data['share_all']['safe']}")
-    display(kit.style_table(drafter_table(data)))
+    display(kit.style_table(drafter_analyses_table(data)))
 print(SAFE_IN_THE_REPLICAS_STEP)
 
 # %% [markdown]

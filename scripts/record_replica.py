@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kit.experiments.recorded import child_error, trim_frames  # noqa: E402
-from kit.experiments.scenarios import SCENARIOS, describe, run_all, summarize  # noqa: E402
+from kit.experiments.scenarios import SCENARIOS, run_all, scenario_lines, summarize  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
@@ -45,7 +45,7 @@ def ship(path: Path, summary: dict, command: str) -> dict:
         f.write(data)
     again = summarize(raw)
     assert again == summary | {"source": again["source"]}, "trimming frames changed the figures"
-    print("\n".join(describe(summary)), flush=True)
+    print("\n".join(scenario_lines(summary)), flush=True)
     return {
         **raw["kit"]["provenance"],
         "scenario": raw["kit"]["scenario"],

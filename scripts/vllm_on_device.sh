@@ -11,17 +11,17 @@
 #    empty modules when kit.experiments.vllm_capture starts, before vLLM imports;
 # 4. runs the import probe (probe.json, and in run.txt: each capture module, ok or what stopped it;
 #    after a failure it goes on in a fresh process from the next module);
-# 5. runs every variant (python -m kit.experiments.vllm_capture --out DIR): <variant>.pickle,
-#    PROVENANCE.json, run.txt. In each variant's process: the capture under the capture recorder
+# 5. runs every scenario (python -m kit.experiments.vllm_capture --out DIR): <scenario>.pickle,
+#    PROVENANCE.json, run.txt. In each scenario's process: the capture under the capture recorder
 #    and the read/write recorder (phases from vLLM's breakable wrapper), the graphs against eager,
 #    the read/write obligation over the dispatchable pairings and the pairings themselves against
-#    eager (kit.experiments.vllm_safety), all in the snapshot's kit key. A variant whose
+#    eager (kit.experiments.vllm_safety), all in the snapshot's kit key. A scenario whose
 #    GPUModelRunner.capture_model path fails is run again through the two managers' captures; what
 #    stopped each (the step it had reached, the error, the output's last lines) is kept in
-#    PROVENANCE.json, written after every variant. About 3.5 minutes on the H200 in all.
-# Ship: copy DIR's PROVENANCE.json and <variant>.pickle files to kit/recordings/vllm/ (not probe.json,
+#    PROVENANCE.json, written after every scenario. About 3.5 minutes on the H200 in all.
+# Ship: copy DIR's PROVENANCE.json and <scenario>.pickle files to kit/recordings/vllm/ (not probe.json,
 # run.txt); KIT_VLLM_RECORDINGS=DIR pytest tests/test_vllm_recording.py checks them first.
-# Exits 0 only if every variant was recorded; whatever was had is under DIR either way.
+# Exits 0 only if every scenario was recorded; whatever was had is under DIR either way.
 set -u
 DIR=${1:?usage: bash scripts/vllm_on_device.sh OUT_DIR}
 PY=${PYTHON:-python3}
@@ -74,7 +74,7 @@ echo "== import probe"
 probe=$?
 [ "$probe" -eq 0 ] || echo "the probe says which module stopped; the capture is tried anyway"
 
-echo "== capture, every variant"
+echo "== capture, every scenario"
 "$PY" -m kit.experiments.vllm_capture --out "$DIR"
 status=$?
 echo "== done (exit $status); files:"

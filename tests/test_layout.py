@@ -405,6 +405,39 @@ def test_the_word_check_sees_a_retired_word_and_a_policy_out_of_place():
     assert words_out_of_place("kit.patch.policy", ["STREAM_POLICIES", "check_policy"]) == []
 
 
+# Public names that several modules define on purpose: one idea, each experiment's own (its command line,
+# its recording, its scenario run, its dispatch rule's `can_run`), or the allocator's block in the
+# simulator and in a snapshot's rows. Any other name defined twice is two ideas under one word.
+SHARED_NAMES = {
+    "main", "record", "load_recording", "recording_path", "run_scenario", "run_scenario_in_subprocess",
+    "run_live", "summary_lines", "explain", "can_run", "output_names", "build_runner", "saving_line", "Block",
+}  # fmt: skip
+
+
+def names_defined_twice(modules: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Public functions and classes that more than one module defines, outside `SHARED_NAMES`: name -> modules."""
+    where: dict[str, list[str]] = {}
+    for module, names in modules.items():
+        for name in names:
+            where.setdefault(name, []).append(module)
+    return {n: ms for n, ms in where.items() if len(ms) > 1 and n not in SHARED_NAMES and not n.startswith("_")}
+
+
+def public_definitions(path: Path) -> list[str]:
+    body = ast.parse(path.read_text()).body
+    return [n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+
+
+def test_no_public_function_name_is_defined_for_two_ideas():
+    twice = names_defined_twice({m: public_definitions(p) for m, p in MODULES.items()})
+    assert not twice, f"one name, two definitions (rename one, or add it to SHARED_NAMES if one idea): {twice}"
+
+
+def test_the_twice_check_sees_a_second_definition_but_not_a_shared_or_private_name():
+    modules = {"kit.a": ["shown", "record", "_helper"], "kit.b": ["shown", "record", "_helper"], "kit.c": ["x"]}
+    assert names_defined_twice(modules) == {"shown": ["kit.a", "kit.b"]}
+
+
 # --- byte units, defined once (kit.units) -----------------------------------------------------
 
 UNIT_NAMES = {"KIB", "MIB", "GIB"}

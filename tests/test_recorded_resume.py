@@ -82,7 +82,7 @@ def test_record_each_makes_the_folder_and_stamps_the_whole_command(tmp_path):
     assert list(runs) == ["pr", "unpatched"]
     assert provenance == {
         "gpu": "gpu of pr",
-        "command": f"python -m kit.experiments.safety_run --preset small --out {recorded.shown(out_dir)}",
+        "command": f"python -m kit.experiments.safety_run --preset small --out {recorded.repo_path(out_dir)}",
     }
     pairs, rest = recorded.split_pairs(runs)
     assert pairs == [{"of": "pr"}, {"of": "unpatched"}]

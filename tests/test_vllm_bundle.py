@@ -336,7 +336,7 @@ def test_vllms_capture_path_runs_around_the_stand_in(cpu_capture, policy, path):
     patch = vllm_patch.patched(policy=policy) if policy else contextlib.nullcontext()
     with patch, vc.graph_capture_streams() as streams:
         runner = vc.build_runner(cfg, torch.device("cpu"))
-        vc.capture(runner, path)
+        vc.capture_graphs(runner, path)
     state = runner.model_state
     model_entries = runner.cudagraph_manager.breakable_cg_runner.entries
     replay_entries = state.replay_cudagraphs.breakable_cg_runner.entries
@@ -368,7 +368,7 @@ def test_the_recorder_finds_each_graphs_manager_and_size_on_vllms_stack(cpu_capt
     monkeypatch.setattr(
         StandInGraph, "capture_begin", lambda g, pool=None: labels.append(label_from_stack()) or begin(g, pool)
     )
-    vc.capture(vc.build_runner(vc.StandInConfig(), torch.device("cpu")), "runner")
+    vc.capture_graphs(vc.build_runner(vc.StandInConfig(), torch.device("cpu")), "runner")
     model, replay = "model graphs", "decoder replay graphs"
     replay_sizes = (512, 480, 384, 288, 192, 96)
     assert labels == [(model, n) for n in (512, 512, 256, 256, 128, 128)] + [(replay, n) for n in replay_sizes]
@@ -402,7 +402,7 @@ def test_demo_vllm_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
 
 
 def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runner(tmp_path, monkeypatch):
-    """`record` on the GPU, with each variant's process stood in: runner path fails, managers path works."""
+    """`record` on the GPU, with each scenario's process stood in: runner path fails, managers path works."""
     import pickle
     from types import SimpleNamespace
 
@@ -446,4 +446,4 @@ def test_a_scenario_process_past_its_time_is_killed_and_says_where_it_was():
     done = vc.run_process([sys.executable, "-c", code], timeout_s=2)
     found = vc.failure("runner", done)
     assert (found["stage"], found["returncode"]) == ("capture (runner)", -9)
-    assert found["error"] == "killed after 2 s (the variant's time limit)"  # child_error's line, as every child's
+    assert found["error"] == "killed after 2 s (the scenario's time limit)"  # child_error's line, as every child's

@@ -256,7 +256,7 @@ def test_demo_vllm_json_has_each_scenarios_figures_and_provenance(recorded, caps
 
 def test_demo_vllm_prints_the_figures(recorded, capsys):
     from kit.cli import main
-    from kit.experiments.recorded import shown
+    from kit.experiments.recorded import repo_path
 
     assert main(["demo", "--vllm"]) == 0
     out = capsys.readouterr().out
@@ -267,4 +267,4 @@ def test_demo_vllm_prints_the_figures(recorded, capsys):
     assert out.count("  read/write obligation: holds on all 11 dispatchable pairings") == len(SAFE)
     assert "  read/write obligation: VIOLATED on " in out
     for name in VLLM_SCENARIOS:  # each source line names the recording as the repository does, on any machine
-        assert f"({shown(FOLDER / f'{name}.pickle')})" in out
+        assert f"({repo_path(FOLDER / f'{name}.pickle')})" in out

@@ -356,7 +356,7 @@ def _schema_problem(data: Any) -> str | None:
 def load_recording(preset: str = "small", path: str | Path | None = None) -> dict:
     """A drafter read/write recording (the shipped one for `preset` by default), checked."""
     path = Path(path) if path is not None else RECORDINGS_DIR / f"{preset}.json"
-    missing = f"no drafter read/write recording for preset {preset!r} at {recorded.shown(path)}; record it on a GPU"
+    missing = f"no drafter read/write recording for preset {preset!r} at {recorded.repo_path(path)}; record it on a GPU"
     data = recorded.read_recording(path, "a drafter read/write recording", missing, _schema_problem)
     data["source"] = recorded.source_line(data, path)
     return data

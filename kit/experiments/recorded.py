@@ -5,7 +5,7 @@ reading a recording back (`read_recording`: one-line errors for a missing
 file, one not JSON, one its schema check refuses; `source_line` for where it
 was recorded), writing one (`write_recording`: `<preset>.json` and its
 `PROVENANCE.json` entry, both atomically, through `kit.record.provenance`),
-paths as the repository shows them (`shown`), and running each scenario as
+paths as the repository shows them (`repo_path`), and running each scenario as
 `python -m MODULE --scenario NAME --preset P --out F` in a fresh process
 (`run_in_subprocess`, `run_each`): patches and the graph pool are per
 process. Every module's `record` starts with `record_each` (the folder, the
@@ -33,7 +33,7 @@ from kit.record.provenance import add_entry
 from kit.recordings import RECORDINGS
 
 
-def shown(path: str | Path) -> str:
+def repo_path(path: str | Path) -> str:
     """`path` relative to the repository when it is inside it (provenance and source lines)."""
     try:
         return str(Path(path).resolve().relative_to(RECORDINGS.parents[1]))
@@ -60,7 +60,7 @@ def read_recording(
     what: str,
     missing: str,
     schema_problem: Callable[[Any], str | None],
-    where: Callable[[Path], str] = shown,
+    where: Callable[[Path], str] = repo_path,
 ) -> dict:
     """The JSON at `path`, checked: KitError `missing` without a file, `<where(path)>: not <what> (...)` else."""
     if not path.is_file():
@@ -78,7 +78,7 @@ def read_recording(
 def load_shipped(path: Path, preset: str, command: str, schema_problem: Callable[[Any], str | None]) -> dict:
     """A recording `python -m kit COMMAND` shows, checked, with its `source` line (`--live` makes a missing one)."""
     missing = (
-        f"no {command} recording for preset {preset!r} ({shown(path)}); run `python -m kit {command} --live "
+        f"no {command} recording for preset {preset!r} ({repo_path(path)}); run `python -m kit {command} --live "
         f"--preset {preset}` on a GPU"
     )
     what = f"{'an' if command[0] in 'aeiou' else 'a'} {command} recording"
@@ -91,7 +91,7 @@ def source_line(data: dict, path: Path) -> str:
     """`recorded on GPU, torch V, DATE (path)`, from the provenance; says so if it predates vLLM's sizing."""
     prov = data["provenance"]
     when = f"{prov.get('gpu', '?')}, torch {prov.get('torch', '?')}, {prov.get('date', '?')}"
-    return f"recorded on {when} ({shown(path)})" + (f"; {EARLIER_SIZING}" if predates_vllm_sizing(data) else "")
+    return f"recorded on {when} ({repo_path(path)})" + (f"; {EARLIER_SIZING}" if predates_vllm_sizing(data) else "")
 
 
 EARLIER_SIZING = (
@@ -208,7 +208,7 @@ def record_each(
     out_dir = output_dir(out_dir)
     runs = run_each(names, run_one, preset, f"kit-{module.rsplit('.', 1)[-1]}-")
     first = next(iter(runs.values()))
-    command = f"python -m {module} --preset {preset} --out {shown(out_dir)}"
+    command = f"python -m {module} --preset {preset} --out {repo_path(out_dir)}"
     return out_dir, runs, {**first["provenance"], "command": command}
 
 

@@ -157,7 +157,7 @@ def replica_runs(
     return runs
 
 
-def describe(summary: dict) -> list[str]:
+def scenario_lines(summary: dict) -> list[str]:
     """The figures of one scenario as lines for a terminal."""
     lines = [f"{summary['scenario']} (policy {summary['policy']}): {summary['source']}"]
     for label in ("model_group", "replay_group"):

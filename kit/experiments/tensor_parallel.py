@@ -73,7 +73,7 @@ def run_ranks(name: str, preset: str, world_size: int, out_dir: str | os.PathLik
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kit.experiments.scenarios import SCENARIOS, describe, summarize
+    from kit.experiments.scenarios import SCENARIOS, scenario_lines, summarize
 
     parser = argparse.ArgumentParser(
         description="Run one replica scenario with tensor parallelism, a snapshot per rank."
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for rank, path in enumerate(paths):
         print(f"rank {rank}: {path}")
-        print("\n".join(describe(summarize(path))))
+        print("\n".join(scenario_lines(summarize(path))))
     return 0
 
 

@@ -174,7 +174,7 @@ def graph_capture_streams():
         GroupCoordinator.graph_capture = original
 
 
-def capture(runner, path: str) -> None:
+def capture_graphs(runner, path: str) -> None:
     """Every graph: through `GPUModelRunner.capture_model` (`runner`), or the two managers' captures (`managers`)."""
     import torch
 
@@ -231,7 +231,7 @@ def run_forward(runner, input_ids, use_cudagraph: bool, rows: int | None = None,
     return hidden.clone(), [a.clone() for a in aux]
 
 
-def check_equivalence(runner, seed: int = 1234) -> list[dict]:
+def check_vllm_equivalence(runner, seed: int = 1234) -> list[dict]:
     """Fresh token ids per capture size, graphs against eager: the replica's check (`compare_sizes`) on vLLM's path.
 
     Each step's replay batch is its last half of rows, which vLLM's dispatch
@@ -289,7 +289,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
         torch.cuda.synchronize()
     stage("check the graphs against eager")
     try:
-        equivalence = check_equivalence(runner)
+        equivalence = check_vllm_equivalence(runner)
     except Exception as e:  # noqa: BLE001 - the captures are recorded either way; the check's error is kept
         equivalence = [{"error": f"{type(e).__name__}: {e}"[:500], "where": traceback.format_exc().splitlines()[-6:]}]
     stage("the read/write obligation over the dispatchable pairings")
@@ -328,13 +328,13 @@ def run_scenario(name: str, path: str = "runner") -> dict:
 
 
 def capture_recorded(runner, path: str):
-    """`capture(runner, path)` under a `ReadWriteRecorder`, by vLLM's phases (`vllm_safety.vllm_phases`); the
+    """`capture_graphs(runner, path)` under a `ReadWriteRecorder`, by vLLM's phases (`vllm_safety.vllm_phases`); the
     recording of what every op read and wrote."""
     from kit.experiments import vllm_safety
     from kit.record.readwrite import ReadWriteRecorder
 
     with ReadWriteRecorder() as rw, vllm_safety.vllm_phases(runner, rw):
-        capture(runner, path)
+        capture_graphs(runner, path)
     return rw.recording()
 
 
@@ -360,11 +360,11 @@ def recording_path(name: str) -> Path:
 
 def load_recordings() -> dict:
     """The shipped H200 recordings of every scenario, as snapshots; KitError naming how to make them if none."""
-    from kit.experiments.recorded import shown
+    from kit.experiments.recorded import repo_path
     from kit.load.snapshot import load_snapshot
 
     runs = {
-        name: load_snapshot(recording_path(name), label=shown(recording_path(name)))
+        name: load_snapshot(recording_path(name), label=repo_path(recording_path(name)))
         for name in VLLM_SCENARIOS
         if recording_path(name).is_file()
     }

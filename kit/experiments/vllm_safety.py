@@ -194,7 +194,7 @@ def dispatchable_pairs(runner) -> list[tuple[int, int, int | None]]:
 # --- the obligation -----------------------------------------------------------------
 
 
-def table_records(table) -> list[dict]:
+def readwrite_records(table) -> list[dict]:
     """`readwrite_table`'s rows as JSON-able records (ints, bools, lists, None for no overlap)."""
     records = []
     for row in table.to_dict("records"):
@@ -235,7 +235,7 @@ def readwrite_result(recording: ReadWriteRecording, runner) -> dict:
         "rule": dispatch.RULE,
         "replay_sizes": replay_sizes(runner),
         "trim_threshold": trim_threshold(runner),
-        "rows": table_records(table),
+        "rows": readwrite_records(table),
         "verdicts": [] if empty else obligation_verdicts(table),
         "summary": f"{OBLIGATION} Nothing to check: no pairing can run." if empty else obligation_summary(table),
         "holds": bool(running["holds"].all()) if len(running) else None,

@@ -46,7 +46,7 @@ from kit.load.rows import (
     parse_segment,
     parse_trace_entry,
 )
-from kit.load.unpickle import decode, load_file
+from kit.load.unpickle import decode_snapshot, load_file
 
 
 def live_snapshot() -> dict:
@@ -140,7 +140,7 @@ def _rereader(path: Path, stamp: caches.Stamp):
 
 def snapshot_from_bytes(data: bytes, origin: str = "snapshot bytes") -> Snapshot:
     """A snapshot from the bytes of a pickle or JSON file, as `load_snapshot` reads one."""
-    return Snapshot(decode(data, origin), origin=origin)
+    return Snapshot(decode_snapshot(data, origin), origin=origin)
 
 
 def _check_top_level(raw: Any, origin: str) -> None:

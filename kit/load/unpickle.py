@@ -168,7 +168,7 @@ def refuse_legacy_torch_save(raw: Any, where: str) -> None:
         raise KitError(f"{where}: this is a torch.save file (its legacy format), not a memory snapshot")
 
 
-def decode(data: bytes, where: str) -> dict:
+def decode_snapshot(data: bytes, where: str) -> dict:
     if not data:
         raise KitError(f"{where}: empty file")
     refuse_other_formats(data[:HEAD_BYTES], where, data)
@@ -249,11 +249,11 @@ def load_file(path: Path, on_read: Callable[[int], object] | None = None) -> Any
             head = f.read(HEAD_BYTES)
             refuse_other_formats(head, str(path), f)
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
-                return decode(head + f.read(), str(path))  # JSON, or not a pickle at all
+                return decode_snapshot(head + f.read(), str(path))  # JSON, or not a pickle at all
             f.seek(0)
             raw = safe_unpickle(f if on_read is None else _Counted(f, on_read), str(path))
             refuse_legacy_torch_save(raw, str(path))
             check_expansion(raw, os.fstat(f.fileno()).st_size, str(path))
             return raw
     except OSError:
-        return decode(read_file(path), str(path))  # read_file names what went wrong
+        return decode_snapshot(read_file(path), str(path))  # read_file names what went wrong

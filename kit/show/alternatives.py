@@ -264,7 +264,7 @@ def checks_table(data: dict, scenario: str) -> pd.DataFrame:
     return rows
 
 
-def drafter_table(data: dict) -> pd.DataFrame:
+def drafter_analyses_table(data: dict) -> pd.DataFrame:
     """The drafter's two analyses side by side, per scenario and (model graph, drafter graph) that can run.
 
     From `share_all.drafter_analyses` (`kit.experiments.drafter_run.with_drafter_analyses`);

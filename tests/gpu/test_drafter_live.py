@@ -1,4 +1,4 @@
-"""Alternative (a)'s lifetime argument live on a GPU: the drafter's reads and writes, each variant in a fresh process.
+"""Alternative (a)'s lifetime argument live on a GPU: the drafter's reads and writes, each scenario in a fresh process.
 
 Asserted whatever the figures: under share_all the drafter's graphs share the model graphs'
 stream and the analyses run on every (model graph, drafter graph) pairing; under the PR the
