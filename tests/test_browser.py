@@ -10,7 +10,8 @@ as its output area with no legend entry behind a scroll bar and no title cut off
 in every notebook with a control a person can operate, one control marked with the CSS class
 `kit-main-control`: moving it must change what its cell shows as `CONTROL` says (before and after, a
 figure where there is one). Screenshots of the whole notebook before and after moving the control go
-to build/screenshots/.
+to build/screenshots/, with each plot's measured width, its output area's, and the legend and title
+checks in `<notebook>_plots.json`.
 
 A snapshot whose names are markup (tests/hostile.py) is opened in the same Chromium through
 tests/browser/open_page.mjs: its report page, and the explorer's HTML widgets set with innerHTML as
@@ -252,6 +253,8 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
     if expects_plot:
         assert report["plotly_svgs"] > 0, f"the notebook uses plotly but no plot rendered: {context}"
     assert (SCREENSHOTS / f"{notebook.stem}.png").stat().st_size > 10_000, context
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    (SCREENSHOTS / f"{notebook.stem}_plots.json").write_text(json.dumps(report["plots"], indent=1) + "\n")
     for plot in report["plots"]:  # every figure as wide as its cell, its legend and title whole
         what = f"{notebook.name}: the plot {plot['title']!r}"
         assert plot["width"] >= PLOT_SHARE * plot["area_width"], f"{what} is {plot['width']} px in {plot['area_width']}"
