@@ -4,11 +4,14 @@ Anything the user can get wrong (a missing file, a corrupt or hostile
 snapshot, a malformed workload) ends in a `KitError` whose message is one
 short line. The command line prints it and exits 2; notebooks show it as is.
 `describe` renders a value from the input for such a message without ever
-failing on it (a 10,000-digit integer, a deeply nested list, a huge string).
+failing on it (a 10,000-digit integer, a deeply nested list, a huge string);
+`check_one_of` is the one refusal of a name outside a known set (a preset, a
+scenario, a stream policy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 MAX_MESSAGE = 600
@@ -39,6 +42,14 @@ def describe(value: Any, limit: int = 40) -> str:
     except Exception:  # noqa: BLE001 - anything without a working len()
         size = ""
     return f"a {type(value).__name__}{size}"
+
+
+def check_one_of(value: Any, known: Iterable[str], what: str) -> Any:
+    """`value`, if it is one of `known`; KitError `unknown <what> <value>: one of <known>` otherwise."""
+    known = list(known)
+    if value not in known:
+        raise KitError(f"unknown {what} {describe(value)}: one of {', '.join(known)}")
+    return value
 
 
 def as_text(value: Any, limit: int = 200) -> str:

@@ -49,7 +49,6 @@ STREAMS = {
     "comm": "comm stream",
     "sampler": "sampler stream",
 }
-GLOBAL_POOL = GRAPH_POOL_LABEL
 TIME_ZERO_US = 1_796_243_795_000_000  # a plausible time stamp, as torch writes them
 # vLLM's default capture sizes: 1, 2, 4, then every 8 up to 512.
 CAPTURE_SIZES = (1, 2, 4, *range(8, 513, 8))
@@ -126,7 +125,7 @@ def scale_workload(seed: int = 0, scale: float = 1.0, *, layers: int = 61, hidde
         for kind, n_layers in (("model", layers), ("replay", layers // 4)):
             stream = STREAMS[kind]
             graph = f"{kind} graphs {size} #{g}"
-            b.capture(graph, GLOBAL_POOL, stream)
+            b.capture(graph, GRAPH_POOL_LABEL, stream)
             hidden_state = b.alloc(size * hidden * 2, stream)
             for _layer in range(n_layers):
                 tmp = [b.alloc(size * rng.choice((hidden // 8, hidden, hidden * 4)) * 2, stream) for _ in range(3)]

@@ -36,12 +36,12 @@ from IPython.display import display
 import kit
 import kit.patch.replica
 from kit.analysis.attribution import is_replay_capture
+from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
 from kit.experiments.scenarios import replica_runs
 from kit.recordings import default_source
 from kit.replica import parallel_state
 from kit.show.before_after import (
-    GRAPH_POOL,
     SCENARIO_OF,
     BeforeAfterView,
     replay_segment_bytes,
@@ -120,7 +120,7 @@ display(BeforeAfterView(runs, PRESETS).widget)
 replay_rows = []
 for (preset, name), snap in runs.items():
     captures = kit.capture_table(snap)
-    replay = captures[captures["manager"].map(is_replay_capture) & (captures["pool_label"] == GRAPH_POOL)]
+    replay = captures[captures["manager"].map(is_replay_capture) & (captures["pool_label"] == GRAPH_POOL_LABEL)]
     replay_rows.append(replay.assign(preset=preset, run=name))
 replay_captures = pd.concat(replay_rows, ignore_index=True)
 replay_captures.attrs.update(source=f"{SOURCE} runs of the replica", byte_columns=["new_segment_bytes"])

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kit.experiments.recorded import child_error, trim_frames  # noqa: E402
-from kit.experiments.scenarios import SCENARIOS, run_all, scenario_lines, summarize  # noqa: E402
+from kit.experiments.scenarios import SCENARIOS, run_all, scenario_lines  # noqa: E402
+from kit.experiments.summary import summarize  # noqa: E402
 from kit.fileio import atomic_write  # noqa: E402
 from kit.load.snapshot import load_snapshot  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402

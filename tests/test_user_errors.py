@@ -317,3 +317,13 @@ def test_a_well_formed_window_at_the_trace_end_is_taken():
     raw["kit"]["captures"][-1]["trace_end"] = len(raw["device_traces"][0])  # [begin, end): the end may be the length
     raw["kit"]["graphs"] = {}  # a pool its segments hold needs no name
     assert len(checked_capture_windows(raw)) == len(raw["kit"]["captures"])
+
+
+def test_a_name_outside_its_set_is_one_short_line_naming_the_set():
+    from kit.errors import check_one_of
+
+    assert check_one_of("pr", ("pr", "share"), "stream policy") == "pr"
+    with pytest.raises(KitError, match=r"^unknown stream policy 'prr': one of pr, share$"):
+        check_one_of("prr", ("pr", "share"), "stream policy")
+    with pytest.raises(KitError, match=r"^unknown preset 'x{40}'\.\.\. \(100000 characters\): one of small$"):
+        check_one_of("x" * 100_000, {"small": None}, "preset")  # a dict's keys are its set

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.units import GIB
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
@@ -84,8 +84,7 @@ def replica_layout(
     hidden_size: int, num_layers: int, dtype: str, block_size: int = VLLM_DEFAULT_BLOCK_SIZE
 ) -> KVLayout:
     """The replica given a full-attention cache per layer: K and V of `hidden_size` values each, in its dtype."""
-    if dtype not in DTYPE_BYTES:
-        raise KitError(f"unknown dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
+    check_one_of(dtype, DTYPE_BYTES, "dtype")
     per_layer = attention_bytes_per_token_per_layer(1, hidden_size, DTYPE_BYTES[dtype])
     return KVLayout(
         "replica",

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kit.analysis.tables import FIGURES, format_bytes, segment_table
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.units import MIB
 
@@ -80,8 +80,7 @@ def rank_table(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], figure: s
     `missing_on`; min, max, spread and `largest_rank` are taken over the ranks
     that have the group, so a missing rank is never the smallest or largest.
     """
-    if figure not in FIGURES:
-        raise KitError(f"unknown figure {figure!r}: one of {', '.join(FIGURES)}")
+    check_one_of(figure, FIGURES, "figure")
     ranks = _by_rank(snapshots)
     if not ranks:
         raise KitError("no snapshots to compare")

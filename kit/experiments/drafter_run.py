@@ -60,7 +60,7 @@ from kit.analysis.readwrite import (
     step_before_drafter,
     step_read_entries,
 )
-from kit.errors import KitError
+from kit.errors import check_one_of
 from kit.experiments import recorded
 from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
@@ -241,7 +241,7 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
 
-    check_scenario(scenario)
+    check_one_of(scenario, DRAFTER_SCENARIOS, "drafter scenario")
     config = alternatives_config(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -335,12 +335,6 @@ def record(preset: str, out_dir: Path) -> Path:
 
 
 # --- reading ------------------------------------------------------------------------------------
-
-
-def check_scenario(scenario: str) -> str:
-    if scenario not in DRAFTER_SCENARIOS:
-        raise KitError(f"unknown drafter scenario {scenario!r}: one of {', '.join(DRAFTER_SCENARIOS)}")
-    return scenario
 
 
 def _schema_problem(data: Any) -> str | None:

@@ -63,9 +63,9 @@ from kit.analysis.readwrite import (
     readwrite_table,
 )
 from kit.analysis.tables import format_bytes
+from kit.errors import check_one_of
 from kit.experiments import recorded
 from kit.experiments.safety_run import SAFETY_SCENARIOS
-from kit.patch.policy import check_policy
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -302,7 +302,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
     from kit.record.recorder import CaptureRecorder
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(scenario, SAFETY_SCENARIOS, "read/write scenario")
+    check_one_of(scenario, SAFETY_SCENARIOS, "read/write scenario")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     replica_scenario = SCENARIO_OF[scenario]

@@ -54,11 +54,10 @@ from typing import Any
 
 import pandas as pd
 
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
-from kit.patch.policy import check_policy
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -258,7 +257,7 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
 
-    check_policy(scenario, SAFETY_SCENARIOS, "safety scenario")
+    check_one_of(scenario, SAFETY_SCENARIOS, "safety scenario")
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     replica_scenario = SCENARIO_OF[scenario]

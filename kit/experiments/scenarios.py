@@ -30,7 +30,7 @@ from pathlib import Path
 from kit import progress
 from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.experiments.recorded import child_error
 from kit.experiments.summary import summarize
 from kit.fileio import atomic_write
@@ -52,8 +52,7 @@ def check_preset(preset: str) -> None:
     """Refuse a replica size that `kit.replica.model.PRESETS` does not have, naming those it has."""
     from kit.replica.model import PRESETS
 
-    if preset not in PRESETS:
-        raise KitError(f"unknown preset {preset!r}: one of {', '.join(PRESETS)}")
+    check_one_of(preset, PRESETS, "preset")
 
 
 LIVE_NEEDS_CUDA = (
@@ -64,8 +63,7 @@ LIVE_NEEDS_CUDA = (
 def scenario_config(name: str, preset: str):
     from kit.replica.model import PRESETS
 
-    if name not in SCENARIOS:
-        raise KitError(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
+    check_one_of(name, SCENARIOS, "scenario")
     check_preset(preset)
     config = PRESETS[preset]
     if SCENARIOS[name][1]:

@@ -73,7 +73,8 @@ def run_ranks(name: str, preset: str, world_size: int, out_dir: str | os.PathLik
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kit.experiments.scenarios import SCENARIOS, scenario_lines, summarize
+    from kit.experiments.scenarios import SCENARIOS, scenario_lines
+    from kit.experiments.summary import summarize
 
     parser = argparse.ArgumentParser(
         description="Run one replica scenario with tensor parallelism, a snapshot per rank."

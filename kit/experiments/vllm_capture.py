@@ -91,7 +91,7 @@ import traceback
 from pathlib import Path
 from typing import NamedTuple
 
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.experiments.recorded import child_error
 from kit.experiments.summary import saved_by_the_patch, summarize
 from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry point's names
@@ -257,10 +257,8 @@ def check_vllm_equivalence(runner, seed: int = 1234) -> list[dict]:
 def run_scenario(name: str, path: str = "runner") -> dict:
     """Build, capture under the scenario's patch with both recorders on, check against eager, run the pairings;
     the raw snapshot, with the obligation and the pairings in its `kit` key."""
-    if name not in VLLM_SCENARIOS:
-        raise KitError(f"unknown scenario {name!r}: one of {', '.join(VLLM_SCENARIOS)}")
-    if path not in PATHS:
-        raise KitError(f"unknown path {path!r}: one of {', '.join(PATHS)}")
+    check_one_of(name, VLLM_SCENARIOS, "scenario")
+    check_one_of(path, PATHS, "path")
     require_cuda(CAPTURE_NEEDS_CUDA)
     stage("import vLLM's capture path")
     stood_in = import_vllm()

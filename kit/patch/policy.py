@@ -18,20 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit.errors import KitError
+from kit.errors import check_one_of
 
 STREAM_POLICIES = ("pr", "share", "separate")
 
 
-def check_policy(policy: str, known: tuple[str, ...] = STREAM_POLICIES, what: str = "stream policy") -> str:
-    """`policy`, if it is one of `known`; KitError `unknown <what> ...` naming them otherwise.
-
-    The experiments that run one policy per process (`kit.experiments.safety_run`,
-    `readwrite_run`) check theirs here too, with their own `known` and `what`.
-    """
-    if policy not in known:
-        raise KitError(f"unknown {what} {policy!r}: one of {', '.join(known)}")
-    return policy
+def check_policy(policy: str) -> str:
+    """`policy`, if it is one of `STREAM_POLICIES`; KitError naming them otherwise."""
+    return check_one_of(policy, STREAM_POLICIES, "stream policy")
 
 
 def replay_stream(policy: str, has_early_aux: bool | None, stream: Any) -> Any:

@@ -31,7 +31,8 @@ from pandas.io.formats.style import Styler
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import format_bytes, style_table
 from kit.markup import html_text
-from kit.show.pictures import MIB, STREAM_COLOURS, FigureWidget, show_in
+from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in
+from kit.units import MIB
 
 MAIN = ("unpatched", "pr", "share_all")
 WHAT = {

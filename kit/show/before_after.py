@@ -22,21 +22,15 @@ import plotly.graph_objects as go
 from kit.analysis.attribution import capture_table, is_replay_capture
 from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.experiments import safety_run
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
-from kit.show.pictures import (
-    BAR_TOP_MARGIN,
-    MIB,
-    STATE_COLOURS,
-    FigureWidget,
-    figure_widget,
-    title_room,
-    titled,
-)
+from kit.show.pictures import BAR_TOP_MARGIN, STATE_COLOURS, FigureWidget, figure_widget, title_room, titled
+from kit.units import MIB
 
-GRAPH_POOL = GRAPH_POOL_LABEL
 GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
-SCENARIO_OF = {"unpatched": "unpatched", "pr": "patched"}  # policy -> the replica scenario that runs it
+# The two runs the view compares: experiment scenario -> the replica scenario that runs it.
+SCENARIO_OF = {name: safety_run.SCENARIO_OF[name] for name in ("unpatched", "pr")}
 RUN_TITLES = {  # scenario -> what the run is: the replica, never vLLM itself
     "unpatched": "replica, unpatched (its mirror of vLLM 0.33's capture path)",
     "patched": "replica, patched (PR 63155, policy pr)",
@@ -47,7 +41,7 @@ CHANGE_COLUMNS = ["pool_label", "stream_label", "status", "reserved_before", "re
 
 def saving_line(change: pd.DataFrame) -> str:
     """One sentence from a `diff_tables` change: the graph pool's reserved bytes before, after, and saved."""
-    pool = change[change["pool_label"] == GRAPH_POOL]
+    pool = change[change["pool_label"] == GRAPH_POOL_LABEL]
     saved = -pool["reserved"].sum()
     return (
         f"graph pool: {format_bytes(pool['reserved_before'].sum())} before, "
@@ -58,7 +52,7 @@ def saving_line(change: pd.DataFrame) -> str:
 def replay_segment_bytes(snapshot: Snapshot) -> int:
     """Bytes of the graph-pool segments the run's replay captures added (`new_segment_bytes`, `capture_table`)."""
     captures = capture_table(snapshot)
-    replay = captures[captures["manager"].map(is_replay_capture) & (captures["pool_label"] == GRAPH_POOL)]
+    replay = captures[captures["manager"].map(is_replay_capture) & (captures["pool_label"] == GRAPH_POOL_LABEL)]
     return int(replay["new_segment_bytes"].sum())
 
 
@@ -140,5 +134,5 @@ class BeforeAfterView:
         table = style_table(groups[CHANGE_COLUMNS]).to_html()
         self.change_html.value = "".join(f"<p><b>{line}</b></p>" for line in lines) + table
         # The graph pool's groups only: beside the default pool's GiB the saving would be a sliver.
-        graph_pool = groups[groups["pool_label"] == GRAPH_POOL]
+        graph_pool = groups[groups["pool_label"] == GRAPH_POOL_LABEL]
         self.bars = figure_widget(self.bars, change_figure(graph_pool, "unpatched", "patched", GRAPH_POOL_AXIS))

@@ -40,7 +40,7 @@ from kit.analysis.names import MODEL_STREAM_LABEL
 from kit.analysis.tables import format_bytes, style_table
 from kit.errors import KitError
 from kit.experiments import readwrite_run, safety_run
-from kit.experiments.scenarios import summarize
+from kit.experiments.summary import summarize
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
 from kit.patch.policy import replay_stream
@@ -123,11 +123,13 @@ def agreement_lines(records: SafetyRecords) -> list[str]:
         can_run = mine[mine["dispatchable"]]
         violated = int(can_run["violated"].sum())
         obligation = "holds on every one" if not violated else f"fails on {violated}"
-        judged = mine if _agree(mine) else mine[mine["attributable"]]
+        agree = _agree(mine)
+        judged = mine if agree else mine[mine["attributable"]]
+        agree = agree or _agree(judged)
         line = (
             f"{policy}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; over "
             f"{'all ' if len(judged) == len(mine) else ''}{len(judged)}, the pairings that differ from eager and those "
-            f"the lifetime analysis flags with the breaks' reads are {'exactly' if _agree(judged) else 'not exactly'} "
+            f"the lifetime analysis flags with the breaks' reads are {'exactly' if agree else 'not exactly'} "
             "the pairings that fail it"
         )
         left_out = mine.drop(judged.index)

@@ -31,7 +31,6 @@ from kit.markup import html_text
 from kit.show.pictures import MARK_COLOURS, FigureWidget, figure_widget, segment_map_figure, segment_row
 from kit.units import MIB
 
-GRAPH_POOL = GRAPH_POOL_LABEL
 TAKEN = "taken"
 FITS = "fits, not the best fit"  # the allocator takes the smallest fitting block, lowest address first
 _RANK = {TAKEN: 0, "refused: other stream": 1}  # table order: the answer, then the root cause
@@ -49,7 +48,7 @@ class Step:
 class StepThrough:
     """A recorded trace replayed on the simulator, one graph-pool allocation at a time."""
 
-    def __init__(self, snapshot: Snapshot | str | dict, pool_name: str = GRAPH_POOL) -> None:
+    def __init__(self, snapshot: Snapshot | str | dict, pool_name: str = GRAPH_POOL_LABEL) -> None:
         self.recorded = load_snapshot(snapshot)
         self.name = Path(self.recorded.origin).name
         self.ops: list[Op] = parse_workload(trace_to_workload(self.recorded), self.name)
