@@ -9,7 +9,11 @@ shipped recordings' inferred windows are checked in `test_plain_snapshots.py`.
 
 from __future__ import annotations
 
-from kit.analysis.attribution import capture_windows
+import pytest
+
+from kit.allocator.simulator import simulate
+from kit.allocator.workload import parse_workload
+from kit.analysis.attribution import SEGMENT_FREE, capture_windows, infer_capture_windows
 from kit.analysis.trace.walk import walk_trace
 from kit.load.snapshot import Snapshot
 
@@ -78,3 +82,92 @@ def test_another_streams_graph_pool_allocation_right_after_a_window_starts_anoth
     first, other, second = _windows(snap)
     assert first[:3] == (2, 5, MODEL) and other[:3] == (5, 6, OTHER) and second[:3] == (7, 8, MODEL)
     assert first[3] != second[3] and first[4] == second[4] == 0  # two captures, each of one graph
+
+
+# --- what parts two windows: the entries from just after the first to just before the second ------------------
+
+EAGER_2 = 0x4000_0000  # a default-pool segment `empty_cache` releases
+
+
+def _parted_snapshot(what: str, where: str) -> Snapshot:
+    """MODEL's two graphs into pool (0, 1) around an eager break, with one `what` entry ("segment_free": an
+    `empty_cache` releasing EAGER_2; "other": OTHER allocating into pool (0, 2)) at `where`:
+    "inside_first" (before the first window's last allocation), "at_low" (the entry right after the first
+    window), "before_high" (the entry right before the second window) or "inside_second"."""
+    trace = []
+
+    def entry(action: str, addr: int, size: int, stream: int) -> None:
+        frames = [{"filename": "/x/model.py", "line": 10 + len(trace), "name": "forward"}]
+        trace.append({"action": action, "addr": addr, "size": size, "stream": stream, "frames": frames})
+
+    def maybe(place: str) -> None:
+        if place == where and what == "segment_free":
+            entry("segment_free", EAGER_2, 2 * MIB, MODEL)
+        elif place == where:
+            entry("alloc", POOL_2, 64 * KIB, OTHER)
+
+    entry("segment_alloc", EAGER, 2 * MIB, MODEL)
+    entry("segment_alloc", EAGER_2, 2 * MIB, MODEL)
+    entry("segment_alloc", POOL_2, 2 * MIB, OTHER)
+    entry("segment_alloc", POOL_1, 2 * MIB, MODEL)
+    entry("alloc", POOL_1, 64 * KIB, MODEL)
+    maybe("inside_first")
+    entry("alloc", POOL_1 + 64 * KIB, 64 * KIB, MODEL)  # the first window's last allocation
+    maybe("at_low")
+    entry("alloc", EAGER, 64 * KIB, MODEL)  # the eager break
+    maybe("before_high")
+    entry("alloc", POOL_1 + 128 * KIB, 64 * KIB, MODEL)  # the second window's first allocation
+    maybe("inside_second")
+    entry("alloc", POOL_1 + 192 * KIB, 64 * KIB, MODEL)
+    for addr in (POOL_1, POOL_1 + 64 * KIB, EAGER, POOL_1 + 128 * KIB, POOL_1 + 192 * KIB):
+        entry("free_requested", addr, 64 * KIB, MODEL)
+        entry("free_completed", addr, 64 * KIB, MODEL)
+    if what == "other" and where != "nowhere":
+        entry("free_requested", POOL_2, 64 * KIB, OTHER)
+        entry("free_completed", POOL_2, 64 * KIB, OTHER)
+    segments = [
+        segment(EAGER, [(2 * MIB, "inactive")], stream=MODEL),
+        segment(POOL_1, [(2 * MIB, "inactive")], stream=MODEL, pool=(0, 1)),
+        segment(POOL_2, [(2 * MIB, "inactive")], stream=OTHER, pool=(0, 2)),
+    ]
+    if what == "other" or where == "nowhere":
+        segments.append(segment(EAGER_2, [(2 * MIB, "inactive")], stream=MODEL))  # not released
+    return Snapshot({"segments": segments, "device_traces": [trace]}, origin="hand-built")
+
+
+@pytest.mark.parametrize("what", ["segment_free", "other"])
+@pytest.mark.parametrize(
+    ("where", "captures"),
+    [("nowhere", 1), ("inside_first", 1), ("at_low", 2), ("before_high", 2), ("inside_second", 1)],
+)
+def test_only_an_entry_between_two_windows_parts_them_into_two_captures(what, where, captures):
+    snap = _parted_snapshot(what, where)
+    assert walk_trace(snap).mismatches == []
+    model = [w for w in _windows(snap) if w[2] == MODEL]
+    assert len(model) == 2
+    assert len({w[3] for w in model}) == captures, (what, where)
+    assert [w[4] for w in model] == ([0, 1] if captures == 1 else [0, 0])
+
+
+def test_an_empty_cache_right_after_a_capture_parts_it_from_the_next():
+    """Issue 39's workload: capture 1, `empty_cache` (its segment_free the entry right after the window), an eager
+    allocation on the capturing stream, capture 2 into the same pool."""
+    ops = [
+        {"op": "alloc", "id": "x", "bytes": MIB, "stream": "default"},
+        {"op": "free", "id": "x"},
+        {"op": "capture_begin", "graph": "g1", "pool": "P", "stream": "s"},
+        {"op": "alloc", "id": "a1", "bytes": MIB // 2, "stream": "s"},
+        {"op": "capture_end", "graph": "g1"},
+        {"op": "empty_cache"},
+        {"op": "alloc", "id": "e", "bytes": MIB // 2, "stream": "s"},
+        {"op": "capture_begin", "graph": "g2", "pool": "P", "stream": "s"},
+        {"op": "alloc", "id": "a2", "bytes": MIB // 2, "stream": "s"},
+        {"op": "capture_end", "graph": "g2"},
+    ]
+    raw = simulate(parse_workload({"version": 1, "ops": ops})).snapshot()
+    del raw["kit"]["graphs"]  # a plain snapshot: the windows are inferred
+    snap = Snapshot(raw, origin="issue 39")
+    windows = infer_capture_windows(snap)
+    first, second = windows
+    assert snap.trace_columns[0].action[first["trace_end"]] == SEGMENT_FREE  # the entry right after the window
+    assert first["capture"] != second["capture"] and first["index"] == second["index"] == 0

@@ -181,7 +181,7 @@ def _one_capture(before: dict, begin: int, stream: int, pool_allocs: list, frees
     `torch.cuda.graph` runs as it begins) frees a segment.
     """
     low, high = before["trace_end"], begin
-    if ((frees > low) & (frees < high)).any():
+    if ((frees >= low) & (frees < high)).any():
         return False
     return not any(low <= i < high and s != stream for i, s in pool_allocs)
 

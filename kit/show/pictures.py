@@ -23,6 +23,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import plotly
@@ -36,6 +37,7 @@ from kit.analysis.names import (
     pool_labels,
 )
 from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.errors import KitError
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
@@ -139,23 +141,33 @@ def segment_map_figure(
     The browser never receives more than `max_segments` segments (the largest
     are kept) nor more than `max_bars` bars: past that, neighbouring blocks of
     one state are drawn as one bar ("12 blocks, ..." on hover), and if that is
-    not enough, more of the smallest segments are left out. The title says
-    what was left out or merged.
+    not enough, more of the smallest segments are left out. Where one segment
+    alone still has more runs than `max_bars`, its runs are drawn in
+    `max_bars` groups of neighbours, each in the colour of the state holding
+    most of its bytes (its bytes per state on hover). The title says what was
+    left out or merged. `max_bars` below 1 is refused (`KitError`).
     """
+    check_bar_limit(max_bars)
     snapshot = load_snapshot(snapshot)
     c = snapshot.columns
     labels = stream_labels(snapshot, names.get("stream_names"))
     pools = pool_labels(snapshot, names.get("pool_names"))
     pool_of = c.pools()
-    order, dropped, merged = _drawn(c, _map_order(c, pool_of, labels), max_segments, max_bars)
-    bars, rows = _bars(c, order, _runs if merged else _blocks, pool_of, pools)
+    drawn = _drawn(c, _map_order(c, pool_of, labels), max_segments, max_bars)
+    bars, rows = _bars(c, drawn.order, _bars_of(drawn, max_bars), pool_of, pools)
     fig = go.Figure()
     _add_bars(fig, bars, labels)
     title = "Segment map: blocks of each segment, coloured by stream"
-    if dropped:
-        title += f" ({dropped} smallest segments not drawn)"
-    if merged:
+    if drawn.dropped:
+        title += f" ({drawn.dropped} smallest segments not drawn)"
+    if drawn.merged:
         title += " (neighbouring blocks of one state drawn as one bar)"
+    if drawn.grouped is not None:
+        i, runs = drawn.grouped
+        title += (
+            f" (segment {int(c.address[i]):#x}: its {runs:,} runs drawn as {max_bars:,} bars of neighbouring runs,"
+            " each in the colour of its largest state)"
+        )
     legend_rows = (len(fig.data) + 3) // 4 + 1  # entries four to a row, and the room for outlines added later
     top = BAR_TOP_MARGIN + title_room(snapshot.source_label) + 22 * legend_rows
     fig.update_layout(
@@ -171,14 +183,33 @@ def segment_map_figure(
     return fig
 
 
+def check_bar_limit(max_bars: int) -> None:
+    """Refuse a segment map limit of fewer than one bar: no segment with a block could be drawn."""
+    if isinstance(max_bars, bool) or not isinstance(max_bars, int) or max_bars < 1:
+        raise KitError(f"max_bars is {max_bars!r}: a segment map needs at least 1 bar")
+
+
 def _map_order(c, pool_of: list[tuple[int, int]], labels: dict[int, str]) -> list[int]:
     """The segments in the map's order: by device, pool, stream label, address."""
     stream_of, address_of, device_of = c.stream.tolist(), c.address.tolist(), c.device.tolist()
     return sorted(range(len(c)), key=lambda i: (device_of[i], pool_of[i], labels.get(stream_of[i], ""), address_of[i]))
 
 
-def _drawn(c, order: list[int], max_segments: int, max_bars: int) -> tuple[list[int], int, bool]:
-    """The segments to draw, how many were left out, and whether neighbouring blocks are merged to fit `max_bars`."""
+class Drawn(NamedTuple):
+    """What a segment map draws: its segments, how many were left out, and how their blocks were merged."""
+
+    order: list[int]  # the segments drawn, in the map's order
+    dropped: int  # segments left out (the smallest)
+    merged: bool  # neighbouring blocks of one state drawn as one bar
+    grouped: tuple[int, int] | None  # (segment, its runs) where one segment's runs alone pass `max_bars`
+
+
+def _drawn(c, order: list[int], max_segments: int, max_bars: int) -> Drawn:
+    """The segments to draw and how: every block, runs of one state merged, or one segment's runs grouped.
+
+    Each pass of the loop leaves out at least one segment and stops at one, so
+    it ends; a segment whose runs alone pass `max_bars` is drawn in groups.
+    """
     total_of = c.total_size.tolist()
     dropped = 0
     if len(order) > max_segments:
@@ -186,11 +217,19 @@ def _drawn(c, order: list[int], max_segments: int, max_bars: int) -> tuple[list[
         order = _largest(order, total_of, max_segments)
     merged = sum(int(c.n_blocks[i]) for i in order) > max_bars
     bars_of = _runs if merged else _blocks
-    while order and sum(len(bars_of(c, i)[0]) for i in order) > max_bars:
-        keep = max(1, len(order) * 3 // 4)
+    while len(order) > 1 and sum(len(bars_of(c, i)[0]) for i in order) > max_bars:
+        keep = min(len(order) - 1, max(1, len(order) * 3 // 4))
         dropped += len(order) - keep
         order = _largest(order, total_of, keep)
-    return order, dropped, merged
+    runs = len(bars_of(c, order[0])[0]) if len(order) == 1 else 0
+    return Drawn(order, dropped, merged, (order[0], runs) if runs > max_bars else None)
+
+
+def _bars_of(drawn: Drawn, max_bars: int):
+    """The function giving a drawn segment's bars: its blocks, its runs, or, for a grouped one, its groups."""
+    if drawn.grouped is not None:
+        return lambda c, i: _groups(c, i, max_bars)
+    return _runs if drawn.merged else _blocks
 
 
 def _bars(
@@ -204,14 +243,17 @@ def _bars(
         address = address_of[i]
         row = segment_row(pools.get(pool_of[i]) or pool_label(pool_of[i]), address)
         rows.append(row)
-        starts, sizes, states, counts = bars_of(c, i)
-        for start, size, state, count in zip(starts, sizes, states, counts, strict=True):
+        starts, sizes, states, counts, mixes = bars_of(c, i)
+        for start, size, state, count, mix in zip(starts, sizes, states, counts, mixes, strict=True):
             state = BLOCK_STATES[state]
             bar = bars.setdefault((stream_of[i], state), {"y": [], "x": [], "base": [], "text": []})
             bar["y"].append(row)
             bar["base"].append((start - address) / MIB)
             bar["x"].append(size / MIB)
-            what = f"{format_bytes(size)} {STATE_STYLE[state][0]} at +{format_bytes(start - address)}"
+            name = STATE_STYLE[state][0] if mix is None else f"mostly {STATE_STYLE[state][0]}"
+            what = f"{format_bytes(size)} {name} at +{format_bytes(start - address)}"
+            if mix is not None:
+                what += ": " + ", ".join(f"{format_bytes(n)} {STATE_STYLE[BLOCK_STATES[s]][0]}" for s, n in mix)
             bar["text"].append(what if count == 1 else f"{count} blocks, {what}")
     return bars, rows
 
@@ -245,24 +287,46 @@ def _largest(order: list[int], total_size: list[int], keep: int) -> list[int]:
     return [i for i in order if i in chosen]
 
 
-def _blocks(c, i: int) -> tuple[list, list, list, list]:
-    """Segment `i`'s blocks: starts, sizes, states, and a count of one each."""
+def _blocks(c, i: int) -> tuple[list, list, list, list, list]:
+    """Segment `i`'s blocks: starts, sizes, states, a count of one each, and no mix of states."""
     lo, hi = int(c.first_block[i]), int(c.first_block[i] + c.n_blocks[i])
     if hi == lo:
-        return [], [], [], []
-    return c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist(), c.block_state[lo:hi].tolist(), [1] * (hi - lo)
+        return [], [], [], [], []
+    starts, sizes = c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist()
+    return starts, sizes, c.block_state[lo:hi].tolist(), [1] * (hi - lo), [None] * (hi - lo)
 
 
-def _runs(c, i: int) -> tuple[list, list, list, list]:
+def _runs(c, i: int) -> tuple[list, list, list, list, list]:
     """Segment `i`'s blocks with each run of neighbours in one state merged into one."""
     lo, hi = int(c.first_block[i]), int(c.first_block[i] + c.n_blocks[i])
     if hi == lo:
-        return [], [], [], []
+        return [], [], [], [], []
     state = c.block_state[lo:hi]
     first = np.flatnonzero(np.concatenate(([True], state[1:] != state[:-1])))
     sizes = np.add.reduceat(c.block_size[lo:hi], first)
     counts = np.diff(np.append(first, hi - lo))
-    return c.block_address[lo:hi][first].tolist(), sizes.tolist(), state[first].tolist(), counts.tolist()
+    starts = c.block_address[lo:hi][first].tolist()
+    return starts, sizes.tolist(), state[first].tolist(), counts.tolist(), [None] * len(first)
+
+
+def _groups(c, i: int, bars: int) -> tuple[list, list, list, list, list]:
+    """Segment `i`'s runs in `bars` groups of neighbours (as even in runs as can be), where it has more runs.
+
+    A group's state is the one holding most of its bytes (ties: the first of
+    `BLOCK_STATES`); its mix is its bytes per state, in that order (None where
+    it holds one state only).
+    """
+    starts, sizes, states, counts, mixes = _runs(c, i)
+    if len(starts) <= bars:
+        return starts, sizes, states, counts, mixes
+    first = np.array([k * len(starts) // bars for k in range(bars)])  # n > bars: every group holds a run
+    size, state = np.array(sizes, dtype=np.int64), np.array(states)
+    per_state = np.stack([np.add.reduceat(np.where(state == s, size, 0), first) for s in range(len(BLOCK_STATES))])
+    largest = per_state.argmax(axis=0)
+    mix = [[(s, n) for s, n in enumerate(column) if n] for column in per_state.T.tolist()]
+    mix = [m if len(m) > 1 else None for m in mix]  # a group of one state is drawn as a run is
+    total = np.add.reduceat(size, first).tolist()
+    return np.array(starts)[first].tolist(), total, largest.tolist(), np.add.reduceat(counts, first).tolist(), mix
 
 
 def figure_widget(widget: go.FigureWidget | None, figure: go.Figure, extra_traces: Sequence = ()) -> go.FigureWidget:
