@@ -20,8 +20,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kit import load_snapshot
@@ -29,6 +32,12 @@ from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
 from kit.analysis.trace.columnar import walk_columns
 from kit.analysis.trace.rows import walk_rows
+import kit.load.cache as cache
+from kit.errors import KitError
+from kit.load.columns import Stacks, _fast_segment_columns
+from kit.load.rows import INT64_MAX, INT64_MIN, MAX_ADDRESS, MAX_BYTES, MAX_DEVICE, MAX_DEVICE_BYTES
+
+from .helpers import MIB, segment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from record_corpus import boundary_workloads  # noqa: E402
@@ -152,3 +161,159 @@ def test_recording_them_without_cuda_is_one_line_and_writes_nothing(tmp_path):
         "record_corpus.py: error: recording needs CUDA, which this process has none of; nothing was written"
     ]
     assert not out.exists()
+
+
+# --- every other limit of the kit at exactly the limit, one below and one above it (issue 39) ------------------
+#
+# Each case below is a (limit, the value one below, at and one above it) worked out from the limit's definition;
+# below and at are accepted, above is refused (or treated as the other side of the rule).
+
+
+def _segment_at(address: int, size: int = 2 * MIB, **fields) -> dict:
+    raw = segment(address, [(size, "inactive")])
+    raw.update(fields)
+    return raw
+
+
+def _reserving(total: int) -> list[dict]:
+    """Segments that reserve `total` bytes in all, 4 TiB or less each, 8 TiB apart."""
+    sizes = [MAX_DEVICE_BYTES] * (total // MAX_DEVICE_BYTES) + ([total % MAX_DEVICE_BYTES] if total % MAX_DEVICE_BYTES else [])
+    return [_segment_at((i + 1) << 43, size) for i, size in enumerate(sizes)]
+
+
+LOADER_LIMITS = {  # name -> (the limit, a snapshot with a value, the column it lands in, whether the bulk check takes it)
+    "segment size": (MAX_DEVICE_BYTES, lambda v: {"segments": [_segment_at(1 << 44, v)]}, "total_size", True),
+    "device": (MAX_DEVICE, lambda v: {"segments": [_segment_at(1 << 44, device=v)]}, "device", True),
+    "stream": (INT64_MAX, lambda v: {"segments": [_segment_at(1 << 44, stream=v)]}, "stream", True),
+    "segment end": (MAX_ADDRESS + 1, lambda v: {"segments": [_segment_at(v - 2 * MIB)]}, None, False),
+    "all segments": (MAX_BYTES, lambda v: {"segments": _reserving(v)}, None, True),
+}
+TRACE_LIMITS = {  # name -> (the limit, a trace entry with a value)
+    "entry size": (MAX_DEVICE_BYTES, lambda v: {"action": "alloc", "addr": 0x1000, "size": v, "stream": 0}),
+    "entry address": (MAX_ADDRESS, lambda v: {"action": "alloc", "addr": v, "size": 512, "stream": 0}),
+    "entry stream": (INT64_MAX, lambda v: {"action": "alloc", "addr": 0x1000, "size": 512, "stream": v}),
+}
+
+
+@pytest.mark.parametrize("name", LOADER_LIMITS)
+def test_each_segment_limit_of_the_loaders_takes_the_limit_and_refuses_one_more(name):
+    limit, make, column, bulk = LOADER_LIMITS[name]
+    for value in (limit - 1, limit):
+        raw = make(value)
+        snap = load_snapshot(raw)
+        if column is not None:
+            assert int(getattr(snap.columns, column).max()) == value, name
+        assert sum(snap.columns.total_size.tolist()) == sum(s["total_size"] for s in raw["segments"]), name
+        assert (_fast_segment_columns(raw["segments"]) is not None) == bulk, name  # the bulk checks take it too
+    with pytest.raises(KitError):
+        load_snapshot(make(limit + 1))
+    assert _fast_segment_columns(make(limit + 1)["segments"]) is None, name
+
+
+def test_a_stream_id_takes_int64s_least_value_and_refuses_one_less():
+    assert load_snapshot({"segments": [_segment_at(1 << 44, stream=INT64_MIN)]}).columns.stream.min() == INT64_MIN
+    with pytest.raises(KitError, match="'stream'"):
+        load_snapshot({"segments": [_segment_at(1 << 44, stream=INT64_MIN - 1)]})
+
+
+@pytest.mark.parametrize("name", TRACE_LIMITS)
+def test_each_trace_entry_limit_takes_the_limit_and_refuses_one_more(name):
+    limit, make = TRACE_LIMITS[name]
+    field = {"entry size": "size", "entry address": "addr", "entry stream": "stream"}[name]
+    for value in (limit - 1, limit):
+        snap = load_snapshot({"segments": [], "device_traces": [[make(value)]]})
+        assert int(getattr(snap.trace_columns[0], field)[0]) == value, name
+    with pytest.raises(KitError, match=f"trace 0 entry 0: '?{field}"):
+        load_snapshot({"segments": [], "device_traces": [[make(limit + 1)]]})
+
+
+def test_device_traces_take_one_list_per_possible_device_and_refuse_one_more():
+    for devices in (MAX_DEVICE - 1, MAX_DEVICE):
+        assert load_snapshot({"segments": [], "device_traces": [[] for _ in range(devices)]}).has_trace is False
+    with pytest.raises(KitError, match="'device_traces' is not a list of lists"):
+        load_snapshot({"segments": [], "device_traces": [[] for _ in range(MAX_DEVICE + 1)]})
+
+
+# The cache's index checks (`kit.load.cache`): an array, the header and the data end exactly at their file's end.
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "usable"),
+    [(7, 3, True), (8, 3, True), (9, 3, False), (1, 1, True), (0, 1, True), (-1, 1, False)],
+)
+def test_a_cached_array_may_end_exactly_at_the_datas_end_and_not_a_byte_past(offset, length, usable):
+    data = np.arange(32, dtype=np.uint8)  # 32 bytes: three int64s from 8 end exactly at its end
+    header = {"arrays": {"a": {"dtype": "<i8", "shape": [length], "offset": offset}}}
+    if usable:
+        assert len(cache._arrays(header, data)["a"]) == length
+    else:
+        with pytest.raises(cache.Rejected, match=r"damaged \(array a\)"):
+            cache._arrays(header, data)
+
+
+def _trace_arrays(stack: list[int], starts: list[int], flat: list[int]) -> dict[str, np.ndarray]:
+    fields = {f"trace0.{name}": np.zeros(len(stack), dtype=np.int64) for name in cache.TRACE_FIELDS}
+    fields["trace0.stack"] = np.array(stack, dtype=np.int32)
+    return fields | {"trace0.stack_starts": np.array(starts, dtype=np.int64), "trace0.stack_frames": np.array(flat)}
+
+
+@pytest.mark.parametrize(
+    ("stack", "starts", "usable"),
+    [
+        ([0, 1], [0, 1, 2], True),  # stack 1, the last of two
+        ([0, 2], [0, 1, 2], False),  # one past the last
+        ([-1, 1], [0, 1, 2], False),  # one below the first
+        ([0, 1], [0, 1, 3], False),  # the stacks end one frame past the frames held
+        ([0, 1], [0, 1, 1], False),  # one frame short of them
+    ],
+)
+def test_a_cached_entrys_stack_is_one_the_cache_holds(stack, starts, usable):
+    meta = {"device": 0, "time_missing": False, "frames": []}
+    arrays = _trace_arrays(stack, starts, [0, 1])
+    if usable:
+        assert cache._trace(meta, arrays).stack.tolist() == stack
+    else:
+        with pytest.raises(cache.Rejected, match="damaged"):
+            cache._trace(meta, arrays)
+
+
+@pytest.mark.parametrize(("frame", "usable"), [(2, True), (3, False), (-1, False)])
+def test_a_cached_stack_names_only_frames_the_cache_holds(frame, usable):
+    frames = [{"filename": f"f{i}.py", "line": i, "name": "g"} for i in range(3)]
+    stacks = Stacks.from_arrays(frames, np.array([0, 2]), np.array([0, frame]), lambda stored: stored)
+    if usable:
+        assert stacks.lists() == [[frames[0], frames[2]]]
+    else:
+        with pytest.raises(KitError, match="names a frame the cache does not hold"):
+            stacks.lists()
+
+
+def _cache_file(tmp_path: Path, header: bytes, extra: int) -> Path:
+    """A cache file whose prefix gives `header`'s length plus `extra` bytes."""
+    path = tmp_path / "x.kitcache"
+    path.write_bytes(cache.PREFIX.pack(cache.MAGIC, len(header) + extra, zlib.crc32(header)) + header)
+    return path
+
+
+@pytest.mark.parametrize(("extra", "usable"), [(-1, False), (0, True), (1, False)])
+def test_a_caches_header_may_end_exactly_at_the_files_end(tmp_path, extra, usable):
+    """One byte short reads as damaged JSON; exactly the file's rest is read; one past is truncated."""
+    path = _cache_file(tmp_path, b'{"format": 1}', extra)
+    with open(path, "rb") as f:
+        if usable:
+            header, start = cache._header(f, path.stat().st_size)
+            assert header == {"format": 1} and start == cache._aligned(path.stat().st_size)
+        else:
+            with pytest.raises(cache.Rejected, match="truncated" if extra > 0 else "damaged"):
+                cache._header(f, path.stat().st_size)
+
+
+@pytest.mark.parametrize(("data_bytes", "reason"), [(99, "longer than its header says"), (100, None), (101, "truncated")])
+def test_a_caches_data_ends_exactly_where_its_header_says(data_bytes, reason):
+    stamp = cache.Stamp(1, 2, "x")
+    header = {"format": cache.FORMAT, "kit": cache.kit_version(), "source": asdict(stamp), "data_bytes": data_bytes}
+    if reason is None:
+        cache._check(header, stamp, 164, 64)
+    else:
+        with pytest.raises(cache.Rejected, match=reason):
+            cache._check(header, stamp, 164, 64)
