@@ -27,15 +27,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kit.load.cache as cache
 from kit import load_snapshot
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
+from kit.analysis.attribution import capture_attribution, checked_capture_windows
 from kit.analysis.trace.columnar import walk_columns
 from kit.analysis.trace.rows import walk_rows
-import kit.load.cache as cache
 from kit.errors import KitError
 from kit.load.columns import Stacks, _fast_segment_columns
 from kit.load.rows import INT64_MAX, INT64_MIN, MAX_ADDRESS, MAX_BYTES, MAX_DEVICE, MAX_DEVICE_BYTES
+from kit.load.snapshot import Snapshot
 
 from .helpers import MIB, segment
 
@@ -177,11 +179,12 @@ def _segment_at(address: int, size: int = 2 * MIB, **fields) -> dict:
 
 def _reserving(total: int) -> list[dict]:
     """Segments that reserve `total` bytes in all, 4 TiB or less each, 8 TiB apart."""
-    sizes = [MAX_DEVICE_BYTES] * (total // MAX_DEVICE_BYTES) + ([total % MAX_DEVICE_BYTES] if total % MAX_DEVICE_BYTES else [])
+    whole, rest = divmod(total, MAX_DEVICE_BYTES)
+    sizes = [MAX_DEVICE_BYTES] * whole + ([rest] if rest else [])
     return [_segment_at((i + 1) << 43, size) for i, size in enumerate(sizes)]
 
 
-LOADER_LIMITS = {  # name -> (the limit, a snapshot with a value, the column it lands in, whether the bulk check takes it)
+LOADER_LIMITS = {  # name -> (limit, a snapshot with a value, the column it lands in, whether the bulk check takes it)
     "segment size": (MAX_DEVICE_BYTES, lambda v: {"segments": [_segment_at(1 << 44, v)]}, "total_size", True),
     "device": (MAX_DEVICE, lambda v: {"segments": [_segment_at(1 << 44, device=v)]}, "device", True),
     "stream": (INT64_MAX, lambda v: {"segments": [_segment_at(1 << 44, stream=v)]}, "stream", True),
@@ -308,7 +311,9 @@ def test_a_caches_header_may_end_exactly_at_the_files_end(tmp_path, extra, usabl
                 cache._header(f, path.stat().st_size)
 
 
-@pytest.mark.parametrize(("data_bytes", "reason"), [(99, "longer than its header says"), (100, None), (101, "truncated")])
+@pytest.mark.parametrize(
+    ("data_bytes", "reason"), [(99, "longer than its header says"), (100, None), (101, "truncated")]
+)
 def test_a_caches_data_ends_exactly_where_its_header_says(data_bytes, reason):
     stamp = cache.Stamp(1, 2, "x")
     header = {"format": cache.FORMAT, "kit": cache.kit_version(), "source": asdict(stamp), "data_bytes": data_bytes}
@@ -317,3 +322,46 @@ def test_a_caches_data_ends_exactly_where_its_header_says(data_bytes, reason):
     else:
         with pytest.raises(cache.Rejected, match=reason):
             cache._check(header, stamp, 164, 64)
+
+
+# The attribution windows (`kit.analysis.attribution`): a window [begin, end) holds entry begin, not entry end.
+
+POOL_AT = 0x2000_0000  # four graph-pool segments, made at trace indices 0..3, of 2, 4, 6 and 8 MiB
+
+
+def _four_segments(captures: list[dict] | None = None) -> Snapshot:
+    sizes = [2 * MIB, 4 * MIB, 6 * MIB, 8 * MIB]
+    addresses = [POOL_AT + sum(sizes[:i]) + i * MIB for i in range(4)]
+    made = list(zip(addresses, sizes, strict=True))
+    trace = [{"action": "segment_alloc", "addr": a, "size": n, "stream": 7} for a, n in made]
+    segments = [segment(a, [(n, "inactive")], stream=7, pool=(0, 1)) for a, n in made]
+    raw = {"segments": segments, "device_traces": [trace], "kit": {"captures": captures or []}}
+    return Snapshot(raw, origin="four segments")
+
+
+@pytest.mark.parametrize(("begin", "end", "mib"), [(1, 3, 10), (0, 4, 20), (1, 2, 4), (2, 2, 0), (3, 4, 8)])
+def test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end(begin, end, mib):
+    window = {"graph": "g", "trace_begin": begin, "trace_end": end}
+    added = capture_attribution(_four_segments(), [window])
+    assert int(added["bytes"].sum()) == mib * MIB
+
+
+@pytest.mark.parametrize(
+    ("begin", "end", "refusal"),
+    [
+        (0, 3, None),
+        (0, 4, None),  # ends exactly at the trace's end
+        (0, 5, "ends at trace index 5, past the trace's 4 entries"),
+        (2, 2, None),  # an empty window
+        (3, 2, r"ends \(trace index 2\) before it begins \(3\)"),
+        (-1, 2, "'trace_begin' is negative"),
+    ],
+)
+def test_a_recorded_window_may_end_at_the_traces_end_and_begin_at_its_end(begin, end, refusal):
+    window = {"graph": "g", "capture": "c", "trace_begin": begin, "trace_end": end, "pool": [0, 1], "stream": 7}
+    snap = _four_segments([window])
+    if refusal is None:
+        assert [(w["trace_begin"], w["trace_end"]) for w in checked_capture_windows(snap)] == [(begin, end)]
+    else:
+        with pytest.raises(KitError, match=refusal):
+            checked_capture_windows(snap)
