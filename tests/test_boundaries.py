@@ -18,6 +18,7 @@ block of another stream (not stranded) and one exactly its size (stranded).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -29,17 +30,28 @@ import pytest
 
 import kit.load.cache as cache
 from kit import load_snapshot
+from kit.allocator.rules import get_allocation_size, is_small_request, is_small_segment
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
 from kit.analysis.attribution import capture_attribution, checked_capture_windows
+from kit.analysis.tables import format_bytes
 from kit.analysis.trace.columnar import walk_columns
 from kit.analysis.trace.rows import walk_rows
 from kit.errors import KitError
 from kit.load.columns import Stacks, _fast_segment_columns
-from kit.load.rows import INT64_MAX, INT64_MIN, MAX_ADDRESS, MAX_BYTES, MAX_DEVICE, MAX_DEVICE_BYTES
+from kit.load.rows import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ADDRESS,
+    MAX_BYTES,
+    MAX_DEVICE,
+    MAX_DEVICE_BYTES,
+    parse_segment,
+)
 from kit.load.snapshot import Snapshot
+from kit.patch.source import Hunk, apply_hunk
 
-from .helpers import MIB, segment
+from .helpers import KIB, MIB, segment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from record_corpus import boundary_workloads  # noqa: E402
@@ -365,3 +377,104 @@ def test_a_recorded_window_may_end_at_the_traces_end_and_begin_at_its_end(begin,
     else:
         with pytest.raises(KitError, match=refusal):
             checked_capture_windows(snap)
+
+
+# The byte formatter (`kit.analysis.tables.format_bytes`): each unit from exactly 1024 of the one below.
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (KIB, "1.00 KiB"),
+        (KIB + 1, "1.00 KiB"),
+        (MIB - 1, "1024.00 KiB"),  # one byte short of a MiB: still counted in KiB
+        (MIB, "1.00 MiB"),
+        (MIB + 1, "1.00 MiB"),
+        (GIB - 1, "1024.00 MiB"),
+        (GIB, "1.00 GiB"),
+        (GIB + 1, "1.00 GiB"),
+        (1 << 40, "1024.00 GiB"),  # GiB is the largest unit
+        (-1023, "-1023 B"),
+        (-KIB, "-1.00 KiB"),
+        (-MIB, "-1.00 MiB"),
+    ],
+)
+def test_format_bytes_changes_unit_at_exactly_1024_of_the_one_below(n, text):
+    assert format_bytes(n) == text
+
+
+# The segment-type rules (`kit.allocator.rules`): derived from CUDACachingAllocator.cpp as in the table above.
+
+TWO_MIB = 2 * MIB
+
+
+@pytest.mark.parametrize(("total", "small"), [(TWO_MIB - 512, True), (TWO_MIB, True), (TWO_MIB + 512, False)])
+@pytest.mark.parametrize("given", [None, "medium"])  # no segment_type, or one the kit does not know
+def test_a_segment_without_a_known_type_is_small_up_to_2_MiB(total, small, given):
+    raw = segment(1 << 44, [(total, "inactive")])
+    del raw["segment_type"]
+    if given is not None:
+        raw["segment_type"] = given
+    assert is_small_segment(total) == small
+    assert parse_segment(raw, "s").segment_type == ("small" if small else "large")  # the row parser
+    assert load_snapshot({"segments": [raw]}).columns.small.tolist() == [small]  # the bulk columns
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "small", "segment_bytes"),
+    [
+        (MIB - 512, True, TWO_MIB),
+        (MIB, True, TWO_MIB),  # the largest small request
+        (MIB + 512, False, 20 * MIB),  # the smallest large one shares a 20 MiB segment
+        (10 * MIB - 512, False, 20 * MIB),
+        (10 * MIB, False, 10 * MIB),  # from 10 MiB a request has a segment of its own, rounded to 2 MiB
+        (10 * MIB + 512, False, 12 * MIB),
+        (12 * MIB, False, 12 * MIB),
+    ],
+)
+def test_a_new_segment_is_sized_and_typed_by_its_request_at_each_boundary(request_bytes, small, segment_bytes):
+    assert (is_small_request(request_bytes), get_allocation_size(request_bytes)) == (small, segment_bytes)
+    ops = [{"op": "alloc", "id": "x", "bytes": request_bytes, "stream": "default"}]
+    (made,) = simulate(parse_workload({"version": 1, "ops": ops})).snapshot()["segments"]
+    assert (made["total_size"], made["segment_type"]) == (segment_bytes, "small" if small else "large")
+
+
+# The patch's refusals (`kit.patch.source.apply_hunk`): a hunk's old lines must occur exactly once, anywhere.
+
+FUNCTION = ["def f(x):", "    a = 1", "    b = 2", "    return a + b"]
+
+
+@pytest.mark.parametrize(
+    ("old", "refusal"),
+    [
+        ("def f(x):", None),  # the first line
+        ("return a + b", None),  # the last line
+        ("b = 2\nreturn a + b", None),  # the last two
+        ("return a + b\npass", "the line `return a + b` is not there"),  # one line past the end
+        ("a = 1\nb = 3", "the line `a = 1` is not there"),  # the last line differs
+        ("c = 3", "the line `c = 3` is not there"),
+    ],
+)
+def test_a_hunk_applies_where_its_old_lines_occur_once_up_to_the_last_line(old, refusal):
+    hunk = Hunk(old, "pass  # new")
+    if refusal is None:
+        new = apply_hunk(FUNCTION, hunk, "f", "test")
+        assert len(new) == len(FUNCTION) - len(old.splitlines()) + 1
+        assert sum(line.strip() == "pass  # new" for line in new) == 1
+    else:
+        with pytest.raises(KitError, match=f"unsupported test: f: {re.escape(refusal)}; nothing was patched"):
+            apply_hunk(FUNCTION, hunk, "f", "test")
+
+
+@pytest.mark.parametrize(("times", "refusal"), [(0, "is not there"), (1, None), (2, "is there 2 times")])
+def test_a_hunk_is_refused_unless_its_old_lines_occur_exactly_once(times, refusal):
+    lines = ["def f():", *["    x = 1"] * times, "    return 0"]
+    if refusal is None:
+        assert apply_hunk(lines, Hunk("x = 1", "y = 2"), "f", "test") == ["def f():", "    y = 2", "    return 0"]
+    else:
+        with pytest.raises(KitError, match=f"the line `x = 1` {refusal}; nothing was patched"):
+            apply_hunk(lines, Hunk("x = 1", "y = 2"), "f", "test")
