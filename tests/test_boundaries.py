@@ -46,6 +46,7 @@ from kit.load.rows import (
     MAX_BYTES,
     MAX_DEVICE,
     MAX_DEVICE_BYTES,
+    check_no_overlap,
     parse_segment,
 )
 from kit.load.snapshot import Snapshot
@@ -220,9 +221,17 @@ def test_each_segment_limit_of_the_loaders_takes_the_limit_and_refuses_one_more(
             assert int(getattr(snap.columns, column).max()) == value, name
         assert sum(snap.columns.total_size.tolist()) == sum(s["total_size"] for s in raw["segments"]), name
         assert (_fast_segment_columns(raw["segments"]) is not None) == bulk, name  # the bulk checks take it too
+        _parsed_row_by_row(raw)  # and so does the row parser
     with pytest.raises(KitError):
         load_snapshot(make(limit + 1))
     assert _fast_segment_columns(make(limit + 1)["segments"]) is None, name
+    with pytest.raises(KitError):
+        _parsed_row_by_row(make(limit + 1))
+
+
+def _parsed_row_by_row(raw: dict) -> None:
+    """The row parser's checks of each segment, then of all of them together (what the bulk checks fall back to)."""
+    check_no_overlap(tuple(parse_segment(s, f"segment {i}") for i, s in enumerate(raw["segments"])), "rows")
 
 
 def test_a_stream_id_takes_int64s_least_value_and_refuses_one_less():
