@@ -3,8 +3,11 @@
 A window is a run of one stream's allocations into one graph pool, from its
 first allocation (or the segment made for it) to just after its last; two
 windows of one stream and pool are one capture's graphs around an eager break
-only when no other stream allocates into a graph pool between them. The
-shipped recordings' inferred windows are checked in `test_plain_snapshots.py`.
+only when no other stream allocates into a graph pool between them and no
+`empty_cache` frees a segment there: from the entry right after the first
+window (issue 39: an `empty_cache` there used to be missed) to the entry right
+before the second. The shipped recordings' inferred windows are checked in
+`test_plain_snapshots.py`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ must walk its snapshot to the same final state and classify each request as
 derived here. The stranding cases put a request one 512-byte step above a free
 block of another stream (not stranded) and one exactly its size (stranded).
 `tests/test_boundary_recordings.py` holds the same table against the H200.
+
+Every other limit of the kit is taken the same way, at the limit, one below
+and one above (issue 39): the loaders' limits (in the row parser and the bulk
+checks alike), the cache's index checks, the capture windows, the byte
+formatter's units, the segment-type rules and the patch's hunk refusals. The
+segment map's limits are in `tests/test_segment_map.py`, the inferred capture
+windows' in `tests/test_attribution.py`.
 """
 
 from __future__ import annotations
