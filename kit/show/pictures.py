@@ -145,7 +145,7 @@ def segment_map_figure(
     alone still has more runs than `max_bars`, its runs are drawn in
     `max_bars` groups of neighbours, each in the colour of the state holding
     most of its bytes (its bytes per state on hover). The title says what was
-    left out or merged. `max_bars` below 1 is refused (`KitError`).
+    left out, merged or grouped. `max_bars` below 1 is refused (`KitError`).
     """
     check_bar_limit(max_bars)
     snapshot = load_snapshot(snapshot)
@@ -326,7 +326,8 @@ def _groups(c, i: int, bars: int) -> tuple[list, list, list, list, list]:
     mix = [[(s, n) for s, n in enumerate(column) if n] for column in per_state.T.tolist()]
     mix = [m if len(m) > 1 else None for m in mix]  # a group of one state is drawn as a run is
     total = np.add.reduceat(size, first).tolist()
-    return np.array(starts)[first].tolist(), total, largest.tolist(), np.add.reduceat(counts, first).tolist(), mix
+    begins = [starts[k] for k in first.tolist()]  # addresses as Python ints: one may pass int64
+    return begins, total, largest.tolist(), np.add.reduceat(counts, first).tolist(), mix
 
 
 def figure_widget(widget: go.FigureWidget | None, figure: go.Figure, extra_traces: Sequence = ()) -> go.FigureWidget:
