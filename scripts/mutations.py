@@ -562,6 +562,22 @@ MUTATIONS = (
         ("tests/test_recorded_resume.py",),
         "a recording's provenance is its first run's, with the command that records every scenario",
     ),
+    Mutation(
+        "added_segment_why_forgets_its_own_streams_smaller_blocks",
+        "kit/analysis/added_segments.py",
+        '    own = free[TOO_SMALL]\n    if own["count"]:',
+        '    own = free[TOO_SMALL]\n    if own["fitting"]:',
+        ("tests/test_added_segments.py",),
+        "why a request made a segment names its own stream's free blocks of its size class that were too small",
+    ),
+    Mutation(
+        "added_segments_blame_no_segment_on_the_stream",
+        "kit/analysis/added_segments.py",
+        '        stranded = r["served"] == "stranded" or bool(',
+        "        stranded = False and bool(",
+        ("tests/test_added_segments.py",),
+        "a segment made while a fitting free block sat on another stream counts for the stream, not for want of one",
+    ),
 )
 
 

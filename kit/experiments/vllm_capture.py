@@ -379,7 +379,8 @@ def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
     ..., "provenance"}}`, as `demo --vllm --json` prints; the pairings' and obligation's keys are None for a
     recording made before them, `replay_added_segments` for summaries made without `segments`."""
     keys = (
-        "replay_added_bytes", "replay_added_segments", "replay_added_by_cause", "graph_pool_bytes", "graph_pool_segments", "replay_on_model_stream",
+        "replay_added_bytes", "replay_added_segments", "replay_added_by_cause", "graph_pool_bytes",
+        "graph_pool_segments", "replay_on_model_stream",
         "replay_streams_from_graph_capture", "replay_stream_names", "bit_exact", "max_abs_diff", "path", "source",
         "has_early_aux", "early_aux_pinned", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
         "readwrite_verdict", "readwrite_verdicts", "readwrite_holds",
