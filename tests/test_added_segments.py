@@ -28,6 +28,7 @@ from kit.analysis.added_segments import (
     replay_added_segments,
 )
 from kit.analysis.attribution import replay_captures_added
+from kit.analysis.trace.walk import walk_trace
 from kit.load.snapshot import Snapshot
 from kit.recordings import RECORDINGS
 
@@ -150,6 +151,11 @@ def test_the_patched_replay_captures_two_mib_is_one_small_pool_segment_for_a_hid
     assert (free[TOO_SMALL]["count"], free[TOO_SMALL]["bytes"], free[TOO_SMALL]["fitting"]) == (2, 1040384, 0)
     assert free[OTHER_SIZE_CLASS]["fitting"] == 2 and free[OTHER_STREAM]["count"] == 0
     assert s["replay_added_by_cause"] == {ANOTHER_STREAM: 0, NO_FITTING_BLOCK: 2 * MIB}
+    # The pool's small segments then: the model graphs' three of 2 MiB, holding 5 MiB + 8 KiB of the replay graph's
+    # own live tensors (docs/vllm.md states these figures).
+    made = walk_trace(RECORDINGS / "vllm" / "patched.pickle").new_segments
+    small = made[(made["pool"] == (0, 1)) & (made["size"] == 2 * MIB) & (made["addr"] != row["segment_address"])]
+    assert len(small) == 3 and 3 * 2 * MIB - free[TOO_SMALL]["bytes"] == 5 * MIB + 8 * KIB
     pinned = vllm_rows["early_aux_shared_pinned"]["replay_added_segments"]
     assert [(r["request_bytes"], r["segment_bytes"], r["graph"]) for r in pinned] == [
         (MIB, 2 * MIB, "decoder replay graphs 512 graph 0")
