@@ -578,6 +578,22 @@ MUTATIONS = (
         ("tests/test_added_segments.py",),
         "a segment made while a fitting free block sat on another stream counts for the stream, not for want of one",
     ),
+    Mutation(
+        "safety_provenance_names_the_module_before_its_rename",
+        "kit/recordings/safety/PROVENANCE.json",
+        '"command": "python -m kit.experiments.safety_run --preset small --out kit/recordings/safety"',
+        '"command": "python -m kit.experiments.pairings --preset small --out kit/recordings/safety"',
+        ("tests/test_commands_exist.py",),
+        "every command a recording's provenance names runs (its --help exits 0)",
+    ),
+    Mutation(
+        "readme_names_a_make_target_that_does_not_exist",
+        "README.md",
+        "make lab    # creates .venv if missing",
+        "make notebooks    # creates .venv if missing",
+        ("tests/test_commands_exist.py",),
+        "every make target, module, script and kit subcommand the README and docs show exists",
+    ),
 )
 
 
