@@ -26,7 +26,8 @@ files included:
 
 The result carries corrections for what the trace cannot know: a baseline
 that does not end at the recording, and workspaces told apart by their shape
-because no C++ frames were recorded. `trace_to_workload` writes the same trace as a
+because no C++ frames were recorded. `trace_decisions` is the baseline's every allocation, with the
+free blocks it refused and why (`kit.analysis.added_segments` reads it). `trace_to_workload` writes the same trace as a
 version-1 workload, `prediction_table` sets a prediction next to what a
 patched run measured, and `layout_differences` compares a simulated state
 with a recorded one segment by segment and block by block.
