@@ -35,10 +35,13 @@ from IPython.display import display
 
 import kit
 import kit.patch.replica
+from kit.analysis.added_segments import added_segments_lines
 from kit.analysis.attribution import is_replay_capture
 from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
 from kit.experiments.scenarios import replica_runs
+from kit.experiments.summary import summarize
+from kit.experiments.vllm_capture import recording_path
 from kit.recordings import default_source
 from kit.replica import parallel_state
 from kit.show.before_after import (
@@ -110,11 +113,11 @@ display(BeforeAfterView(runs, PRESETS).widget)
 # graphs' free blocks, and the model graphs' group did not grow. The replay graphs' stream is
 # gone from the default pool too (its warm-up activations and its own cuBLAS workspace).
 #
-# ## Under the patch the replay capture adds no graph-pool segment
+# ## Under the patch the replay capture adds no graph-pool segment, on the replica
 #
-# Stated plainly, and read from the data: per capture, the segments it added to its pool
-# (`kit.capture_table`, `new_segment_bytes`). Unpatched, the replay captures add exactly
-# what the patch saves; patched, they add nothing.
+# The PR says so; here it is read from the data: per capture, the segments it added to its pool
+# (`kit.capture_table`, `new_segment_bytes`). On the replica, unpatched, the replay captures add
+# exactly what the patch saves; patched, they add nothing.
 
 # %%
 replay_rows = []
@@ -131,6 +134,37 @@ patched_added = sum(replay_segment_bytes(runs[preset, "patched"]) for preset in 
 print(f"under the patch the replay captures add no graph-pool segment: {patched_added == 0} ({patched_added:,} bytes)")
 shown = ["preset", "run", "manager", "size", "stream_label", "pool_label", "new_segments", "new_segment_bytes"]
 kit.style_table(replay_captures[shown])
+
+# %% [markdown]
+# ## On vLLM's own path the patched replay captures add 2 MiB: which request, and why
+#
+# vLLM 0.33's own capture code, recorded on the H200 (`python -m kit demo --vllm`, notebook 06),
+# is not so clean: under the patch its replay captures add one segment. `kit.analysis.added_segments`
+# names each segment the replay captures added, the allocator request that made it, and why no free
+# block served it, from the pool's free blocks at that request (the trace replayed as recorded on
+# the simulator): too small on its own stream and size class, of the other size class (a request of
+# up to 1 MiB is served from the small pool only, a larger one from the large pool only), or on
+# another stream.
+
+# %%
+for name in ("unpatched", "patched"):
+    figures = summarize(recording_path(name), segments=True)
+    causes = figures["replay_added_by_cause"]
+    print(f"data source: {figures['source']}")
+    print(
+        f"vLLM's path, {name}: the replay captures added {kit.format_bytes(figures['replay_added_bytes'])}; "
+        f"for the stream's sake (a fitting free block on another stream): {kit.format_bytes(causes['another_stream'])}"
+    )
+    print("\n".join(added_segments_lines(figures["replay_added_segments"], indent="  ")))
+
+# %% [markdown]
+# **What this means for the PR's sentence.** The patched 2 MiB is replay graph 512's 1 MiB
+# hidden state (512 rows x 1024, bf16), a small-pool request: the model graphs' three small
+# segments held 5 MiB + 8 KiB of that graph's own live tensors, the two free 8 MiB blocks are
+# large-pool ones, and no free block sat on another stream. So "the replay capture adds no graph
+# pool segment" holds for the segments the stream made (none under the patch, 28 MiB without it);
+# a replay graph that needs more in a size class than the model graphs left free there adds
+# segments on any stream. The saving on vLLM's path is 26 MiB of those 28 (docs/vllm.md).
 
 # %% [markdown]
 # ## Predicted from the unpatched trace
@@ -182,10 +216,11 @@ for (name, scenario), snap in runs.items():
 
 # %% [markdown]
 # **What it shows.** On the model graphs' stream the replay graphs reuse the model graphs'
-# free blocks: under the patch the replay capture adds no graph-pool segment, so the graph
-# pool loses the replay stream's whole group (24 MiB at the small preset, 1.42 GiB at the
+# free blocks: under the patch the replica's replay capture adds no graph-pool segment, so the
+# graph pool loses the replay stream's whole group (24 MiB at the small preset, 1.42 GiB at the
 # large one, on the H200 recordings); the what-if predicted exactly that from the unpatched
-# trace, and every output is still bit-exact.
+# trace, and every output is still bit-exact. On vLLM's own path the patched replay captures
+# still add 2 MiB, for want of a large enough small-pool block on any stream, not for the stream.
 #
 # **Next question.** Bit-exact here, but is sharing always safe? A replay graph now writes
 # into blocks the model graph freed. If the model graph still needs one of them across the

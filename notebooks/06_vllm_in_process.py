@@ -269,7 +269,9 @@ for name, snap in (("unpatched", unpatched), ("patched", patched)):
 #
 # One row per capture: its manager, size, stream and the segments it added to its pool.
 # Under the PR the decoder replay graphs are on the model graphs' stream and add no graph
-# pool segment; on vLLM as installed they have a stream and segments of their own.
+# pool segment for the stream's sake (only where they need more than the model graphs left free
+# in a size class: 2 MiB on the H200 recording, `python -m kit demo --vllm` says which request);
+# on vLLM as installed they have a stream and segments of their own.
 
 # %%
 captures = kit.capture_table(snapshot)

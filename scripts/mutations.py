@@ -902,6 +902,39 @@ MUTATIONS = (
         ("tests/test_boundaries.py::test_a_hunk_is_refused_unless_its_old_lines_occur_exactly_once",),
         "old lines found twice are refused: which place the PR meant cannot be told",
     ),
+    Mutation(
+        "added_segment_why_forgets_its_own_streams_smaller_blocks",
+        "kit/analysis/added_segments.py",
+        '    own = free[TOO_SMALL]\n    if own["count"]:',
+        '    own = free[TOO_SMALL]\n    if own["fitting"]:',
+        ("tests/test_added_segments.py",),
+        "why a request made a segment names its own stream's free blocks of its size class that were too small",
+    ),
+    Mutation(
+        "added_segments_blame_no_segment_on_the_stream",
+        "kit/analysis/added_segments.py",
+        '        stranded = r["served"] == "stranded" or bool(',
+        "        stranded = False and bool(",
+        ("tests/test_added_segments.py",),
+        "a segment made while a fitting free block sat on another stream counts for the stream, not for want of one",
+    ),
+    Mutation(
+        "safety_provenance_names_the_module_before_its_rename",
+        "kit/recordings/safety/PROVENANCE.json",
+        '"command": "python -m kit.experiments.safety_run --preset small --out kit/recordings/safety"',
+        # The old name, split so that the layout test does not take it for a module the project names.
+        '"command": "python -m kit' '.experiments.pairings --preset small --out kit/recordings/safety"',
+        ("tests/test_commands_exist.py",),
+        "every command a recording's provenance names runs (its --help exits 0)",
+    ),
+    Mutation(
+        "readme_names_a_make_target_that_does_not_exist",
+        "README.md",
+        "make lab    # creates .venv if missing",
+        "make notebooks    # creates .venv if missing",
+        ("tests/test_commands_exist.py",),
+        "every make target, module, script and kit subcommand the README and docs show exists",
+    ),
 )
 
 

@@ -57,6 +57,12 @@ KEY_LINES = {
         "large unpatched: the replay captures added 1.42 GiB (1,528,823,808 bytes) of graph-pool segments",
         "large patched: the replay captures added 0 B (0 bytes) of graph-pool segments",
         "under the patch the replay captures add no graph-pool segment: True (0 bytes)",
+        "vLLM's path, unpatched: the replay captures added 28.00 MiB; for the stream's sake (a fitting free block on "
+        "another stream): 28.00 MiB",
+        "vLLM's path, patched: the replay captures added 2.00 MiB; for the stream's sake (a fitting free block on "
+        "another stream): 0 B",
+        "  2.00 MiB small-pool segment for a request of 1,048,576 B (rounded 1,048,576 B) on model graphs stream in "
+        "decoder replay graphs 512 graph 0, at forward (vllm_capture.py:630) (trace entry 2317)",
         "small: graph pool predicted 24.00 MiB, measured 24.00 MiB; saved: predicted 25,165,824 bytes, measured "
         "25,165,824 bytes",
         "large: graph pool predicted 1.53 GiB, measured 1.53 GiB; saved: predicted 1,528,823,808 bytes, measured "

@@ -8,6 +8,8 @@
   stranding);
 - `attribution`: which capture added which segments (the recorder's windows,
   or windows inferred from the trace);
+- `added_segments`: each segment the captures added, the request that made it
+  and why no free block served it;
 - `whatif`: the recorded trace replayed on the simulator with streams mapped;
 - `liveness`: what each model graph holds across its eager break, and who
   writes over it; `readwrite`: the same question from the bytes read and

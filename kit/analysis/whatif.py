@@ -26,7 +26,8 @@ files included:
 
 The result carries corrections for what the trace cannot know: a baseline
 that does not end at the recording, and workspaces told apart by their shape
-because no C++ frames were recorded. `trace_to_workload` writes the same trace as a
+because no C++ frames were recorded. `trace_decisions` is the baseline's every allocation, with the
+free blocks it refused and why (`kit.analysis.added_segments` reads it). `trace_to_workload` writes the same trace as a
 version-1 workload, `prediction_table` sets a prediction next to what a
 patched run measured, and `layout_differences` compares a simulated state
 with a recorded one segment by segment and block by block.
@@ -262,14 +263,38 @@ def simulate_trace(
     `placement` says where segments the recording did not make are laid (`_TraceSim`).
     """
     snap = load_snapshot(snapshot)
-    entries = _require_simulable(snap, device)
     moves = resolve_stream_map(snap, stream_map or {})
-    walk = walk or walk_trace(snap, device)
+    sim, labels, left_out, workspaces = _run_trace(snap, moves, walk or walk_trace(snap, device), device, placement)
+    raw = sim.snapshot()
+    # Streams and pools labelled as in the recording (the simulated trace has no frames to name them from).
+    raw["kit"]["streams"] = {label: sid for sid, label in labels.items() if label != DEFAULT_STREAM_LABEL}
+    pools = pool_labels(snap)
+    raw["kit"]["pools"] = {label: list(p) for p, label in pools.items() if p != DEFAULT_POOL}
+    raw["kit"]["whatif"] = {"workspaces_found_by": workspaces.found_by, "workspaces_left_out": left_out}
+    mapped = ", ".join(f"{labels[a]} onto {labels[b]}" for a, b in moves.items())
+    origin = f"{snap.origin}, {'streams mapped: ' + mapped if moves else 'as recorded'}"
+    return Snapshot(raw, origin=origin)
+
+
+def trace_decisions(snapshot: Snapshot | str | dict, *, walk: TraceWalk | None = None, device: int = 0) -> list:
+    """How the simulator served every allocation of the trace as recorded: one `Decision` each, its `id` `a<trace
+    index>`, with the free blocks it refused and why (`CachingAllocatorSim(explain=True)`); what-if's baseline."""
+    snap = load_snapshot(snapshot)
+    return _run_trace(snap, {}, walk or walk_trace(snap, device), device, RECORDED, explain=True)[0].decisions
+
+
+def _run_trace(
+    snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, device: int, placement: str, explain: bool = False
+) -> tuple:
+    """The trace run on the simulator from its rewound start, `moves` applied: the simulator, the stream labels,
+    the workspaces left out, and the workspaces found."""
+    entries = _require_simulable(snap, device)
     labels = stream_labels(snap)
     seeded = rewound_segments(snap, entries, device)
     recorded = [e.addr for e in entries if e.action == "segment_alloc"]
     top = max([a + s for a, s, *_ in seeded] + [e.addr + e.size for e in entries] + [0])
     sim = _TraceSim(recorded, top, placement)
+    sim.explain = explain  # a Decision per allocation, its refusals listed, with the id `a<trace index>`
     sim.stream_ids = {DEFAULT: DEFAULT_STREAM}
     for sid, label in labels.items():
         if sid != DEFAULT_STREAM:
@@ -327,15 +352,7 @@ def simulate_trace(
                 tid = seeded_id(e.addr)
             if tid is not None and tid in sim.tensors:
                 sim.free_tensor(tid)
-    raw = sim.snapshot()
-    # Streams and pools labelled as in the recording (the simulated trace has no frames to name them from).
-    raw["kit"]["streams"] = {label: sid for sid, label in labels.items() if label != DEFAULT_STREAM_LABEL}
-    pools = pool_labels(snap)
-    raw["kit"]["pools"] = {label: list(p) for p, label in pools.items() if p != DEFAULT_POOL}
-    raw["kit"]["whatif"] = {"workspaces_found_by": workspaces.found_by, "workspaces_left_out": left_out}
-    mapped = ", ".join(f"{labels[a]} onto {labels[b]}" for a, b in moves.items())
-    origin = f"{snap.origin}, {'streams mapped: ' + mapped if moves else 'as recorded'}"
-    return Snapshot(raw, origin=origin)
+    return sim, labels, left_out, workspaces
 
 
 def _graph_pools_freed(entries, start: int, recorded_pool: Mapping[int, tuple]) -> set[tuple[int, int]]:

@@ -29,10 +29,16 @@ OLD_NAMES = {
 }
 
 
-def summarize(snapshot: Any) -> dict:
+def summarize(snapshot: Any, *, segments: bool = False) -> dict:
     """One experiment's figures: the graph pool, where the replay graphs captured and what they added, the check;
     the scenario it ran (the replica keeps it under `scenario`, vLLM's recordings under `variant`), and the
-    pairings and obligation a vLLM recording holds."""
+    pairings and obligation a vLLM recording holds.
+
+    With `segments`, also `replay_added_segments`: each segment the replay captures added to the graph pool, the
+    request that made it and why no free block served it, and `replay_added_by_cause`, their bytes by cause
+    (`kit.analysis.added_segments`; it replays the trace on the simulator, so only where asked).
+    """
+    from kit.analysis.added_segments import bytes_by_cause, replay_added_segments
     from kit.analysis.attribution import is_replay_capture, replay_captures_added
     from kit.load.snapshot import load_snapshot
 
@@ -83,6 +89,9 @@ def summarize(snapshot: Any) -> dict:
         "replay_sizes": vllm_run.get("replay_sizes"),
         **safety_figures(meta),
     }
+    if segments:
+        figures["replay_added_segments"] = replay_added_segments(snap, pool)
+        figures["replay_added_by_cause"] = bytes_by_cause(figures["replay_added_segments"])
     if scenario:
         figures.update({old: figures[new] for old, new in OLD_NAMES.items()})
     return figures

@@ -375,10 +375,12 @@ def load_recordings() -> dict:
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
-    """`{scenario: {"replay_added_bytes", "graph_pool_bytes", ..., "pairings", "readwrite", ..., "provenance"}}`, as
-    `demo --vllm --json` prints; the pairings' and obligation's keys are None for a recording made before them."""
+    """`{scenario: {"replay_added_bytes", "replay_added_segments", "graph_pool_bytes", ..., "pairings", "readwrite",
+    ..., "provenance"}}`, as `demo --vllm --json` prints; the pairings' and obligation's keys are None for a
+    recording made before them, `replay_added_segments` for summaries made without `segments`."""
     keys = (
-        "replay_added_bytes", "graph_pool_bytes", "graph_pool_segments", "replay_on_model_stream",
+        "replay_added_bytes", "replay_added_segments", "replay_added_by_cause", "graph_pool_bytes",
+        "graph_pool_segments", "replay_on_model_stream",
         "replay_streams_from_graph_capture", "replay_stream_names", "bit_exact", "max_abs_diff", "path", "source",
         "has_early_aux", "early_aux_pinned", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
         "readwrite_verdict", "readwrite_verdicts", "readwrite_holds",
@@ -392,6 +394,7 @@ def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
 def demo_lines(summaries: dict) -> list[str]:
     """The figures of every scenario for a terminal: where the replay graphs captured, what they added, the check,
     the read/write obligation and the pairings on vLLM's path."""
+    from kit.analysis.added_segments import added_segments_lines
     from kit.analysis.readwrite import OBLIGATION
     from kit.analysis.tables import format_bytes
     from kit.experiments.vllm_safety import short_obligation
@@ -406,6 +409,7 @@ def demo_lines(summaries: dict) -> list[str]:
             f"{name} ({about}): {s['source']}",
             f"  vLLM path: {s['path']}; replay graphs captured on {where} ({made})",
             f"  graph-pool bytes the replay captures added: {format_bytes(s['replay_added_bytes'])}",
+            *added_segments_lines(s.get("replay_added_segments") or []),
             f"  global graph pool: {format_bytes(s['graph_pool_bytes'])} in {s['graph_pool_segments']} segments",
             f"  graphs vs eager: {check}",
             "  read/write obligation: "
@@ -427,7 +431,7 @@ def demo(*, live: bool = False, as_json: bool = False, vllm: bool = True) -> Non
     if live:
         raise KitError("vLLM's capture runs on a GPU machine from the bundle: bash scripts/vllm_on_device.sh OUT")
     runs = load_recordings()
-    summaries = {name: summarize(snap) for name, snap in runs.items()}
+    summaries = {name: summarize(snap, segments=True) for name, snap in runs.items()}
     if as_json:
         provenance_by_name = {name: snap.kit["provenance"] for name, snap in runs.items()}
         print(json.dumps(demo_json(summaries, provenance_by_name), indent=1, default=str))
