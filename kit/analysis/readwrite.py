@@ -74,9 +74,11 @@ the obligation, and it asks the same of R's own graph, which ends joined too.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from kit.analysis.attribution import is_replay_capture
@@ -219,6 +221,10 @@ class Ranges:
     __slots__ = ("spans",)
 
     def __init__(self, spans: Iterable[tuple[int, int]] = ()) -> None:
+        spans = spans if isinstance(spans, list) else list(spans)
+        if len(spans) > _MANY:
+            self.spans = _merged_many(spans)
+            return
         merged: list[tuple[int, int]] = []
         for start, end in sorted((int(s), int(e)) for s, e in spans if e > s):
             if merged and start <= merged[-1][1]:
@@ -247,6 +253,9 @@ class Ranges:
         return Ranges(self.spans + other.spans)
 
     def __and__(self, other: Ranges) -> Ranges:
+        small, large = sorted((self.spans, other.spans), key=len)
+        if len(small) * 16 < len(large):  # a few spans against many: look each up
+            return Ranges([piece for start, end in small for piece in _clip(large, start, end)])
         out, i, j = [], 0, 0
         a, b = self.spans, other.spans
         while i < len(a) and j < len(b):
@@ -260,24 +269,56 @@ class Ranges:
         return Ranges(out)
 
     def __sub__(self, other: Ranges) -> Ranges:
-        out, cuts = [], other.spans
-        for start, end in self.spans:
-            j = max(bisect.bisect_right(cuts, (start, float("inf"))) - 1, 0)  # the first cut that can reach start
-            while j < len(cuts) and cuts[j][0] < end:
-                cut_start, cut_end = cuts[j]
-                if cut_end > start:
-                    if cut_start > start:
-                        out.append((start, cut_start))
-                    start = max(start, cut_end)
-                j += 1
-            if start < end:
-                out.append((start, end))
-        return Ranges(out)
+        return Ranges([piece for start, end in self.spans for piece in _outside(other.spans, start, end)])
 
     def intersects(self, start: int, end: int) -> bool:
         i = bisect.bisect_right(self.spans, (start, float("inf"))) - 1
         candidates = self.spans[max(i, 0) : i + 2]
         return any(s < end and start < e for s, e in candidates)
+
+
+_MANY = 256  # spans from which a union is merged by numpy
+
+
+def _merged_many(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` sorted and merged where they overlap or touch (numpy: for the many spans of strided tensors)."""
+    a = np.fromiter(itertools.chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans)).reshape(-1, 2)
+    a = a[a[:, 1] > a[:, 0]]
+    if not len(a):
+        return []
+    a = a[np.lexsort((a[:, 1], a[:, 0]))]
+    ends = np.maximum.accumulate(a[:, 1])
+    first = np.flatnonzero(np.r_[True, a[1:, 0] > ends[:-1]])
+    last = np.r_[first[1:] - 1, len(a) - 1]
+    return list(zip(a[first, 0].tolist(), ends[last].tolist(), strict=True))
+
+
+def _clip(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of sorted, disjoint `spans` within `[start, end)`."""
+    i = max(bisect.bisect_right(spans, (start, float("inf"))) - 1, 0)
+    out = []
+    while i < len(spans) and spans[i][0] < end:
+        s, e = max(spans[i][0], start), min(spans[i][1], end)
+        if s < e:
+            out.append((s, e))
+        i += 1
+    return out
+
+
+def _outside(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of `[start, end)` outside sorted, disjoint `spans`."""
+    out = []
+    i = max(bisect.bisect_right(spans, (start, float("inf"))) - 1, 0)  # the first span that can reach start
+    while i < len(spans) and spans[i][0] < end:
+        cut_start, cut_end = spans[i]
+        if cut_end > start:
+            if cut_start > start:
+                out.append((start, cut_start))
+            start = max(start, cut_end)
+        i += 1
+    if start < end:
+        out.append((start, end))
+    return out
 
 
 @dataclass(frozen=True)
@@ -371,7 +412,7 @@ class FreshBytes:
     def reads(self, access: Access) -> list[Piece]:
         """The parts of a read whose bytes are fresh: written outside the dispatcher, each with its maker."""
         pieces = []
-        for start, end in Ranges([(access.start, access.end)]) & self.ranges:
+        for start, end in _clip(self.ranges.spans, access.start, access.end):
             maker = next(p for p in reversed(self.made) if p.start < end and start < p.end)
             pieces.append(Piece(start, end, access.op, access.phase.label, f"{maker.op} in {maker.phase}"))
         return pieces
@@ -396,8 +437,11 @@ def after_replay_reads(
         if order > boundary:
             for access in (a for a in accesses if a.kind == READ):
                 unseen += fresh.reads(access)
-                span = Ranges([(access.start, access.end)]) - fresh.ranges
-                carried += [Piece(s, e, access.op, access.phase.label) for s, e in span - rewritten]
+                carried += [
+                    Piece(s, e, access.op, access.phase.label)
+                    for start, end in _outside(fresh.ranges.spans, access.start, access.end)
+                    for s, e in _outside(rewritten.spans, start, end)
+                ]
         fresh.update(accesses)
         if order >= boundary:
             rewritten = rewritten | Ranges((a.start, a.end) for a in accesses if a.kind in (WRITE, FRESH))

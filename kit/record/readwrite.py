@@ -127,15 +127,11 @@ def element_spans(t, limit: int | None = None) -> list[tuple[int, int]] | None:
     offsets = np.zeros(1, dtype=np.int64)
     for stride, n in dims:
         offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).ravel()
-    size = t.element_size()
-    starts = np.unique(offsets) * size + t.data_ptr()
-    spans: list[tuple[int, int]] = []
-    for start in starts.tolist():
-        if spans and start <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], start + run * size))
-        else:
-            spans.append((start, start + run * size))
-    return spans
+    size, length = t.element_size(), run * t.element_size()
+    starts = np.unique(offsets) * size + t.data_ptr()  # sorted; runs of one length merge where they touch or overlap
+    first = np.flatnonzero(np.r_[True, starts[1:] > starts[:-1] + length])
+    last = np.r_[first[1:] - 1, len(starts) - 1]
+    return list(zip(starts[first].tolist(), (starts[last] + length).tolist(), strict=True))
 
 
 def read_ranges(t) -> list[tuple[int, int]]:
