@@ -228,6 +228,7 @@ def test_element_spans_coalesce_contiguous_dimensions_and_stop_at_the_cap(monkey
     x = torch.zeros(4, 6, 8)
     p = x.data_ptr()
     assert element_spans(x[1:3]) == [(p + 192, p + 576)]  # two whole blocks of 6 x 8: one run
+    assert element_spans(x, limit=1) == [(p, p + 768)]  # contiguous: one run, within a cap of one
     assert element_spans(x[:, 2:4]) == [(p + 192 * i + 64, p + 192 * i + 128) for i in range(4)]  # 2 x 8 per block
     assert element_spans(x.as_strided((3, 4), (2, 1))) == [(p, p + 32)]  # overlapping rows merge
     assert element_spans(x[:, :, 0], limit=24) is not None and element_spans(x[:, :, 0], limit=23) is None
