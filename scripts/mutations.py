@@ -602,6 +602,22 @@ MUTATIONS = (
         ("tests/test_readwrite.py",),
         "a read of bytes written outside the dispatcher is reported as such, never counted as carried across R",
     ),
+    Mutation(
+        "readwrite_may_write_rewrites_carried_values",
+        "kit/analysis/readwrite.py",
+        "for a in accesses if a.kind in (WRITE, FRESH))",
+        "for a in accesses if a.kind in (WRITE, FRESH, MAY_WRITE))",
+        ("tests/test_readwrite.py::test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_graphs",),
+        "the hull of a write too large to list may cover bytes it did not write: it hides no carried read",
+    ),
+    Mutation(
+        "readwrite_replay_may_write_not_counted",
+        "kit/analysis/readwrite.py",
+        "        for a in recording.of(REPLAY, size)\n        if a.kind in (WRITE, MAY_WRITE)",
+        "        for a in recording.of(REPLAY, size)\n        if a.kind == WRITE",
+        ("tests/test_readwrite.py::test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_graphs",),
+        "a replay graph's write too large to list counts as a write of its whole hull",
+    ),
 )
 
 

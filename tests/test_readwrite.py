@@ -610,3 +610,18 @@ def test_a_recording_without_fresh_marks_reports_no_unseen_writer():
     table = readwrite_table(recording)
     assert (table["unseen_writer_bytes"] == 0).all() and (table["unseen_overlap_bytes"] == 0).all()
     assert unseen_writer_lines(recording) == [] and "outside the dispatcher" not in obligation_summary(table)
+
+
+def test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_graphs():
+    """`may_write` (the hull of a write over MAX_SPANS runs): never a rewrite of a carried value, always R's write."""
+    rows = [
+        Access(0, model_segment(64), "aten.mm.default", WRITE, A, A + 64 * KIB),
+        Access(1, model_runs_replay(64), "aten.mm.default", READ, B, B + 64 * KIB),
+        Access(2, model_after_replay(64), "aten.copy_.default", MAY_WRITE, A, A + 64 * KIB),
+        Access(3, model_segment(64, 1), "aten.add.Tensor", READ, A, A + 64 * KIB),
+        Access(4, replay_graph(32), "aten.copy_.default", MAY_WRITE, A, A + KIB),
+    ]
+    recording = ReadWriteRecording(rows)
+    assert Ranges((p.start, p.end) for p in carried_reads(recording, 64)) == Ranges([(A, A + 64 * KIB)])
+    (row,) = readwrite_table(recording).to_dict("records")
+    assert not row["holds"] and row["overlap_bytes"] == KIB and row["writing_ops"] == ["aten.copy_.default"]

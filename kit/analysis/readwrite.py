@@ -393,7 +393,13 @@ def by_op(accesses: Iterable[Access]) -> Iterator[list[Access]]:
 
 
 class FreshBytes:
-    """Bytes returned unwritten (`FRESH`) that no recorded op has written since, with the op that returned them."""
+    """Bytes returned unwritten (`FRESH`) that no recorded op has written since, with the op that returned them.
+
+    A read does not clear them (a read of fresh bytes by an in-place op, an
+    `index_copy_` into an `empty`, is reported too: the rows it keeps hold what
+    no recorded op wrote); an exact write or a `MAY_WRITE` hull does (a recorded
+    op may have written them).
+    """
 
     def __init__(self) -> None:
         self.ranges = Ranges()
@@ -526,13 +532,10 @@ def replay_writes(recording: ReadWriteRecording | Iterable, size: int) -> list[P
 def unwritten_returns(recording: ReadWriteRecording | Iterable, graph: str, size: int) -> Ranges:
     """The bytes graph `size` returned unwritten that none of its recorded ops wrote: filled, if at all, outside
     the dispatcher."""
-    recording = _recording(recording)
-    fresh, ever = FreshBytes(), Ranges()
-    for accesses in by_op(recording.of(graph, size)):
+    fresh = FreshBytes()
+    for accesses in by_op(_recording(recording).of(graph, size)):
         fresh.update(accesses)
-        ever = ever | Ranges((a.start, a.end) for a in accesses if a.kind == FRESH)
-    written = Ranges((a.start, a.end) for a in recording.of(graph, size) if a.kind in (WRITE, MAY_WRITE))
-    return (ever - written) | fresh.ranges
+    return fresh.ranges
 
 
 def _touching(pieces: list[Piece], ranges: Ranges) -> list[Piece]:
