@@ -625,3 +625,16 @@ def test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_gra
     assert Ranges((p.start, p.end) for p in carried_reads(recording, 64)) == Ranges([(A, A + 64 * KIB)])
     (row,) = readwrite_table(recording).to_dict("records")
     assert not row["holds"] and row["overlap_bytes"] == KIB and row["writing_ops"] == ["aten.copy_.default"]
+
+
+def test_the_side_by_side_comparison_carries_the_unseen_writer_of_each_pairing():
+    t = Trace()
+    _kept_bound_capture(t)
+    _replay_capture(t, 32, [(A, 64 * KIB)])
+    recording = _recording_over([A], break_inputs=[B, D], replay_writes=[A])
+    fresh = Access(3, model_segment(64), "aten.empty.memory_format", FRESH, A, A + 64 * KIB)  # after the writes
+    recording = ReadWriteRecording([*recording.accesses[:3], fresh, *recording.accesses[3:]])
+    (pair,) = compare_analyses(attach_break_reads(t.snapshot(), recording), recording)
+    assert pair["readwrite_holds"] and pair["carried_bytes"] == 0  # A's value came from outside the dispatcher
+    assert pair["unseen_writer_bytes"] == 64 * KIB and pair["unseen_writer_ops"] == ["read after the forward"]
+    assert pair["unseen_overlap_bytes"] == 64 * KIB  # and R writes it: the recording cannot decide
