@@ -618,6 +618,22 @@ MUTATIONS = (
         ("tests/test_readwrite.py::test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_graphs",),
         "a replay graph's write too large to list counts as a write of its whole hull",
     ),
+    Mutation(
+        "readwrite_verdict_hides_the_unseen_writer",
+        "kit/analysis/readwrite.py",
+        "    if not unseen and not blind:\n        return \"\"",
+        "    if True:\n        return \"\"",
+        ("tests/test_readwrite.py",),
+        "a pairing's verdict and the summary say what was written outside the dispatcher",
+    ),
+    Mutation(
+        "readwrite_pairs_drop_the_unseen_writer",
+        "kit/experiments/readwrite_run.py",
+        '"unseen_writer_bytes": int(row["unseen_writer_bytes"]),',
+        '"unseen_writer_bytes": 0,',
+        ("tests/test_readwrite.py::test_the_side_by_side_comparison_carries_the_unseen_writer_of_each_pairing",),
+        "the side-by-side comparison's pairs carry the bytes written outside the dispatcher",
+    ),
 )
 
 
