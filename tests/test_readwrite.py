@@ -14,12 +14,15 @@ import torch
 
 from kit.analysis.liveness import BREAK_INPUT, HELD, liveness_table
 from kit.analysis.readwrite import (
+    FRESH,
+    MAY_WRITE,
     OBLIGATION,
     READ,
     WRITE,
     Access,
     Ranges,
     ReadWriteRecording,
+    after_replay_reads,
     attach_break_reads,
     break_reads,
     carried_reads,
@@ -32,10 +35,12 @@ from kit.analysis.readwrite import (
     obligation_verdicts,
     readwrite_table,
     replay_graph,
+    unseen_writer_lines,
+    unwritten_returns,
 )
 from kit.experiments.readwrite_run import compare_analyses, replica_phases
 from kit.patch.policy import has_early_aux
-from kit.record.readwrite import ReadWriteRecorder, byte_span
+from kit.record.readwrite import ReadWriteRecorder, byte_span, element_spans
 from kit.replica.model import ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 
@@ -203,19 +208,39 @@ def test_in_place_ops_write_and_read_their_self_out_arguments_are_only_written()
     assert {(a.kind, (a.start, a.end)) for a in copy} == {(READ, span(y)), (WRITE, span(out))}
 
 
-def test_views_resolve_to_the_bytes_they_reach_in_their_storage():
+def test_views_resolve_to_the_bytes_of_their_elements_in_their_storage():
     base = torch.arange(48, dtype=torch.float32).reshape(6, 8)  # rows of 32 bytes
     with ReadWriteRecorder() as rw, rw.phase(model_segment(6)):
-        base[2:4].sum()  # two rows in the middle
-        base[:, 1:3].sum()  # a strided column block: from (0, 1) to (5, 2)
-        base.t()[0].sum()  # column 0 seen through a transpose
+        base[2:4].sum()  # two rows in the middle: one run
+        base[:, 1:3].sum()  # a strided column block: 8 bytes in each row
+        base.t()[0].sum()  # column 0 seen through a transpose: 4 bytes in each row
         base[1].expand(3, 8).sum()  # stride 0: one row's bytes
     reads = [(a.start - base.data_ptr(), a.end - base.data_ptr()) for a in accesses(rw, READ)]
-    assert reads == [(64, 128), (4, 5 * 32 + 12), (0, 5 * 32 + 4), (32, 64)]
-    assert byte_span(base[:0]) is None
+    columns = [(32 * i + 4, 32 * i + 12) for i in range(6)]
+    assert reads == [(64, 128), *columns, *[(32 * i, 32 * i + 4) for i in range(6)], (32, 64)]
+    assert byte_span(base[:0]) is None and element_spans(base[:0]) == []
+    assert byte_span(base[:, 1:3]) == (base.data_ptr() + 4, base.data_ptr() + 5 * 32 + 12)  # the hull
 
 
-def test_ops_that_touch_no_data_and_ops_outside_a_phase_record_nothing():
+def test_element_spans_coalesce_contiguous_dimensions_and_stop_at_the_cap(monkeypatch):
+    import kit.record.readwrite as recorder
+
+    x = torch.zeros(4, 6, 8)
+    p = x.data_ptr()
+    assert element_spans(x[1:3]) == [(p + 192, p + 576)]  # two whole blocks of 6 x 8: one run
+    assert element_spans(x, limit=1) == [(p, p + 768)]  # contiguous: one run, within a cap of one
+    assert element_spans(x[:, 2:4]) == [(p + 192 * i + 64, p + 192 * i + 128) for i in range(4)]  # 2 x 8 per block
+    assert element_spans(x.as_strided((3, 4), (2, 1))) == [(p, p + 32)]  # overlapping rows merge
+    assert element_spans(x[:, :, 0], limit=24) is not None and element_spans(x[:, :, 0], limit=23) is None
+    column = x[:, :, 0]  # 24 runs of one element: over a cap of 8, a read is its hull, a write its hull's may_write
+    monkeypatch.setattr(recorder, "MAX_SPANS", 8)
+    with ReadWriteRecorder() as rw, rw.phase(model_segment(4)):
+        column.add_(1)
+    hull = byte_span(column)
+    assert {(a.kind, (a.start, a.end)) for a in rw.accesses} == {(READ, hull), (MAY_WRITE, hull)}
+
+
+def test_ops_that_touch_no_data_and_ops_outside_a_phase_record_nothing_but_an_unwritten_return():
     x = torch.randn(4, 4)
     x.add_(1)  # no recorder
     with ReadWriteRecorder() as rw:
@@ -223,11 +248,11 @@ def test_ops_that_touch_no_data_and_ops_outside_a_phase_record_nothing():
         with rw.phase(model_segment(4)):
             v = x.view(16)
             x.t_()
-            torch.empty(8)  # uninitialised: no write
+            e = torch.empty(8)  # uninitialised: no write, its bytes marked fresh
             w = torch.empty(0).set_(x.untyped_storage(), 0, (4, 4), (4, 1))
         x.mul_(2)  # after the phase: not recorded
     assert w.data_ptr() == x.data_ptr() and v.numel() == 16
-    assert rw.accesses == []
+    assert [(a.kind, a.op, (a.start, a.end)) for a in rw.accesses] == [(FRESH, "aten.empty.memory_format", span(e))]
 
 
 def test_phases_are_ordered_segment_break_next_segment_and_the_outputs_last():
@@ -473,3 +498,143 @@ def test_with_attention_breaks_the_replay_layers_run_in_one_break_of_several(mon
     # the replay graphs break at their own attentions: their breaks' writes are theirs
     assert {a.phase.part for a in recording.of("replay", 4)} == {"segment", "break"}
     assert runner.model_state.decoder_replay_layers.run_layers.__name__ != "run_layers_by_phase"  # put back
+
+
+# --- what the recorder cannot see, made visible ------------------------------------------------------
+
+
+def _column_rewritten_after_the_replay() -> ReadWriteRecorder:
+    """A model graph whose `kept` (8 x 4) is carried across R; after R one column of it is rewritten in place, then
+    the whole of it is read; R overwrites all of it."""
+    x = torch.randn(8, 4)
+    with ReadWriteRecorder() as rw:
+        with rw.phase(model_segment(8, 0)):
+            kept = x * 2
+        with rw.phase(model_runs_replay(8, 0)):
+            column = x[:, :1] + 1
+        with rw.phase(model_after_replay(8, 0)):
+            kept[:, 1:2].copy_(column)  # a strided write of column 1 only
+        with rw.phase(model_segment(8, 1)):
+            kept.sum()  # reads columns 0, 2 and 3 as carried across R
+        with rw.phase(replay_graph(4)):
+            kept.zero_()
+    rw.kept = kept
+    return rw
+
+
+def test_a_strided_copy_into_one_column_rewrites_that_column_and_not_the_gaps_between_its_elements():
+    rw = _column_rewritten_after_the_replay()
+    kept, base = rw.kept, rw.kept.data_ptr()
+    assert [(a.start - base, a.end - base) for a in accesses(rw, WRITE, op="copy_")] == [
+        (16 * i + 4, 16 * i + 8) for i in range(8)
+    ]
+    carried = Ranges((p.start, p.end) for p in carried_reads(rw.recording(), 8))
+    others = Ranges([span(kept)]) - Ranges((base + 16 * i + 4, base + 16 * i + 8) for i in range(8))
+    assert carried & Ranges([span(kept)]) == others and others.total == 96  # 3 of 4 columns: 8 rows x 12 bytes
+    (row,) = readwrite_table(rw.recording()).to_dict("records")
+    assert not row["holds"] and row["overlap_bytes"] == 96 and row["first_overlap"] == base
+
+
+def _written_outside_the_dispatcher(after_replay: bool, replay_writes_it: bool) -> ReadWriteRecorder:
+    """An `empty` filled by a memmove the dispatcher never sees (as a Triton kernel fills `hc_collapse_triton`'s
+    output), made before R starts or after it, then read by a recorded op in the next segment."""
+    import ctypes
+
+    x = torch.randn(8, 4)
+    with ReadWriteRecorder() as rw:
+        with rw.phase(model_segment(8, 0)):
+            h = x * 2
+            out = None if after_replay else torch.empty(8, 4)
+        with rw.phase(model_runs_replay(8, 0)):
+            h.sum()
+        with rw.phase(model_after_replay(8, 0)):
+            out = torch.empty(8, 4) if after_replay else out
+        ctypes.memmove(out.data_ptr(), h.data_ptr(), h.numel() * h.element_size())  # outside the dispatcher
+        with rw.phase(model_segment(8, 1)):
+            final = out * 3
+        with rw.phase(model_outputs(8)):
+            rw.note_reads(final, "read after the forward")
+        with rw.phase(replay_graph(4)):
+            (out if replay_writes_it else torch.zeros(2)).fill_(0)
+    assert torch.equal(out, torch.zeros(8, 4) if replay_writes_it else h)  # the memmove did write it
+    rw.out = out
+    return rw
+
+
+@pytest.mark.parametrize("after_replay", [False, True], ids=["empty_before_R", "empty_after_R"])
+def test_a_read_of_an_empty_that_no_recorded_op_wrote_is_reported_written_outside_the_dispatcher(after_replay):
+    rw = _written_outside_the_dispatcher(after_replay, replay_writes_it=False)
+    recording, out = rw.recording(), Ranges([span(rw.out)])
+    assert [(a.kind, a.op) for a in recording.accesses if Ranges([(a.start, a.end)]) == out][0] == (
+        FRESH,
+        "aten.empty.memory_format",
+    )
+    carried, unseen = after_replay_reads(recording, 8)
+    assert not Ranges((p.start, p.end) for p in carried) & out  # never counted as carried
+    assert carried_reads(recording, 8) == carried
+    assert Ranges((p.start, p.end) for p in unseen) == out and {p.op for p in unseen} == {"aten.mul.Tensor"}
+    made = "model graph 8 break 0 after the replay layers" if after_replay else "model graph 8 segment 0"
+    assert {p.made_by for p in unseen} == {f"aten.empty.memory_format in {made}"}
+    (line,) = unseen_writer_lines(recording)
+    assert line.startswith("model graph 8 segment 1: 128 B written outside the dispatcher (returned unwritten by ")
+    (row,) = readwrite_table(recording).to_dict("records")
+    assert row["holds"] and row["unseen_writer_bytes"] == 128 and row["unseen_writer_ops"] == ["aten.mul.Tensor"]
+    assert row["unseen_overlap_bytes"] == 0
+    (verdict,) = obligation_verdicts(readwrite_table(recording))
+    assert "not seen: 128 B read after it by aten.mul.Tensor were written outside the dispatcher" in verdict
+
+
+def test_an_unseen_write_that_a_replay_graph_writes_over_cannot_be_decided():
+    rw = _written_outside_the_dispatcher(after_replay=False, replay_writes_it=True)
+    table = readwrite_table(rw.recording())
+    (row,) = table.to_dict("records")
+    assert row["holds"] and row["unseen_writer_bytes"] == 128 and row["unseen_overlap_bytes"] == 128
+    assert "128 B read after it meet replay graph 4 where a writer is unseen" in obligation_verdicts(table)[0]
+    assert "1 pairing(s) meet R there and cannot be decided" in obligation_summary(table)
+
+
+def test_a_replay_graphs_unwritten_return_over_carried_bytes_cannot_be_decided():
+    """R returns bytes unwritten that N carries: a kernel outside the dispatcher may fill them when R replays."""
+    recording = _recording_over([A], break_inputs=[B], replay_writes=[])
+    recording.accesses.append(Access(9, replay_graph(32), "aten.empty.memory_format", FRESH, A, A + 64 * KIB))
+    (row,) = readwrite_table(recording).to_dict("records")
+    assert row["holds"] and row["unseen_writer_bytes"] == 0 and row["unseen_overlap_bytes"] == 64 * KIB
+    assert unwritten_returns(recording, "replay", 32) == Ranges([(A, A + 64 * KIB)])
+
+
+def test_a_recording_without_fresh_marks_reports_no_unseen_writer():
+    """Recordings made before fresh bytes were marked (the shipped ones) load and report none."""
+    from kit.experiments.readwrite_run import load_recording
+
+    recording = ReadWriteRecording.from_records(load_recording("small")["policies"]["pr"]["accesses"])
+    table = readwrite_table(recording)
+    assert (table["unseen_writer_bytes"] == 0).all() and (table["unseen_overlap_bytes"] == 0).all()
+    assert unseen_writer_lines(recording) == [] and "outside the dispatcher" not in obligation_summary(table)
+
+
+def test_a_write_too_large_to_list_rewrites_nothing_and_counts_as_the_replay_graphs():
+    """`may_write` (the hull of a write over MAX_SPANS runs): never a rewrite of a carried value, always R's write."""
+    rows = [
+        Access(0, model_segment(64), "aten.mm.default", WRITE, A, A + 64 * KIB),
+        Access(1, model_runs_replay(64), "aten.mm.default", READ, B, B + 64 * KIB),
+        Access(2, model_after_replay(64), "aten.copy_.default", MAY_WRITE, A, A + 64 * KIB),
+        Access(3, model_segment(64, 1), "aten.add.Tensor", READ, A, A + 64 * KIB),
+        Access(4, replay_graph(32), "aten.copy_.default", MAY_WRITE, A, A + KIB),
+    ]
+    recording = ReadWriteRecording(rows)
+    assert Ranges((p.start, p.end) for p in carried_reads(recording, 64)) == Ranges([(A, A + 64 * KIB)])
+    (row,) = readwrite_table(recording).to_dict("records")
+    assert not row["holds"] and row["overlap_bytes"] == KIB and row["writing_ops"] == ["aten.copy_.default"]
+
+
+def test_the_side_by_side_comparison_carries_the_unseen_writer_of_each_pairing():
+    t = Trace()
+    _kept_bound_capture(t)
+    _replay_capture(t, 32, [(A, 64 * KIB)])
+    recording = _recording_over([A], break_inputs=[B, D], replay_writes=[A])
+    fresh = Access(3, model_segment(64), "aten.empty.memory_format", FRESH, A, A + 64 * KIB)  # after the writes
+    recording = ReadWriteRecording([*recording.accesses[:3], fresh, *recording.accesses[3:]])
+    (pair,) = compare_analyses(attach_break_reads(t.snapshot(), recording), recording)
+    assert pair["readwrite_holds"] and pair["carried_bytes"] == 0  # A's value came from outside the dispatcher
+    assert pair["unseen_writer_bytes"] == 64 * KIB and pair["unseen_writer_ops"] == ["read after the forward"]
+    assert pair["unseen_overlap_bytes"] == 64 * KIB  # and R writes it: the recording cannot decide

@@ -20,8 +20,20 @@ replays the kernels and addresses it captured. Here:
   (V4.1 breaks at every attention); R runs only in the one where the replay
   layers ran (`ReadWriteRecording.replay_breaks`), and its own breaks' writes
   count as its writes;
+- `unseen_writer_reads`, `after_replay_reads`: the reads of bytes an op
+  returned unwritten (`FRESH`: an `empty` output) that no recorded op wrote
+  before them: a kernel outside the dispatcher (Triton called directly,
+  DeepGEMM, NCCL through ctypes) wrote them, unseen, or nothing did. Such
+  reads are reported as "written outside the dispatcher" per phase and per
+  pairing, never counted as carried: when that kernel ran, and what it read,
+  the recording cannot say. Recordings made before the recorder marked fresh
+  bytes (every shipped one up to 2026-12-05) have none to report;
 - `readwrite_table`: per (model graph, break, replay graph) pairing, those
-  bytes intersected with the bytes R writes, with the ops on both sides;
+  bytes intersected with the bytes R writes, with the ops on both sides, and
+  beside them the blind spot: `unseen_writer_bytes` (read after R starts,
+  written outside the dispatcher) and `unseen_overlap_bytes` (where that blind
+  spot meets R: those bytes where R writes, or bytes carried or unseen that R
+  returns unwritten and may fill outside the dispatcher);
 - `obligation_verdicts`, `obligation_summary`: holds, or violated with the
   bytes and the op names;
 - `break_reads`, `attach_break_reads`: what each break read, the input
@@ -62,9 +74,11 @@ the obligation, and it asks the same of R's own graph, which ends joined too.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from kit.analysis.attribution import is_replay_capture
@@ -88,6 +102,11 @@ RUNS_REPLAY, AFTER_REPLAY = "runs_replay", "after_replay"
 _PART_ORDER = {SEGMENT: 0.0, BREAK: 1.0, RUNS_REPLAY: 1.25, AFTER_REPLAY: 1.5}
 BEFORE, AFTER = "before", "after"  # a step's eager work before and after its drafter graph
 READ, WRITE = "read", "write"
+# Recorded since the recorder's blind spots were made visible (older recordings hold neither): MAY_WRITE, the hull
+# of a write of more element ranges than the recorder lists (some of its bytes written: counted as written by a
+# replay graph, never as rewriting a value); FRESH, bytes an op returned unwritten (`empty` and its kin).
+MAY_WRITE, FRESH = "may_write", "fresh"
+UNSEEN_WRITER = "written outside the dispatcher"
 TABLE_COLUMNS = [
     "model_size",
     "break",
@@ -100,6 +119,10 @@ TABLE_COLUMNS = [
     "reading_ops",
     "writing_ops",
     "holds",
+    "unseen_writer_bytes",
+    "unseen_writer_ops",
+    "unseen_made_by",
+    "unseen_overlap_bytes",
 ]
 
 
@@ -198,6 +221,10 @@ class Ranges:
     __slots__ = ("spans",)
 
     def __init__(self, spans: Iterable[tuple[int, int]] = ()) -> None:
+        spans = spans if isinstance(spans, list) else list(spans)
+        if len(spans) > _MANY:
+            self.spans = _merged_many(spans)
+            return
         merged: list[tuple[int, int]] = []
         for start, end in sorted((int(s), int(e)) for s, e in spans if e > s):
             if merged and start <= merged[-1][1]:
@@ -226,6 +253,9 @@ class Ranges:
         return Ranges(self.spans + other.spans)
 
     def __and__(self, other: Ranges) -> Ranges:
+        small, large = sorted((self.spans, other.spans), key=len)
+        if len(small) * 16 < len(large):  # a few spans against many: look each up
+            return Ranges([piece for start, end in small for piece in _clip(large, start, end)])
         out, i, j = [], 0, 0
         a, b = self.spans, other.spans
         while i < len(a) and j < len(b):
@@ -239,19 +269,7 @@ class Ranges:
         return Ranges(out)
 
     def __sub__(self, other: Ranges) -> Ranges:
-        out = []
-        for start, end in self.spans:
-            for cut_start, cut_end in other.spans:
-                if cut_end <= start or cut_start >= end:
-                    continue
-                if cut_start > start:
-                    out.append((start, cut_start))
-                start = max(start, cut_end)
-                if start >= end:
-                    break
-            if start < end:
-                out.append((start, end))
-        return Ranges(out)
+        return Ranges([piece for start, end in self.spans for piece in _outside(other.spans, start, end)])
 
     def intersects(self, start: int, end: int) -> bool:
         i = bisect.bisect_right(self.spans, (start, float("inf"))) - 1
@@ -259,14 +277,60 @@ class Ranges:
         return any(s < end and start < e for s, e in candidates)
 
 
+_MANY = 256  # spans from which a union is merged by numpy
+
+
+def _merged_many(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` sorted and merged where they overlap or touch (numpy: for the many spans of strided tensors)."""
+    a = np.fromiter(itertools.chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans)).reshape(-1, 2)
+    a = a[a[:, 1] > a[:, 0]]
+    if not len(a):
+        return []
+    a = a[np.lexsort((a[:, 1], a[:, 0]))]
+    ends = np.maximum.accumulate(a[:, 1])
+    first = np.flatnonzero(np.r_[True, a[1:, 0] > ends[:-1]])
+    last = np.r_[first[1:] - 1, len(a) - 1]
+    return list(zip(a[first, 0].tolist(), ends[last].tolist(), strict=True))
+
+
+def _clip(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of sorted, disjoint `spans` within `[start, end)`."""
+    i = max(bisect.bisect_right(spans, (start, float("inf"))) - 1, 0)
+    out = []
+    while i < len(spans) and spans[i][0] < end:
+        s, e = max(spans[i][0], start), min(spans[i][1], end)
+        if s < e:
+            out.append((s, e))
+        i += 1
+    return out
+
+
+def _outside(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of `[start, end)` outside sorted, disjoint `spans`."""
+    out = []
+    i = max(bisect.bisect_right(spans, (start, float("inf"))) - 1, 0)  # the first span that can reach start
+    while i < len(spans) and spans[i][0] < end:
+        cut_start, cut_end = spans[i]
+        if cut_end > start:
+            if cut_start > start:
+                out.append((start, cut_start))
+            start = max(start, cut_end)
+        i += 1
+    if start < end:
+        out.append((start, end))
+    return out
+
+
 @dataclass(frozen=True)
 class Piece:
-    """Bytes `[start, end)` an op read or wrote, with the op and the phase's label."""
+    """Bytes `[start, end)` an op read or wrote, with the op and the phase's label; for a read of bytes written
+    outside the dispatcher, `made_by` is the op that returned them unwritten, with its phase."""
 
     start: int
     end: int
     op: str
     phase: str
+    made_by: str = ""
 
 
 @dataclass
@@ -316,6 +380,80 @@ def _recording(recording: ReadWriteRecording | Iterable) -> ReadWriteRecording:
     return ReadWriteRecording.from_records(accesses)
 
 
+def by_op(accesses: Iterable[Access]) -> Iterator[list[Access]]:
+    """Accesses grouped by the op that made them (one sequence number), in recording order."""
+    group: list[Access] = []
+    for access in accesses:
+        if group and access.seq != group[0].seq:
+            yield group
+            group = []
+        group.append(access)
+    if group:
+        yield group
+
+
+class FreshBytes:
+    """Bytes returned unwritten (`FRESH`) that no recorded op has written since, with the op that returned them.
+
+    A read does not clear them (a read of fresh bytes by an in-place op, an
+    `index_copy_` into an `empty`, is reported too: the rows it keeps hold what
+    no recorded op wrote); an exact write or a `MAY_WRITE` hull does (a recorded
+    op may have written them).
+    """
+
+    def __init__(self) -> None:
+        self.ranges = Ranges()
+        self.made: list[Piece] = []  # every fresh return, latest last
+
+    def update(self, accesses: list[Access]) -> None:
+        """After one op: its writes (exact or hull) leave the fresh bytes, its unwritten returns join them."""
+        written = Ranges((a.start, a.end) for a in accesses if a.kind in (WRITE, MAY_WRITE))
+        new = [Piece(a.start, a.end, a.op, a.phase.label) for a in accesses if a.kind == FRESH]
+        if written:
+            self.ranges = self.ranges - written
+        if new:
+            self.ranges = self.ranges | Ranges((p.start, p.end) for p in new)
+            self.made += new
+
+    def reads(self, access: Access) -> list[Piece]:
+        """The parts of a read whose bytes are fresh: written outside the dispatcher, each with its maker."""
+        pieces = []
+        for start, end in _clip(self.ranges.spans, access.start, access.end):
+            maker = next(p for p in reversed(self.made) if p.start < end and start < p.end)
+            pieces.append(Piece(start, end, access.op, access.phase.label, f"{maker.op} in {maker.phase}"))
+        return pieces
+
+
+def after_replay_reads(
+    recording: ReadWriteRecording | Iterable, size: int, break_index: int = 0
+) -> tuple[list[Piece], list[Piece]]:
+    """The reads after replay graph R starts in break `break_index` of model graph `size`: (carried, unseen).
+
+    Carried: bytes whose last recorded write came before R started
+    (`carried_reads`). Unseen: bytes returned unwritten (`FRESH`, before or
+    after R started) that no recorded op wrote before the read: written outside
+    the dispatcher, at a time the recording cannot tell; they are never carried.
+    Bytes returned unwritten after R started count as made after it.
+    """
+    recording = _recording(recording)
+    boundary = (model_runs_replay if recording.marks_replay else model_break)(size, break_index).order
+    rewritten, fresh, carried, unseen = Ranges(), FreshBytes(), [], []
+    for accesses in by_op(recording.of(MODEL, size)):
+        order = accesses[0].phase.order
+        if order > boundary:
+            for access in (a for a in accesses if a.kind == READ):
+                unseen += fresh.reads(access)
+                carried += [
+                    Piece(s, e, access.op, access.phase.label)
+                    for start, end in _outside(fresh.ranges.spans, access.start, access.end)
+                    for s, e in _outside(rewritten.spans, start, end)
+                ]
+        fresh.update(accesses)
+        if order >= boundary:
+            rewritten = rewritten | Ranges((a.start, a.end) for a in accesses if a.kind in (WRITE, FRESH))
+    return carried, unseen
+
+
 def carried_reads(recording: ReadWriteRecording | Iterable, size: int, break_index: int = 0) -> list[Piece]:
     """The bytes read after replay graph R starts in break `break_index` of model graph `size`, whose last write
     came before R started.
@@ -325,27 +463,79 @@ def carried_reads(recording: ReadWriteRecording | Iterable, size: int, break_ind
     are left out; every read after it counts: the rest of the break, the later
     segments and breaks, the outputs the caller reads. A read of bytes written
     at or after R's start is left out: that value is made after R ran. In a
-    recording without replay parts R starts at the break's end.
+    recording without replay parts R starts at the break's end. A read of bytes
+    no recorded op wrote since an op returned them unwritten is left out too:
+    they were written outside the dispatcher (`after_replay_reads` lists them).
+    """
+    return after_replay_reads(recording, size, break_index)[0]
+
+
+def unseen_writer_reads(recording: ReadWriteRecording | Iterable) -> list[Piece]:
+    """Every read, in any phase, of bytes returned unwritten that no recorded op wrote before it.
+
+    Per graph (model, replay or drafter graph, or step of one size) in
+    recording order: what a kernel outside the dispatcher wrote (or nobody:
+    uninitialised memory), whose writer and whose own reads the recorder
+    cannot see. Each piece names its reading op, its phase and `made_by`.
     """
     recording = _recording(recording)
-    boundary = (model_runs_replay if recording.marks_replay else model_break)(size, break_index).order
-    rewritten, pieces = Ranges(), []
-    for access in recording.of(MODEL, size):
-        order = access.phase.order
-        if order < boundary:
-            continue
-        span = Ranges([(access.start, access.end)])
-        if access.kind == WRITE:
-            rewritten = rewritten | span
-        elif order > boundary:
-            pieces += [Piece(s, e, access.op, access.phase.label) for s, e in span - rewritten]
+    pieces = []
+    for graph, size in sorted({(a.phase.graph, a.phase.size) for a in recording.accesses}):
+        fresh = FreshBytes()
+        for accesses in by_op(recording.of(graph, size)):
+            for access in (a for a in accesses if a.kind == READ):
+                pieces += fresh.reads(access)
+            fresh.update(accesses)
     return pieces
 
 
+def unseen_writer_table(recording: ReadWriteRecording | Iterable) -> pd.DataFrame:
+    """`unseen_writer_reads` per phase: the bytes, the ops that read them and the ops that returned them unwritten."""
+    rows: dict[str, dict] = {}
+    for p in unseen_writer_reads(recording):
+        row = rows.setdefault(p.phase, {"phase": p.phase, "ranges": [], "reading_ops": set(), "made_by": set()})
+        row["ranges"].append((p.start, p.end))
+        row["reading_ops"].add(p.op)
+        row["made_by"].add(p.made_by)
+    records = [
+        {
+            "phase": r["phase"],
+            "unseen_writer_bytes": Ranges(r["ranges"]).total,
+            "reading_ops": sorted(r["reading_ops"]),
+            "made_by": sorted(r["made_by"]),
+        }
+        for r in rows.values()
+    ]
+    return pd.DataFrame(records, columns=["phase", "unseen_writer_bytes", "reading_ops", "made_by"])
+
+
+def unseen_writer_lines(recording: ReadWriteRecording | Iterable) -> list[str]:
+    """One line per phase that read bytes written outside the dispatcher; none when the recorder saw every writer."""
+    return [
+        f"{row['phase']}: {format_bytes(row['unseen_writer_bytes'])} {UNSEEN_WRITER} (returned unwritten by "
+        f"{', '.join(row['made_by'])}; read by {', '.join(row['reading_ops'])}); the kernel that wrote them, and what "
+        "it read, are not recorded"
+        for _, row in unseen_writer_table(recording).iterrows()
+    ]
+
+
 def replay_writes(recording: ReadWriteRecording | Iterable, size: int) -> list[Piece]:
-    """Every byte range replay graph `size` writes."""
+    """Every byte range replay graph `size` writes (the hulls of writes too large to list in full included)."""
     recording = _recording(recording)
-    return [Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(REPLAY, size) if a.kind == WRITE]
+    return [
+        Piece(a.start, a.end, a.op, a.phase.label)
+        for a in recording.of(REPLAY, size)
+        if a.kind in (WRITE, MAY_WRITE)
+    ]
+
+
+def unwritten_returns(recording: ReadWriteRecording | Iterable, graph: str, size: int) -> Ranges:
+    """The bytes graph `size` returned unwritten that none of its recorded ops wrote: filled, if at all, outside
+    the dispatcher."""
+    fresh = FreshBytes()
+    for accesses in by_op(_recording(recording).of(graph, size)):
+        fresh.update(accesses)
+    return fresh.ranges
 
 
 def _touching(pieces: list[Piece], ranges: Ranges) -> list[Piece]:
@@ -361,17 +551,26 @@ def readwrite_table(
     model graph's break (vLLM's dispatch: `kit.experiments.safety_run.dispatchable_replay_sizes`);
     without it every pairing can. Every pairing gets a row; the verdicts read
     only those that can run. `first_overlap` is the lowest overlapping address.
+    `holds` is the obligation on what the recorder saw; beside it the blind
+    spot: `unseen_writer_bytes` read after R starts were written outside the
+    dispatcher (`unseen_writer_ops` read them, `unseen_made_by` returned them
+    unwritten), and `unseen_overlap_bytes` of the bytes read after R starts
+    are where R writes over such bytes or may write outside the dispatcher
+    (R's own unwritten returns): for those the recording cannot decide.
     """
     recording = _recording(recording)
     replays = {r: replay_writes(recording, r) for r in recording.sizes(REPLAY)}
     written = {r: Ranges((p.start, p.end) for p in pieces) for r, pieces in replays.items()}
+    unwritten = {r: unwritten_returns(recording, REPLAY, r) for r in replays}
     rows = []
     for model_size in recording.sizes(MODEL):
         for j in recording.replay_breaks(model_size):
-            carried_pieces = carried_reads(recording, model_size, j)
+            carried_pieces, unseen_pieces = after_replay_reads(recording, model_size, j)
             carried = Ranges((p.start, p.end) for p in carried_pieces)
+            unseen = Ranges((p.start, p.end) for p in unseen_pieces)
             for replay_size, writes in written.items():
                 overlap = carried & writes
+                blind = (unseen & writes) | ((carried | unseen) & unwritten[replay_size])
                 rows.append(
                     {
                         "model_size": model_size,
@@ -385,6 +584,10 @@ def readwrite_table(
                         "reading_ops": sorted({p.op for p in _touching(carried_pieces, overlap)}),
                         "writing_ops": sorted({p.op for p in _touching(replays[replay_size], overlap)}),
                         "holds": not overlap,
+                        "unseen_writer_bytes": unseen.total,
+                        "unseen_writer_ops": sorted({p.op for p in unseen_pieces}),
+                        "unseen_made_by": sorted({p.made_by for p in unseen_pieces}),
+                        "unseen_overlap_bytes": blind.total,
                     }
                 )
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
@@ -393,27 +596,47 @@ def readwrite_table(
     return table
 
 
+def unseen_clause(row: Mapping) -> str:
+    """What a pairing's row says of bytes written outside the dispatcher: "" when there are none."""
+    unseen, blind = int(row.get("unseen_writer_bytes", 0) or 0), int(row.get("unseen_overlap_bytes", 0) or 0)
+    if not unseen and not blind:
+        return ""
+    clause = ""
+    if unseen:
+        clause = (
+            f"; not seen: {format_bytes(unseen)} read after it by {', '.join(row['unseen_writer_ops'])} were "
+            f"{UNSEEN_WRITER} (returned unwritten by {', '.join(row['unseen_made_by'])}), not counted as carried"
+        )
+    if blind:
+        clause += (
+            f"; {format_bytes(blind)} read after it meet replay graph {row['replay_size']} where a writer is "
+            "unseen: the recording cannot decide those"
+        )
+    return clause
+
+
 def obligation_verdicts(table: pd.DataFrame) -> list[str]:
-    """One line per pairing that can run: holds, or violated with the bytes, the first address and the ops."""
+    """One line per pairing that can run: holds, or violated with the bytes, the first address and the ops; and
+    what was written outside the dispatcher, where anything was (`unseen_clause`)."""
     lines = []
     for _, row in table[table["can_run"]].iterrows():
         pair = f"model graph {row['model_size']} break {row['break']}, replay graph {row['replay_size']}"
         if row["holds"]:
             lines.append(
                 f"{pair}: holds: replay graph {row['replay_size']} writes none of the "
-                f"{format_bytes(row['carried_bytes'])} carried across the break"
+                f"{format_bytes(row['carried_bytes'])} carried across the break{unseen_clause(row)}"
             )
         else:
             lines.append(
                 f"{pair}: VIOLATED: {format_bytes(row['overlap_bytes'])} carried across the break (first at "
                 f"{int(row['first_overlap']):#x}, read after it by {', '.join(row['reading_ops'])}) are written "
-                f"by {', '.join(row['writing_ops'])} in replay graph {row['replay_size']}"
+                f"by {', '.join(row['writing_ops'])} in replay graph {row['replay_size']}{unseen_clause(row)}"
             )
     return lines
 
 
 def obligation_summary(table: pd.DataFrame) -> str:
-    """The obligation and its result in one line."""
+    """The obligation and its result in one line, and what was written outside the dispatcher where anything was."""
     if table.empty:
         return f"{OBLIGATION} Nothing to check: no pairing can run."
     running = table[table["can_run"]]
@@ -421,11 +644,26 @@ def obligation_summary(table: pd.DataFrame) -> str:
     if running.empty:
         return f"{OBLIGATION} Nothing to check: no pairing can run."
     if bad.empty:
-        return f"{OBLIGATION} Holds for all {len(running)} pairings that can run."
+        return f"{OBLIGATION} Holds for all {len(running)} pairings that can run.{unseen_summary(running)}"
     pairs = ", ".join(f"({m}, {r})" for m, r in zip(bad["model_size"], bad["replay_size"], strict=True))
     return (
         f"{OBLIGATION} Violated in {len(bad)} of {len(running)} pairings that can run: {pairs} "
-        f"(model graph, replay graph), {format_bytes(bad['overlap_bytes'].sum())} in all."
+        f"(model graph, replay graph), {format_bytes(bad['overlap_bytes'].sum())} in all.{unseen_summary(running)}"
+    )
+
+
+def unseen_summary(running: pd.DataFrame) -> str:
+    """The pairings whose reads after R include bytes written outside the dispatcher: "" when none (or a table made
+    before the recorder marked them)."""
+    if "unseen_writer_bytes" not in running:
+        return ""
+    seen = running[(running["unseen_writer_bytes"] > 0) | (running["unseen_overlap_bytes"] > 0)]
+    if seen.empty:
+        return ""
+    undecided = int((seen["unseen_overlap_bytes"] > 0).sum())
+    return (
+        f" In {len(seen)} of them bytes read after R were {UNSEEN_WRITER}, which the recorder cannot see (not counted "
+        f"as carried); {undecided} pairing(s) meet R there and cannot be decided from the recording."
     )
 
 
@@ -507,13 +745,13 @@ DRAFTER_COLUMNS = [
 ]
 
 
-def _ranges(accesses: Iterable[Access], kind: str) -> Ranges:
-    return Ranges((a.start, a.end) for a in accesses if a.kind == kind)
+def _ranges(accesses: Iterable[Access], *kinds: str) -> Ranges:
+    return Ranges((a.start, a.end) for a in accesses if a.kind in kinds)
 
 
 def model_writes(recording: ReadWriteRecording | Iterable, size: int) -> Ranges:
-    """Every byte model graph `size` writes: its segments and its breaks."""
-    return _ranges(_recording(recording).of(MODEL, size), WRITE)
+    """Every byte model graph `size` writes: its segments and its breaks (the hulls of writes too large to list)."""
+    return _ranges(_recording(recording).of(MODEL, size), WRITE, MAY_WRITE)
 
 
 def model_outputs_read(recording: ReadWriteRecording | Iterable, size: int) -> Ranges:
@@ -532,9 +770,9 @@ def step_reads(recording: ReadWriteRecording | Iterable, size: int, part: str) -
         if access.phase.part != part:
             continue
         span = Ranges([(access.start, access.end)])
-        if access.kind == WRITE:
+        if access.kind in (WRITE, FRESH):
             rewritten = rewritten | span
-        else:
+        elif access.kind == READ:
             pieces += [Piece(s, e, access.op, access.phase.label) for s, e in span - rewritten]
     return pieces
 
@@ -554,9 +792,13 @@ def drafter_table(
     drafter_size)` is the speculator's dispatch (None: every pairing can).
     """
     recording = _recording(recording)
-    drafters = {d: _ranges(recording.of(DRAFTER, d), WRITE) for d in recording.sizes(DRAFTER)}
+    drafters = {d: _ranges(recording.of(DRAFTER, d), WRITE, MAY_WRITE) for d in recording.sizes(DRAFTER)}
     drafter_pieces = {
-        d: [Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(DRAFTER, d) if a.kind == WRITE]
+        d: [
+            Piece(a.start, a.end, a.op, a.phase.label)
+            for a in recording.of(DRAFTER, d)
+            if a.kind in (WRITE, MAY_WRITE)
+        ]
         for d in drafters
     }
     rows = []

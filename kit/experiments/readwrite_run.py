@@ -61,6 +61,7 @@ from kit.analysis.readwrite import (
     obligation_summary,
     obligation_verdicts,
     readwrite_table,
+    unseen_writer_lines,
 )
 from kit.analysis.tables import format_bytes
 from kit.errors import check_one_of
@@ -229,7 +230,10 @@ def compare_analyses(raw: dict, recording: ReadWriteRecording, can_run=None) -> 
 
     `raw` is the capture recorder's snapshot dict with `kit["break_reads"]`
     attached (`attach_break_reads`), `can_run(model_size, replay_size)` the
-    dispatch rule (None: every pairing).
+    dispatch rule (None: every pairing). `unseen_writer_bytes` (read after R
+    starts, written outside the dispatcher, so not carried) and
+    `unseen_overlap_bytes` (where that blind spot meets R) say what the
+    recorder could not see (`kit.analysis.readwrite.readwrite_table`).
     """
     table = readwrite_table(recording, can_run=can_run)
     names = capture_names(raw["kit"]["captures"])
@@ -255,6 +259,9 @@ def compare_analyses(raw: dict, recording: ReadWriteRecording, can_run=None) -> 
                 "replay_write_bytes": int(row["replay_write_bytes"]),
                 "reading_ops": list(row["reading_ops"]),
                 "writing_ops": list(row["writing_ops"]),
+                "unseen_writer_bytes": int(row["unseen_writer_bytes"]),
+                "unseen_writer_ops": list(row["unseen_writer_ops"]),
+                "unseen_overlap_bytes": int(row["unseen_overlap_bytes"]),
                 "lifetime_conflict": lifetime["conflict"],
                 "lifetime_conflict_bytes": lifetime["conflict_bytes"],
                 "lifetime_blocks": lifetime["blocks"],
@@ -330,6 +337,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
         "pairs": [{"policy": scenario, **pair} for pair in pairs],
         "obligation": obligation_summary(table),
         "verdicts": obligation_verdicts(table),
+        "unseen_writers": unseen_writer_lines(recording),
         "lifetime_verdicts": liveness_verdicts(liveness_table(raw)),
         "trace_only_verdicts": liveness_verdicts(liveness_table(_without_break_reads(raw))),
         "break_inputs": break_inputs(raw),

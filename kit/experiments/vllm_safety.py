@@ -69,6 +69,7 @@ from kit.analysis.readwrite import (
     obligation_summary,
     obligation_verdicts,
     readwrite_table,
+    unseen_writer_lines,
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
@@ -239,6 +240,7 @@ def readwrite_result(recording: ReadWriteRecording, runner) -> dict:
         "verdicts": [] if empty else obligation_verdicts(table),
         "summary": f"{OBLIGATION} Nothing to check: no pairing can run." if empty else obligation_summary(table),
         "holds": bool(running["holds"].all()) if len(running) else None,
+        "unseen_writers": unseen_writer_lines(recording),
         "phases": phases_seen(recording),
         "accesses": recording.to_records(),
     }
