@@ -171,23 +171,31 @@ def trim_threshold(runner) -> int:
     return int(runner.model_state.decoder_replay_layers.trim_threshold)
 
 
+def row_bounds(runner) -> dict:
+    """The replay window (`DecoderReplayLayers.window`) and model capture sizes that bound a step's replay rows."""
+    return {
+        "window": int(runner.model_state.decoder_replay_layers.window),
+        "model_sizes": tuple(runner.stand_in.cudagraph_capture_sizes),
+    }
+
+
 def can_run(runner) -> Callable[[int, int], bool]:
-    """`can_run(model_size, replay_size)`: vLLM 0.33's dispatch rule on the runner's replay sizes and threshold."""
-    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+    """`can_run(model_size, replay_size)`: vLLM 0.33's dispatch rule (without PCP) on the runner's sizes."""
+    sizes, threshold, bounds = replay_sizes(runner), trim_threshold(runner), row_bounds(runner)
 
     def check(model_size: int, replay_size: int) -> bool:
-        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold)
+        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold, **bounds)
 
     return check
 
 
 def dispatchable_pairs(runner) -> list[tuple[int, int, int | None]]:
-    """Every (model size, replay size, rows) vLLM's dispatch can run, small first; rows from `dispatch.rows_for`."""
-    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+    """Every (model size, replay size, rows) vLLM's dispatch can run without PCP, small first (`dispatch.rows_for`)."""
+    sizes, threshold, bounds = replay_sizes(runner), trim_threshold(runner), row_bounds(runner)
     return [
-        (n, r, dispatch.rows_for(n, r, sizes))
+        (n, r, dispatch.rows_for(n, r, sizes, **bounds))
         for n in sorted(runner.stand_in.cudagraph_capture_sizes)
-        for r in sorted(dispatch.dispatchable_replay_sizes(n, sizes, threshold))
+        for r in sorted(dispatch.dispatchable_replay_sizes(n, sizes, threshold, **bounds))
     ]
 
 
