@@ -119,6 +119,16 @@ def row_range(
     return fewest, pcp_size * model_size
 
 
+def dp_replay_size(rank_rows: Iterable[int | None], replay_sizes: Iterable[int]) -> int | None:
+    """The replay graph every data-parallel rank runs: the one the largest rank's rows dispatch to.
+
+    `rank_rows` holds each rank's replay rows (`num_padded`), None for an idle rank, whose
+    dummy batch keeps `DP_DUMMY_ROWS` (vLLM's `_agree_across_dp`, then the dispatch of `dp_max_tokens`).
+    """
+    rows = [DP_DUMMY_ROWS if r is None else r for r in rank_rows]
+    return dispatch_replay_size(max(rows), replay_sizes)
+
+
 def dispatchable_replay_sizes(
     model_size: int,
     replay_sizes: Iterable[int],

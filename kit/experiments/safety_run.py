@@ -56,7 +56,6 @@ import pandas as pd
 
 from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
-from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import (
     PCP_SIZES,
     breaks_out,
@@ -66,6 +65,7 @@ from kit.experiments.dispatch import (
     dispatchable_under,
     smallest_pcp,
 )
+from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -336,8 +336,19 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
     return recorded.load_shipped(path, preset, "safety", _schema_problem)
 
 
+def pairless_preset(data: Any) -> bool:
+    """Whether the recording's preset has no model graph at or above the trim threshold, so no pairing at all
+    (h200-default: vLLM's default largest capture size on an H200, 512, is below the threshold of 768)."""
+    from kit.replica.model import PRESETS
+
+    config = PRESETS.get(data.get("preset")) if isinstance(data, dict) else None
+    return config is not None and not enumerate_pairs(config)
+
+
 def _schema_problem(data: Any) -> str | None:
-    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list) or not data["pairs"]:
+    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
+        return "no 'pairs' list"
+    if not data["pairs"] and not pairless_preset(data):
         return "no 'pairs' list"
     if not isinstance(data.get("provenance"), dict):
         return "no 'provenance'"
@@ -365,7 +376,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
 
 def pairs_frame(data: dict) -> pd.DataFrame:
     """A recording's pairs, one row each, scenarios in `SAFETY_SCENARIOS` order; `attrs` keep source and provenance."""
-    df = pd.DataFrame(with_dispatch(data))
+    df = pd.DataFrame(with_dispatch(data), columns=None if data["pairs"] else [*PAIR_KEYS, "dispatch_pcp"])
     order = {p: i for i, p in enumerate(SAFETY_SCENARIOS)}
     df = df.sort_values(
         ["policy", "model_size", "replay_size"],
@@ -405,6 +416,20 @@ def with_dispatch(data: dict) -> list[dict]:
         }
         for pair in data["pairs"]
     ]
+
+
+def no_pairs_line(data: dict) -> str:
+    """What a recording without pairings shows: no model graph breaks out, replay graphs run only in eager steps."""
+    from kit.replica.model import PRESETS
+
+    config = PRESETS.get(data.get("preset"))
+    if config is None:
+        return "no pairings"
+    return (
+        f"no pairings: every model graph of {data['preset']} (up to {max(config.cudagraph_capture_sizes)} tokens) is "
+        f"below the trim threshold of {config.decoder_replay_trim_threshold} and keeps the replay layers inside it; "
+        "the replay graphs run only in eager steps, where no model graph is running"
+    )
 
 
 def pcp_line(df: pd.DataFrame) -> str:
@@ -475,7 +500,10 @@ def safety_lines(data: dict) -> list[str]:
     for scenario, table in pair_tables(df).items():
         about = described.get(scenario, {}).get("description")
         lines += ["", f"{scenario} ({about})" if about else scenario, *table.to_string(index=False).splitlines()]
-    lines += [STRESS_NOTE, pcp_line(df)]
+    if df.empty:
+        lines.append(no_pairs_line(data))
+    else:
+        lines += [STRESS_NOTE, pcp_line(df)]
     no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
     if no_break:
         sizes = ", ".join(map(str, no_break))
