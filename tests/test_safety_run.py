@@ -28,6 +28,7 @@ from kit.experiments.safety_run import (
     compare_outputs,
     enumerate_pairs,
     load_pairs,
+    load_recording,
     output_names,
     pair_tables,
     pair_verdicts,
@@ -253,6 +254,28 @@ def test_safety_json_is_the_contract(recordings, capsys):
     assert [p for p in out["pairs"] if not p["bit_exact"]] == [
         p for p in out["pairs"] if (p["policy"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 1024, 256)
     ]
+    # dispatchability under the preset's rule per PCP size; pcp1 is `dispatchable`
+    assert out["pcp_sizes"] == [1, 2, 4, 8]
+    by_pair = {(p["model_size"], p["replay_size"]): p for p in out["pairs"] if p["policy"] == "pr"}
+    assert all(p["dispatchable_under"]["pcp1"] == p["dispatchable"] for p in by_pair.values())
+    assert by_pair[(2048, 4096)]["dispatchable_under"] == {"pcp1": False, "pcp2": True, "pcp4": True, "pcp8": True}
+    assert by_pair[(2048, 4096)]["dispatch_pcp"] == 2 and by_pair[(1024, 8192)]["dispatch_pcp"] == 8
+    assert by_pair[(1024, 2304)]["dispatch_pcp"] == 4  # 2304 rows need more than 2 x 1024
+
+
+def test_a_preset_without_breaking_model_graphs_records_no_pairings_and_says_why(recordings, capsys):
+    fake_recording(recordings, preset="h200-default")  # vLLM's H200 defaults: largest model graph 512 < 768
+    assert load_recording("h200-default")["pairs"] == []
+    assert kit_main(["safety", "--preset", "h200-default"]) == 0
+    out = capsys.readouterr().out
+    assert "no pairings: every model graph of h200-default (up to 512 tokens) is below the trim threshold of 768" in out
+    assert "*k: not dispatched" not in out  # no table, no footnote
+    assert kit_main(["safety", "--preset", "h200-default", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pairs"] == []
+    fake_recording(recordings)
+    data = json.loads((recordings / "small.json").read_text())
+    (recordings / "small.json").write_text(json.dumps({**data, "pairs": []}))  # a preset that has pairings
+    assert "no 'pairs' list" in _one_line_error(capsys, ["safety"])
 
 
 # --- one-line errors ----------------------------------------------------------------------

@@ -494,7 +494,7 @@ def safety_lines(data: dict) -> list[str]:
         f"source: {data.get('source', '?')}",
         "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
         "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference",
-        data.get("rule", DISPATCH_RULE),
+        DISPATCH_RULE,  # the rule the marks follow (a recording keeps the one it was run under in `rule`)
     ]
     described = data.get("policies", {})
     for scenario, table in pair_tables(df).items():
@@ -520,6 +520,7 @@ def safety_json(data: dict) -> dict:
         "source": data.get("source"),
         "provenance": data.get("provenance"),
         "rule": data.get("rule", DISPATCH_RULE),
+        "dispatch_rule": DISPATCH_RULE,  # the rule `dispatchable_under` and `dispatch_pcp` follow (the kit's now)
         "verdicts": pair_verdicts(df),
     }
 
