@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -214,3 +216,37 @@ def test_the_replica_runs_more_replay_rows_than_tokens_as_a_pcp_steps_global_cou
     ids = torch.arange(16) % 11
     hidden, _ = runner.run(ids, use_cudagraph=False, num_replay_rows=40)  # eagerly end to end, 40 > 16 rows
     assert hidden.shape == (16, 16) and torch.isfinite(hidden).all()
+
+
+@pytest.mark.parametrize("preset", ["small", "large", "gb200-default"])
+def test_every_pairing_vllm_dispatches_under_some_pcp_size_runs_its_replay_graph_in_the_replica(preset):
+    """What run_pairs asks of the replica on the H200, with the replay manager's dispatch stood in on the CPU."""
+    from kit.experiments.dispatch import config_rows_for, smallest_pcp
+    from kit.experiments.safety_run import safety_config
+
+    config = safety_config("patched", preset)
+    runner = GPUModelRunner(dataclasses.replace(config, hidden_size=16, num_layers=2, decoder_replay_start=1,
+                                                aux_hidden_state_layers=(), vocab_size=11), device="cpu")  # fmt: skip
+    state = runner.model_state
+    state.replay_cudagraphs = LoggingReplayGraphs(config.decoder_replay_cudagraph_capture_sizes)
+    ran = 0
+    for n, r, dispatchable in enumerate_pairs(config):
+        pcp = smallest_pcp(config, n, r)
+        assert (pcp == 1) == dispatchable
+        if pcp is None:
+            continue
+        rows = config_rows_for(config, n, r, pcp)
+        state.prepare_replay_batch(n, use_replay_graphs=True, piecewise=True, num_rows=rows)
+        assert state.decoder_replay_layers.replay_batch.forward_context.num_tokens == r
+        ran += 1
+    assert ran == sum(smallest_pcp(config, n, r) is not None for n, r, _ in enumerate_pairs(config)) > 0
+
+
+def test_gb200_default_builds_small_and_runs_a_breaking_step_eagerly_on_the_cpu():
+    config = PRESETS["gb200-default"]
+    runner = GPUModelRunner(config, device="cpu")
+    params = sum(p.numel() for p in runner.model.parameters())
+    assert config.hidden_size == 256 and params < 10_000_000  # 83 model graphs: each must capture fast
+    ids = torch.arange(784) % config.vocab_size
+    hidden, _ = runner.run(ids, use_cudagraph=False, num_replay_rows=784)  # R = 896 > N = 784 on the GPU
+    assert hidden.shape == (784, 256) and torch.isfinite(hidden.float()).all()
