@@ -610,6 +610,14 @@ MUTATIONS = (
         ("tests/test_vllm_presets.py",),
         "the replica's default presets take vLLM's window, so its replay sizes are vLLM's",
     ),
+    Mutation(
+        "vllm_standin_dispatches_the_local_rows_under_pcp",
+        "kit/experiments/vllm_standin.py",
+        "        desc = cudagraphs.dispatch(count, count, None, 0)",
+        "        desc = cudagraphs.dispatch(local, local, None, 0)",
+        ("tests/test_vllm_safety.py",),
+        "on vLLM's path a PCP step's replay graph is the one its global row count dispatches to",
+    ),
 )
 
 
