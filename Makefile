@@ -66,15 +66,19 @@ recordings:
 	$(PYTHON) scripts/record_corpus.py --out kit/recordings/corpus
 	$(PYTHON) scripts/record_replica.py --out kit/recordings/replica
 
-# Re-record the replica's safety and alternatives experiments at both presets
-# (kit/recordings/{safety,readwrite,drafter,alternatives}; needs CUDA). The alternatives run alone:
-# its profile_only estimate reads the device's free memory.
+# Re-record the replica's safety and alternatives experiments at both presets, and the pairings and the
+# reads and writes at vLLM's default presets (kit/recordings/{safety,readwrite,drafter,alternatives};
+# needs CUDA). The alternatives run alone: its profile_only estimate reads the device's free memory.
 safety-recordings:
 	for preset in small large; do \
 	  $(PYTHON) -m kit.experiments.safety_run --preset $$preset --out kit/recordings/safety && \
 	  $(PYTHON) -m kit.experiments.readwrite_run --preset $$preset --out kit/recordings/readwrite && \
 	  $(PYTHON) -m kit.experiments.drafter_run --preset $$preset --out kit/recordings/drafter && \
 	  $(PYTHON) -m kit.experiments.alternatives --preset $$preset --out kit/recordings/alternatives || exit 1; \
+	done
+	for preset in h200-default gb200-default; do \
+	  $(PYTHON) -m kit.experiments.safety_run --preset $$preset --out kit/recordings/safety && \
+	  $(PYTHON) -m kit.experiments.readwrite_run --preset $$preset --out kit/recordings/readwrite || exit 1; \
 	done
 
 # Re-record the plain snapshots (kit/recordings/plain) from programs the kit did not write (needs CUDA).

@@ -458,7 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("safety", help="every replay graph replayed in every model graph's break, against eager")
-    p.add_argument("--preset", default="small", help="replica size: small, or large (near DeepSeek's hidden size)")
+    p.add_argument(
+        "--preset",
+        default="small",
+        help="replica size: small, large (near DeepSeek's hidden size), or vLLM's defaults h200-default, gb200-default",
+    )
     p.add_argument("--live", action="store_true", help="run it on this GPU now, each policy in a fresh process")
     p.add_argument("--json", action="store_true", help='{"pairs": [...], "source", "provenance"} as JSON')
     p.set_defaults(func=cmd_safety)

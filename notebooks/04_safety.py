@@ -108,19 +108,38 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # prints it below). `_prepare_replay_batch` (`vllm/models/deepseek_v41/nvidia/model_state.py`)
 # breaks a PIECEWISE model graph of N tokens out to a replay batch only when
 # `graph_uses_replay_batch` (`vllm/models/deepseek_v41/decoder_replay_layers.py`) finds N at or
-# above `decoder_replay_trim_threshold`. The batch holds each request's rows, decode rows
-# never trimmed and prefill rows trimmed to the last `window`, so a step padded to N tokens
-# can hold any count from 1 to N rows. The replay manager's `dispatch` (`CudaGraphManager.dispatch`,
-# `vllm/v1/worker/gpu/cudagraph_utils.py`) pads them to the smallest replay capture size that
-# fits, eagerly above the largest. So a pairing (N, R) is *dispatchable* when R is any replay
-# size up to the one N rows are padded to: R = N included, and R > N when N is not itself a
-# replay size (vLLM's default replay sizes, `DecoderReplayCudaGraphManager.__init__` in
-# `vllm/models/deepseek_v41/nvidia/decoder_replay_cudagraph.py`, are multiples of the window).
+# above `decoder_replay_trim_threshold`. The batch holds each request's kept rows: all of them
+# for a request that keeps every row (prompt logprobs), else its last min(T, `window`), so a
+# step padded to N tokens (more than P, the next smaller model graph) holds from
+# min(P + 1, window) to N rows. Under **prefill context parallelism** (`pcp_size` ranks) N is
+# the rank's local size but the rows are counted over the global batch
+# (`num_padded = pcp.global_num_tokens - num_dropped_tokens`), up to pcp_size x N: with
+# pcp_size 2, 64 untrimmed 64-token prefills make local N = 2048 and 4096 rows. An idle
+# data-parallel rank's dummy batch keeps one row but runs the replay graph of the largest
+# rank's rows. The replay manager's `dispatch` (`CudaGraphManager.dispatch`,
+# `vllm/v1/worker/gpu/cudagraph_utils.py`) pads the rows to the smallest replay capture size
+# that fits, eagerly above the largest. So a pairing (N, R) is *dispatchable* when R is a
+# replay size between the ones the fewest and the most rows pad to: R = N included, R > N when
+# N is not itself a replay size, and under PCP R up to the size pcp_size x N rows pad to.
+# vLLM's default replay sizes (`DecoderReplayCudaGraphManager.__init__` in
+# `vllm/models/deepseek_v41/nvidia/decoder_replay_cudagraph.py`) step by the window up to
+# 16 windows, then by an eighth of the power-of-two interval (window 96: ..., 1536, 1664, ...),
+# up to min(max capture size, `max_num_seqs` x window).
 #
-# For every dispatchable (N, R), N runs on fresh token ids with a replay batch that vLLM's
-# dispatch pads to R, as a vLLM step would, and N's outputs are compared bit for bit with
-# eager. A pairing vLLM's dispatch cannot produce is marked `*` (stress): it is run anyway, as
-# an adversary, R replayed on random inputs inside N's break before N's own replay graph.
+# For every pairing vLLM can dispatch without PCP, and, in recordings made since, every one it
+# dispatches with some pcp_size, N runs on fresh token ids with a replay row count that vLLM's
+# dispatch pads to R, as a vLLM step would (more rows than N stand for PCP's global count:
+# N's own rows padded to R), and N's outputs are compared bit for bit with eager. A pairing
+# not dispatched without PCP is marked `*k`, k the smallest pcp_size that dispatches it; `*`
+# alone marks one no pcp_size up to 8 dispatches (stress only): in older recordings and for
+# those, it is run as an adversary, R replayed on random inputs inside N's break before N's own
+# replay graph.
+#
+# **vLLM's defaults** are presets too (`h200-default`, `gb200-default`, computed by vLLM 0.33's
+# own config code in `scripts/vllm_presets.py`): on an H200 the largest model graph is 512,
+# below the trim threshold of 768, so no model graph breaks out and replay graphs run only in
+# eager steps; on a GB200 (the Blackwell family's ceiling of 1024) model graphs 768 to 1024 in
+# steps of 16 break out, 14 of the 17 to a replay graph larger than themselves.
 
 # %%
 records = load_safety(PRESET, SOURCE)

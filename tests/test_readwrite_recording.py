@@ -197,3 +197,17 @@ def test_the_shipped_recording(preset):
     assert flagged("pr", "trace_only_conflict", True) > set() and all(
         r["explanation_trace_only"] for r in pairs if r["policy"] == "pr" and r["trace_only_conflict"]
     )
+
+
+@pytest.mark.parametrize("preset", ["h200-default", "gb200-default"])
+def test_the_shipped_recordings_at_vllms_default_presets(preset):
+    from kit.recordings import RECORDINGS
+
+    path = RECORDINGS / "readwrite" / f"{preset}.json"
+    if not path.exists():
+        pytest.skip(f"readwrite/{preset}.json is recorded on the H200 (make safety-recordings)")
+    if preset == "h200-default":  # no model graph breaks out: nothing to pair
+        data = load_recording(preset, path)
+        assert data["pairs"] == [] and summary_lines(data)[0].startswith("no pairings: every model graph")
+        return
+    check_readwrite_recording(path, preset)

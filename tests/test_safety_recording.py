@@ -174,3 +174,35 @@ def test_the_shipped_large_recording():
     check_safety_recording(RECORDINGS / "safety" / "large.json", "large")
     data = load_recording("large")
     assert data["policies"]["pr"]["no_break"] == [512]  # vLLM's threshold of 768 keeps model graph 512 whole
+
+
+def _shipped(folder: str, preset: str) -> Path:
+    from kit.recordings import RECORDINGS
+
+    path = RECORDINGS / folder / f"{preset}.json"
+    if not path.exists():
+        pytest.skip(f"{folder}/{preset}.json is recorded on the H200 (make safety-recordings)")
+    return path
+
+
+def test_the_shipped_h200_default_recording_has_no_pairing_and_every_model_graph_whole():
+    path = _shipped("safety", "h200-default")
+    data = load_recording("h200-default", path)
+    entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
+    assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
+    assert "H200" in data["provenance"]["gpu"] and data["pairs"] == []
+    for policy in SAFETY_SCENARIOS:
+        config = safety_config(SCENARIO_OF[policy], "h200-default")
+        assert data["policies"][policy]["no_break"] == sorted(config.cudagraph_capture_sizes)
+
+
+def test_the_shipped_gb200_default_recording_runs_r_over_n_as_vllm_dispatches_it():
+    path = _shipped("safety", "gb200-default")
+    check_safety_recording(path, "gb200-default")
+    df = pairs_frame(load_recording("gb200-default", path))
+    pr = df[df["policy"] == "pr"]
+    # with pcp_size 2 vLLM dispatches every pairing: each ran as dispatched, none as an adversary
+    assert (pr["how"] == "dispatched").all() and (pr["dispatch_pcp"] <= 2).all()
+    over = pr[pr["dispatchable"] & (pr["replay_size"] > pr["model_size"])]
+    assert len(set(over["model_size"])) == 14  # every model graph but 768, 896 and 1024 runs an R > N
+    assert (pr.loc[pr["dispatch_pcp"] == 2, "replay_rows"] > pr.loc[pr["dispatch_pcp"] == 2, "model_size"]).all()

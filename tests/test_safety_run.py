@@ -28,6 +28,7 @@ from kit.experiments.safety_run import (
     compare_outputs,
     enumerate_pairs,
     load_pairs,
+    load_recording,
     output_names,
     pair_tables,
     pair_verdicts,
@@ -221,7 +222,9 @@ def test_the_table_has_a_row_per_model_graph_and_marks_stress_only_pairs(recordi
     table = pair_tables(load_pairs("small"))["early_aux_shared"]
     assert list(table.columns) == ["N \\ R", "96", "192", "288", "384", "480", "512", "own replay alone"]
     assert table.set_index("N \\ R").loc[512].tolist() == ["bit-exact", "differs 10"] + ["bit-exact"] * 5
-    assert table.set_index("N \\ R").loc[128].tolist() == ["bit-exact"] * 2 + ["bit-exact *"] * 4 + ["bit-exact"]
+    # not dispatched without PCP: 288 with pcp_size 2 (256 global rows), 384..512 with 4 (512 rows)
+    expected = ["bit-exact"] * 2 + ["bit-exact *2"] + ["bit-exact *4"] * 3 + ["bit-exact"]
+    assert table.set_index("N \\ R").loc[128].tolist() == expected
 
 
 def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
@@ -251,6 +254,28 @@ def test_safety_json_is_the_contract(recordings, capsys):
     assert [p for p in out["pairs"] if not p["bit_exact"]] == [
         p for p in out["pairs"] if (p["policy"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 1024, 256)
     ]
+    # dispatchability under the preset's rule per PCP size; pcp1 is `dispatchable`
+    assert out["pcp_sizes"] == [1, 2, 4, 8]
+    by_pair = {(p["model_size"], p["replay_size"]): p for p in out["pairs"] if p["policy"] == "pr"}
+    assert all(p["dispatchable_under"]["pcp1"] == p["dispatchable"] for p in by_pair.values())
+    assert by_pair[(2048, 4096)]["dispatchable_under"] == {"pcp1": False, "pcp2": True, "pcp4": True, "pcp8": True}
+    assert by_pair[(2048, 4096)]["dispatch_pcp"] == 2 and by_pair[(1024, 8192)]["dispatch_pcp"] == 8
+    assert by_pair[(1024, 2304)]["dispatch_pcp"] == 4  # 2304 rows need more than 2 x 1024
+
+
+def test_a_preset_without_breaking_model_graphs_records_no_pairings_and_says_why(recordings, capsys):
+    fake_recording(recordings, preset="h200-default")  # vLLM's H200 defaults: largest model graph 512 < 768
+    assert load_recording("h200-default")["pairs"] == []
+    assert kit_main(["safety", "--preset", "h200-default"]) == 0
+    out = capsys.readouterr().out
+    assert "no pairings: every model graph of h200-default (up to 512 tokens) is below the trim threshold of 768" in out
+    assert "*k: not dispatched" not in out  # no table, no footnote
+    assert kit_main(["safety", "--preset", "h200-default", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pairs"] == []
+    fake_recording(recordings)
+    data = json.loads((recordings / "small.json").read_text())
+    (recordings / "small.json").write_text(json.dumps({**data, "pairs": []}))  # a preset that has pairings
+    assert "no 'pairs' list" in _one_line_error(capsys, ["safety"])
 
 
 # --- one-line errors ----------------------------------------------------------------------
@@ -284,7 +309,7 @@ def test_a_recording_that_is_not_one_is_one_line(recordings, capsys):
 
 def test_an_unknown_preset_or_scenario_is_one_line(recordings, capsys):
     assert _one_line_error(capsys, ["safety", "--preset", "huge"]) == (
-        "unknown preset 'huge': one of small, large, small_half, large_half"
+        "unknown preset 'huge': one of small, large, small_half, large_half, h200-default, gb200-default"
     )
     with pytest.raises(KitError, match="unknown safety scenario 'share': one of pr, unpatched, early_aux_shared"):
         safety_run.run_scenario("share")

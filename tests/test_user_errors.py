@@ -75,7 +75,7 @@ def test_demo_live_without_cuda_is_one_line_before_any_process_or_folder(tmp_pat
 
 def test_an_unknown_demo_preset_lists_the_presets_and_suggests_no_live_run():
     for args in (["demo", "--preset", "huge"], ["demo", "--live", "--preset", "huge"]):
-        refusal = "unknown preset 'huge': one of small, large, small_half, large_half"
+        refusal = "unknown preset 'huge': one of small, large, small_half, large_half, h200-default, gb200-default"
         _refused(_kit(*args, env={"CUDA_VISIBLE_DEVICES": ""}), refusal)
 
 

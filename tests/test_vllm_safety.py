@@ -203,9 +203,26 @@ def test_the_replay_batch_of_rows_for_r_dispatches_to_r(captured):
         plain = state.replay_batch(n, False, rows=rows)
         assert plain.num_padded is None and plain.forward_context.batch_descriptor.num_tokens == rows
     assert state.replay_batch(512, True).rows.numel() == 256  # half the rows by default, as before
-    for rows in (0, 129):
-        with pytest.raises(KitError, match="cannot hold a replay batch"):
-            state.replay_batch(128, True, rows=rows)
+    with pytest.raises(KitError, match="cannot hold a replay batch"):
+        state.replay_batch(128, True, rows=0)
+    # more rows than tokens: a PCP step's global count, dispatched by that count, the step's own rows padded to it
+    pcp = state.replay_batch(128, True, rows=256)
+    assert pcp.rows.tolist() == list(range(128)) and pcp.forward_context.batch_descriptor.num_tokens == 288
+    assert state.replay_batch(128, False, rows=256, pad=True).num_padded == 288
+    assert state.replay_batch(128, False, rows=600, pad=True).num_padded == 600  # above every graph: eager
+
+
+def test_the_pairings_pcp_adds_run_on_vllms_path_with_the_global_row_count(captured):
+    found = vs.pcp_pairs(captured.runner)
+    assert found == [
+        (128, 288, 256, 2), (128, 384, 384, 4), (128, 480, 480, 4), (128, 512, 512, 4),
+        (256, 384, 384, 2), (256, 480, 480, 2), (256, 512, 512, 2),
+    ]  # fmt: skip
+    result = vs.run_pcp_pairings(captured.runner, vc.run_forward)
+    assert [(p["model_size"], p["replay_size"], p["rows"], p["pcp_size"]) for p in result["pairs"]] == found
+    for p in result["pairs"]:
+        assert p["replayed"] == [p["replay_size"]] and "error" not in p and isinstance(p["bit_exact"], bool), p
+    assert json.loads(json.dumps(result)) == result
 
 
 def test_each_pairing_replays_its_replay_graph_once_in_the_models_break(pairings):

@@ -548,7 +548,7 @@ def readwrite_table(
     """Per (model graph, break, replay graph) pairing: the carried bytes R writes, and whether the obligation holds.
 
     `can_run(model_size, replay_size)` says which replay graphs can run in a
-    model graph's break (vLLM's dispatch: `kit.experiments.safety_run.dispatchable_replay_sizes`);
+    model graph's break (vLLM's dispatch: `kit.experiments.dispatch.can_run`);
     without it every pairing can. Every pairing gets a row; the verdicts read
     only those that can run. `first_overlap` is the lowest overlapping address.
     `holds` is the obligation on what the recorder saw; beside it the blind

@@ -391,8 +391,12 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
 
 
 def _schema_problem(data: Any) -> str | None:
+    from kit.experiments.safety_run import pairless_preset
+
     pairs = data.get("pairs") if isinstance(data, dict) else None
-    if not isinstance(pairs, list) or not pairs or not all(isinstance(p, dict) for p in pairs):
+    if not isinstance(pairs, list) or not all(isinstance(p, dict) for p in pairs):
+        return "no 'pairs' list"
+    if not pairs and not pairless_preset(data):
         return "no 'pairs' list"
     missing = sorted({k for p in pairs for k in PAIR_KEYS if k not in p})
     if missing or not isinstance(data.get("provenance"), dict):
@@ -402,6 +406,10 @@ def _schema_problem(data: Any) -> str | None:
 
 def summary_lines(data: dict) -> list[str]:
     """Per scenario: the obligation's result on the dispatchable pairings, and where the analyses agree."""
+    from kit.experiments.safety_run import no_pairs_line
+
+    if not data["pairs"]:
+        return [no_pairs_line(data)]
     lines = []
     df = pd.DataFrame(data["pairs"])
     for scenario, rows in df.groupby("policy", sort=False):

@@ -56,8 +56,16 @@ import pandas as pd
 
 from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
+from kit.experiments.dispatch import (
+    PCP_SIZES,
+    breaks_out,
+    config_dispatchable,
+    config_rows_for,
+    config_rule,
+    dispatchable_under,
+    smallest_pcp,
+)
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
-from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -85,7 +93,7 @@ def enumerate_pairs(config) -> list[tuple[int, int, bool]]:
     for model_size in sorted(config.cudagraph_capture_sizes):
         if not breaks_out(model_size, threshold):
             continue
-        reachable = dispatchable_replay_sizes(model_size, replay_sizes, threshold)
+        reachable = config_dispatchable(config, model_size)
         pairs += [(model_size, r, r in reachable) for r in replay_sizes]
     return pairs
 
@@ -184,7 +192,6 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
     import torch
 
     config = runner.config
-    replay_sizes, _ = config_rule(config)
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def fresh_ids(size: int):
@@ -198,8 +205,11 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
     graphs = runner.model_state.replay_cudagraphs
     for model_size, replay_size, dispatchable in enumerate_pairs(config):
         ids = fresh_ids(model_size)
-        if dispatchable:
-            num_rows = rows_for(model_size, replay_size, replay_sizes)
+        # vLLM runs it without PCP (pcp 1), or with prefill context parallelism, its rows counted over the global
+        # batch (more than N): the replica pads N's rows to the same replay graph (model_state.prepare_replay_batch).
+        pcp_size = smallest_pcp(config, model_size, replay_size)
+        if pcp_size is not None:
+            num_rows = config_rows_for(config, model_size, replay_size, pcp_size)
             eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
             graph = runner.run(ids, num_replay_rows=num_rows)
             ran = runner.model_state.decoder_replay_layers.replay_batch.forward_context.num_tokens
@@ -227,6 +237,7 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
                 "model_size": model_size,
                 "replay_size": replay_size,
                 "dispatchable": dispatchable,
+                "dispatch_pcp": pcp_size,
                 "how": how,
                 "replay_rows": num_rows,
                 **compare_outputs(config, graph, eager),
@@ -325,8 +336,19 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
     return recorded.load_shipped(path, preset, "safety", _schema_problem)
 
 
+def pairless_preset(data: Any) -> bool:
+    """Whether the recording's preset has no model graph at or above the trim threshold, so no pairing at all
+    (h200-default: vLLM's default largest capture size on an H200, 512, is below the threshold of 768)."""
+    from kit.replica.model import PRESETS
+
+    config = PRESETS.get(data.get("preset")) if isinstance(data, dict) else None
+    return config is not None and not enumerate_pairs(config)
+
+
 def _schema_problem(data: Any) -> str | None:
-    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list) or not data["pairs"]:
+    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
+        return "no 'pairs' list"
+    if not data["pairs"] and not pairless_preset(data):
         return "no 'pairs' list"
     if not isinstance(data.get("provenance"), dict):
         return "no 'provenance'"
@@ -354,7 +376,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
 
 def pairs_frame(data: dict) -> pd.DataFrame:
     """A recording's pairs, one row each, scenarios in `SAFETY_SCENARIOS` order; `attrs` keep source and provenance."""
-    df = pd.DataFrame(data["pairs"])
+    df = pd.DataFrame(with_dispatch(data), columns=None if data["pairs"] else [*PAIR_KEYS, "dispatch_pcp"])
     order = {p: i for i, p in enumerate(SAFETY_SCENARIOS)}
     df = df.sort_values(
         ["policy", "model_size", "replay_size"],
@@ -372,7 +394,58 @@ def load_pairs(preset: str, path: str | Path | None = None) -> pd.DataFrame:
 
 def _cell(row) -> str:
     text = "bit-exact" if row["bit_exact"] else f"differs {row['max_abs_diff']:.4g}"
-    return text if row["dispatchable"] else f"{text} *"
+    if row["dispatchable"]:
+        return text
+    pcp = row.get("dispatch_pcp")
+    return f"{text} *" if pcp is None or pd.isna(pcp) else f"{text} *{int(pcp)}"
+
+
+def with_dispatch(data: dict) -> list[dict]:
+    """The recording's pairs, each with `dispatchable_under` ({'pcp1': ..., 'pcp2': ...}) and `dispatch_pcp` (the
+    smallest PCP size vLLM runs it under, None if none of `PCP_SIZES` does), by the rule of the recording's preset."""
+    from kit.replica.model import PRESETS
+
+    config = PRESETS.get(data.get("preset"))
+    if config is None:
+        return [dict(pair) for pair in data["pairs"]]
+    return [
+        {
+            **pair,
+            "dispatchable_under": dispatchable_under(config, pair["model_size"], pair["replay_size"]),
+            "dispatch_pcp": smallest_pcp(config, pair["model_size"], pair["replay_size"]),
+        }
+        for pair in data["pairs"]
+    ]
+
+
+def no_pairs_line(data: dict) -> str:
+    """What a recording without pairings shows: no model graph breaks out, replay graphs run only in eager steps."""
+    from kit.replica.model import PRESETS
+
+    config = PRESETS.get(data.get("preset"))
+    if config is None:
+        return "no pairings"
+    return (
+        f"no pairings: every model graph of {data['preset']} (up to {max(config.cudagraph_capture_sizes)} tokens) is "
+        f"below the trim threshold of {config.decoder_replay_trim_threshold} and keeps the replay layers inside it; "
+        "the replay graphs run only in eager steps, where no model graph is running"
+    )
+
+
+def pcp_line(df: pd.DataFrame) -> str:
+    """How many of a scenario's pairings vLLM dispatches under each PCP size (the same for every scenario)."""
+    rows = df[df["policy"] == df["policy"].iloc[0]] if not df.empty else df
+    counts = ", ".join(
+        f"pcp {k}: {int((rows['dispatch_pcp'] <= k).sum()) if 'dispatch_pcp' in rows else '?'}" for k in PCP_SIZES
+    )
+    return f"pairings vLLM's dispatch runs, of {len(rows)} per scenario: {counts}"
+
+
+STRESS_NOTE = (
+    f"*k: not dispatched without prefill context parallelism (pcp 1: stress only there); vLLM's dispatch runs that "
+    f"replay graph in that model graph's break with pcp_size k, its rows counted over the global batch (up to k x N); "
+    f"* alone: stress only, no pcp_size in {', '.join(map(str, PCP_SIZES))} dispatches it"
+)
 
 
 def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -421,13 +494,16 @@ def safety_lines(data: dict) -> list[str]:
         f"source: {data.get('source', '?')}",
         "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
         "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference",
-        data.get("rule", DISPATCH_RULE),
+        DISPATCH_RULE,  # the rule the marks follow (a recording keeps the one it was run under in `rule`)
     ]
     described = data.get("policies", {})
     for scenario, table in pair_tables(df).items():
         about = described.get(scenario, {}).get("description")
         lines += ["", f"{scenario} ({about})" if about else scenario, *table.to_string(index=False).splitlines()]
-    lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break"]
+    if df.empty:
+        lines.append(no_pairs_line(data))
+    else:
+        lines += [STRESS_NOTE, pcp_line(df)]
     no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
     if no_break:
         sizes = ", ".join(map(str, no_break))
@@ -439,10 +515,12 @@ def safety_lines(data: dict) -> list[str]:
 def safety_json(data: dict) -> dict:
     df = pairs_frame(data)
     return {
-        "pairs": data["pairs"],
+        "pairs": with_dispatch(data),
+        "pcp_sizes": list(PCP_SIZES),
         "source": data.get("source"),
         "provenance": data.get("provenance"),
         "rule": data.get("rule", DISPATCH_RULE),
+        "dispatch_rule": DISPATCH_RULE,  # the rule `dispatchable_under` and `dispatch_pcp` follow (the kit's now)
         "verdicts": pair_verdicts(df),
     }
 

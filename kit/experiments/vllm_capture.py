@@ -294,6 +294,8 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     readwrite = vllm_safety.guarded(vllm_safety.readwrite_result, recording, runner)
     stage("the pairings: every dispatchable replay graph in every model graph's break, against eager")
     pairings = vllm_safety.guarded(vllm_safety.run_pairings, runner, run_forward)
+    stage("the pairings vLLM dispatches only under prefill context parallelism (rows over the global batch)")
+    pcp_pairings = vllm_safety.guarded(vllm_safety.run_pcp_pairings, runner, run_forward)
     stage("write the snapshot")
     raw = recorder.snapshot.raw
     trim_frames(raw)
@@ -313,6 +315,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     raw["kit"]["equivalence"] = equivalence
     raw["kit"]["readwrite"] = readwrite
     raw["kit"]["pairings"] = pairings
+    raw["kit"]["pcp_pairings"] = pcp_pairings
     attached = vllm_safety.guarded(attach_break_reads, raw, recording)  # kit["break_reads"], for the lifetimes
     if attached is not raw:
         raw["kit"]["break_reads_error"] = attached

@@ -41,7 +41,10 @@ in the same fresh process as each scenario's capture:
   another row count). Pairings vLLM's dispatch cannot produce are not run:
   on vLLM's path `run` replays only the graph `dispatch` picks for the batch's
   rows; the replica's adversarial runs (`kit.experiments.safety_run`) stress
-  those.
+  those. The pairings only prefill context parallelism dispatches (the rows
+  counted over the global batch, up to pcp_size x N) run the same way in
+  `run_pcp_pairings`: N's step with the global row count, its own rows padded
+  to the graph that count dispatches to (`kit/experiments/dispatch.py`).
 
 `summary(meta)` reads both back from a recording's `kit` key (None for a
 recording made before them).
@@ -77,9 +80,10 @@ from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_l
 
 SEED = 4321
 NOT_RUN = (
-    "pairings vLLM's dispatch cannot produce (a replay graph above the one N's rows can reach, or N below the trim "
-    "threshold) are not run on vLLM's path: DecoderReplayCudaGraphManager.run replays only the graph its dispatch "
-    "picks for the batch's rows (the replica's adversarial pairings, kit.experiments.safety_run, stress them)"
+    "pairings vLLM's dispatch cannot produce (a replay graph above the one N's rows, or under PCP the global batch's, "
+    "can reach, or N below the trim threshold) are not run on vLLM's path: DecoderReplayCudaGraphManager.run "
+    "replays only the graph its dispatch picks for the batch's rows (the replica's adversarial pairings, "
+    "kit.experiments.safety_run, stress them)"
 )
 REFERENCE = (
     "graph: N's forward through its breakable graph, the replay batch (the step's last rows_for(N, R) rows) padded "
@@ -172,23 +176,31 @@ def trim_threshold(runner) -> int:
     return int(runner.model_state.decoder_replay_layers.trim_threshold)
 
 
+def row_bounds(runner) -> dict:
+    """The replay window (`DecoderReplayLayers.window`) and model capture sizes that bound a step's replay rows."""
+    return {
+        "window": int(runner.model_state.decoder_replay_layers.window),
+        "model_sizes": tuple(runner.stand_in.cudagraph_capture_sizes),
+    }
+
+
 def can_run(runner) -> Callable[[int, int], bool]:
-    """`can_run(model_size, replay_size)`: vLLM 0.33's dispatch rule on the runner's replay sizes and threshold."""
-    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+    """`can_run(model_size, replay_size)`: vLLM 0.33's dispatch rule (without PCP) on the runner's sizes."""
+    sizes, threshold, bounds = replay_sizes(runner), trim_threshold(runner), row_bounds(runner)
 
     def check(model_size: int, replay_size: int) -> bool:
-        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold)
+        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold, **bounds)
 
     return check
 
 
 def dispatchable_pairs(runner) -> list[tuple[int, int, int | None]]:
-    """Every (model size, replay size, rows) vLLM's dispatch can run, small first; rows from `dispatch.rows_for`."""
-    sizes, threshold = replay_sizes(runner), trim_threshold(runner)
+    """Every (model size, replay size, rows) vLLM's dispatch can run without PCP, small first (`dispatch.rows_for`)."""
+    sizes, threshold, bounds = replay_sizes(runner), trim_threshold(runner), row_bounds(runner)
     return [
-        (n, r, dispatch.rows_for(n, r, sizes))
+        (n, r, dispatch.rows_for(n, r, sizes, **bounds))
         for n in sorted(runner.stand_in.cudagraph_capture_sizes)
-        for r in sorted(dispatch.dispatchable_replay_sizes(n, sizes, threshold))
+        for r in sorted(dispatch.dispatchable_replay_sizes(n, sizes, threshold, **bounds))
     ]
 
 
@@ -270,12 +282,13 @@ def output_names(runner) -> list[str]:
     return ["hidden_states", *(f"aux_hidden_state[{i}]" for i in runner.model.model.aux_hidden_state_layers)]
 
 
-def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dict:
+def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, to_run=None) -> dict:
     """Every dispatchable (N, R) through vLLM's path, graphs against eager; the rows, the verdict, how they ran.
 
     `forward(runner, input_ids, use_cudagraph, rows=..., pad=...)` is
     `kit.experiments.vllm_capture.run_forward`. A pairing whose replay batch
-    did not replay exactly graph R once is kept with an `error`.
+    did not replay exactly graph R once is kept with an `error`. `to_run`:
+    (N, R, rows) to run instead of `dispatchable_pairs(runner)`.
     """
     import torch
 
@@ -284,7 +297,7 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dic
     layers = runner.model.decoder_replay_layers
     generator = torch.Generator(device="cpu").manual_seed(seed)
     pairs = []
-    for model_size, replay_size, rows in dispatchable_pairs(runner):
+    for model_size, replay_size, rows in dispatchable_pairs(runner) if to_run is None else to_run:
         row: dict[str, Any] = {"model_size": model_size, "replay_size": replay_size, "rows": rows, "dispatchable": True}
         if rows is None:
             pairs.append({**row, "bit_exact": None, "error": "no row count of this step dispatches to R"})
@@ -313,6 +326,35 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dic
         "pairs": pairs,
         "verdict": pairings_verdict(pairs),
     }
+
+
+def pcp_pairs(runner) -> list[tuple[int, int, int, int]]:
+    """Every (N, R, rows, pcp_size) vLLM's dispatch runs only under prefill context parallelism, small first.
+
+    pcp_size is the smallest of `dispatch.PCP_SIZES` that dispatches R in N's break; rows
+    (`dispatch.rows_for` at that size) may exceed N: the global batch's kept rows.
+    """
+    sizes, threshold, bounds = replay_sizes(runner), trim_threshold(runner), row_bounds(runner)
+    found = []
+    for n in sorted(runner.stand_in.cudagraph_capture_sizes):
+        without = dispatch.dispatchable_replay_sizes(n, sizes, threshold, **bounds)
+        for r in sorted(set(sizes) - without):
+            for k in dispatch.PCP_SIZES[1:]:
+                if r in dispatch.dispatchable_replay_sizes(n, sizes, threshold, pcp_size=k, **bounds):
+                    found.append((n, r, dispatch.rows_for(n, r, sizes, pcp_size=k, **bounds), k))
+                    break
+    return found
+
+
+def run_pcp_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dict:
+    """The pairings vLLM dispatches only under PCP (`pcp_pairs`), through vLLM's path: N's step with the global
+    row count, its own rows padded to the replay graph that count dispatches to, graphs against eager."""
+    found = pcp_pairs(runner)
+    result = run_pairings(runner, forward, seed, to_run=[(n, r, rows) for n, r, rows, _ in found])
+    for pair, (_, _, _, k) in zip(result["pairs"], found, strict=True):
+        pair["pcp_size"] = k
+    result["rule"] = f"{dispatch.RULE}; here only the pairings a pcp_size above 1 adds"
+    return result
 
 
 def pairings_verdict(pairs: list[dict]) -> str:

@@ -386,11 +386,16 @@ def build_runner(cfg: StandInConfig, device=None):
     def replay_batch(num_tokens: int, run_graph: bool, rows: int | None = None, pad: bool = False) -> ReplayBatch:
         """A step's replay batch: its last `rows` rows (half of them by default), in the replay graph vLLM's own
         `dispatch` pads them to (with `run_graph`), else eagerly: on the rows alone, or with `pad` on the rows
-        padded with zeros to that graph's size (vLLM's `num_padded` path), so eager runs the same shapes."""
-        count = num_tokens // 2 if rows is None else int(rows)
-        if not 0 < count <= num_tokens:
+        padded with zeros to that graph's size (vLLM's `num_padded` path), so eager runs the same shapes.
+
+        `rows` above `num_tokens` is a prefill-context-parallel step's global row count (`_prepare_replay_batch`'s
+        `num_padded = pcp.global_num_tokens - num_dropped_tokens`): the step's every row, dispatched by that count
+        and, eagerly, padded to it (`kit.experiments.dispatch`)."""
+        count = max(1, num_tokens // 2) if rows is None else int(rows)
+        if count < 1:
             raise KitError(f"a step of {num_tokens} tokens cannot hold a replay batch of {count} rows")
-        kept = kept_rows[num_tokens - count : num_tokens]
+        local = min(count, num_tokens)  # under PCP the rank's own rows; the global count decides the graph
+        kept = kept_rows[num_tokens - local : num_tokens]
         cudagraphs = state.replay_cudagraphs
         desc = cudagraphs.dispatch(count, count, None, 0)  # NONE (eager) before the replay graphs are captured
         fits = desc.cg_mode == CUDAGraphMode.PIECEWISE
@@ -400,7 +405,7 @@ def build_runner(cfg: StandInConfig, device=None):
             None, config, cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE if graph else CUDAGraphMode.NONE,
             batch_descriptor=BatchDescriptor(num_tokens=padded),
         )  # fmt: skip
-        num_padded = padded if pad and not graph and padded != count else None
+        num_padded = padded if pad and not graph and padded != local else None
         return ReplayBatch(kept, context, cudagraphs.run if graph else None, num_padded)
 
     def prepare_attn(input_batch, cg_mode, *args, **kwargs):

@@ -27,7 +27,9 @@ over the ranks and its output all-reduced, inside the graphs.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -76,8 +78,10 @@ class ReplicaConfig:
             raise KitError(f"decoder_replay_start must be in 1..{self.num_layers - 1}, not {self.decoder_replay_start}")
         if any(not 0 <= i < self.num_layers for i in self.aux_hidden_state_layers):
             raise KitError(f"aux_hidden_state_layers must be layer ids below {self.num_layers}")
-        if not self.cudagraph_capture_sizes or any(s < 2 or s % 2 for s in self.cudagraph_capture_sizes):
-            raise KitError("cudagraph_capture_sizes must be even sizes of at least 2")
+        if not self.cudagraph_capture_sizes or any(s < 1 for s in self.cudagraph_capture_sizes):
+            raise KitError("cudagraph_capture_sizes must be sizes of at least 1")
+        if self.replay_sizing == "half" and any(s < 2 or s % 2 for s in self.cudagraph_capture_sizes):
+            raise KitError("replay_sizing='half' needs even cudagraph_capture_sizes of at least 2 (N/2 rows each)")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise KitError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
         if self.replay_sizing not in ("vllm", "half"):
@@ -127,6 +131,31 @@ _LARGE = ReplicaConfig(
     decoder_replay_trim_threshold=768,  # vLLM's default: model graph 512 keeps the replay layers inside it
     vocab_size=16384,
 )
+# vLLM 0.33's defaults on one GPU of each kind, as its own config code computes them (scripts/vllm_presets.py).
+VLLM_PRESETS_JSON = Path(__file__).with_name("vllm_presets.json")
+
+
+def vllm_default_presets() -> dict[str, dict]:
+    """The numbers of `VLLM_PRESETS_JSON` by preset name: capture sizes, threshold, window, replay sizes, device."""
+    return json.loads(VLLM_PRESETS_JSON.read_text())["presets"]
+
+
+def vllm_default_config(numbers: dict) -> ReplicaConfig:
+    """The replica at vLLM's default sizes `numbers` (one entry of `vllm_default_presets`), small enough to be quick.
+
+    Its model graphs are vLLM's default capture sizes, its replay graphs those vLLM's
+    `DecoderReplayCudaGraphManager` makes of them (`default_replay_capture_sizes` of the same
+    bound; tests/test_vllm_presets.py checks they agree), its threshold vLLM's default 768.
+    """
+    return ReplicaConfig(
+        hidden_size=256,  # gb200-default captures 83 model graphs: kept small so every pairing runs fast
+        cudagraph_capture_sizes=tuple(numbers["cudagraph_capture_sizes"]),
+        window=numbers["window"],
+        max_num_seqs=numbers["max_num_seqs"],
+        decoder_replay_trim_threshold=numbers["decoder_replay_trim_threshold"],
+    )
+
+
 PRESETS = {
     # Replay sizes 96, 192, ..., 480, 512: model graphs 128 and 256 can dispatch a replay graph larger than
     # themselves (R > N), 512 one of its own size (R = N).
@@ -136,12 +165,16 @@ PRESETS = {
     # The kit's earlier sizing: one replay graph of N/2 rows per model graph N.
     "small_half": ReplicaConfig(replay_sizing="half"),
     "large_half": dataclasses.replace(_LARGE, replay_sizing="half"),
+    # vLLM's defaults: on an H200 the largest model graph is 512, below the trim threshold of 768, so no model
+    # graph breaks out and the replay graphs (128..512) run only in eager steps; on a GB200 model graphs
+    # 768..1024 (step 16) break out, most of them to a replay graph larger than themselves.
+    **{name: vllm_default_config(numbers) for name, numbers in vllm_default_presets().items()},
 }
 
 
 def replay_rows(num_tokens: int) -> int:
     """The replay rows of the replica's default step of `num_tokens` tokens: the last half (requests' windows)."""
-    return num_tokens // 2
+    return max(1, num_tokens // 2)
 
 
 class Attention(nn.Module):

@@ -126,7 +126,10 @@ class GPUModelRunner:
         """The final hidden states and the aux hidden states, copied out of the graphs' memory.
 
         `num_replay_rows` sets how many of the step's last rows form its replay batch (default
-        `replay_rows`); vLLM's steps make any count from 1 to the step's tokens.
+        `replay_rows`); vLLM's steps make any count in `kit.experiments.dispatch.row_range`. More
+        than the step's tokens stands for a PCP step's global count: every row of the step, padded
+        to the replay graph that count dispatches to (`model_state.prepare_replay_batch`), so
+        replay graph dispatch(r) runs for r up to pcp_size x N.
         """
         hidden_states, aux = self.execute_model(input_ids, use_cudagraph, num_replay_rows)
         return hidden_states.clone(), tuple(a.clone() for a in aux)

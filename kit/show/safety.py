@@ -193,12 +193,13 @@ def pairings_table(pairs: pd.DataFrame) -> Styler:
         [t.assign(policy=policy) for policy, t in safety_run.pair_tables(pairs).items()], ignore_index=True
     )
     table = table[["policy", *(c for c in table.columns if c != "policy")]]
-    table.attrs["source"] = f"{pairs.attrs.get('source', '?')}; * stress only: vLLM never runs that pairing"
+    table.attrs["source"] = f"{pairs.attrs.get('source', '?')}; {safety_run.STRESS_NOTE}"
     return style_table(table).map(_differs)
 
 
 def pair_list(rows: pd.DataFrame) -> str:
-    """`(N, R)` per row, `*` after a pairing vLLM's dispatch cannot produce (stress only); "none" when empty."""
+    """`(N, R)` per row, `*` after a pairing vLLM's dispatch cannot produce without PCP (stress only at pcp 1,
+    `kit.experiments.dispatch`); "none" when empty."""
     if rows.empty:
         return "none"
     return ", ".join(
