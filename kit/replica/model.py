@@ -70,6 +70,11 @@ class ReplicaConfig:
     # V4.1 breaks its PIECEWISE graphs at every attention: with this, each layer ends in an eager break of its own
     # (model graphs and replay graphs alike), as the safety experiments need.
     attention_breaks: bool = False
+    # PLANTED, a bug on purpose (kit.experiments.safety_run's `planted_cross_break_read` scenario): the decoder keeps
+    # a model-graph intermediate made before the replay break in the graph pool and reads it after the break
+    # (`Decoder._planted_keep`, `_planted_read`), which PR 63155's argument says no model does. No real model is
+    # configured so; it exists to show the invariant (kit.analysis.invariant) and graphs-vs-eager failing.
+    planted_cross_break_read: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -142,6 +147,33 @@ PRESETS = {
 def replay_rows(num_tokens: int) -> int:
     """The replay rows of the replica's default step of `num_tokens` tokens: the last half (requests' windows)."""
     return num_tokens // 2
+
+
+PLANTED_MIN_BYTES = 12 << 20  # the planted block's least size: a large-pool segment of its own (see below)
+
+
+def planted_kept_block(num_tokens: int, hidden_size: int, device) -> torch.Tensor:
+    """PLANTED: a float32 (tokens, 4, hidden) view of one buffer of at least `PLANTED_MIN_BYTES`.
+
+    Why a replay graph captured after the model graphs, on their stream, takes
+    it (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp): a
+    request of 10 MiB or more gets a segment of exactly its size rounded to
+    2 MiB, so 12 MiB here (up to 768 tokens at hidden 1024) is a segment of its
+    own, smaller than the 20 MiB segments the model's 1-10 MiB blocks come
+    from. Every capture into the pool starts with all of it free (the earlier
+    captures' outputs are weak references), and a request takes the smallest
+    free block that fits (`get_free_block`, best fit by stream and size). So
+    each model graph's block lands at the start of that same segment, and a
+    replay graph captured on the same stream puts its first large block (from
+    129 rows at hidden 1024: its norm's float32 temporaries, or its up
+    projection) there too, and writes it when it replays in the break. On a
+    stream of its own (vLLM 0.33) it cannot take the block. Larger sizes (the
+    large preset) get segments of their own size, where the best fit is not
+    pinned down this way.
+    """
+    shape = (num_tokens, 4, hidden_size)
+    elements = max(num_tokens * 4 * hidden_size, PLANTED_MIN_BYTES // 4)
+    return torch.empty(elements, dtype=torch.float32, device=device)[: shape[0] * shape[1] * shape[2]].view(shape)
 
 
 class Attention(nn.Module):
@@ -254,12 +286,33 @@ class Decoder(nn.Module):
         residual, post_mix, res_mix = state
         return hidden_states * post_mix + residual * res_mix
 
+    def _planted_keep(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor | None:
+        """PLANTED (`ReplicaConfig.planted_cross_break_read`): the block kept across the replay break, else None.
+
+        `planted_kept_block`, allocated first in the forward: in every capture into the pool it is the first
+        graph-pool block.
+        """
+        if not self.config.planted_cross_break_read:
+            return None
+        return planted_kept_block(num_tokens, self.config.hidden_size, like.device)
+
+    @staticmethod
+    def _planted_read(hidden_states: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+        """PLANTED: after the break, the kept copy of the pre-break hidden states is added back (read in full)."""
+        if kept is None:
+            return hidden_states
+        return hidden_states + kept.mean(1).to(hidden_states.dtype)
+
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        kept = self._planted_keep(input_ids.shape[0], input_ids)
         hidden_states = self.embed_tokens(input_ids)
         # Early aux states stay referenced across the replay layers' break, and are read after it.
         hidden_states, early_aux = self._run_layers(hidden_states, range(self.decoder_replay_start))
         # As in V4.1, `residual`, `post_mix` and `res_mix` go into the break with the hidden states
         # and stay bound until the forward returns, but nothing reads them after the break.
         state = self._hyper_connection_state(hidden_states) if self.config.hyper_connections else ()
+        if kept is not None:  # PLANTED: written before the break, read after it
+            kept.copy_(hidden_states.unsqueeze(1).expand_as(kept))
         hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
+        hidden_states = self._planted_read(hidden_states, kept)
         return self.norm(hidden_states), (*early_aux, *replay_aux)
