@@ -299,7 +299,7 @@ def cmd_safety(args: argparse.Namespace) -> None:
         json.dump({**safety_json(data, readwrite), "vllm_invariant": vllm}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    print("\n".join(safety_lines(data, readwrite) + ["", *vllm_invariant_lines(vllm)]))
+    print("\n".join(safety_lines(data, readwrite, vllm_invariant_lines(vllm))))
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:

@@ -493,18 +493,10 @@ def summary_lines(data: dict) -> list[str]:
         lines.append(
             f"{scenario}: obligation {'holds' if violated.empty else 'VIOLATED'} on "
             f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "
-            f"pairings; invariant {invariant_word(running)}; the lifetime analysis agrees "
+            "pairings; the lifetime analysis agrees "
             f"on {agree} of {len(rows)} pairings with the breaks' reads, {trace_agree} from the trace alone"
         )
     return lines
-
-
-def invariant_word(pairs: pd.DataFrame) -> str:
-    """The invariant over some pairings in a few words: holds, VIOLATED on k of n, or not recorded."""
-    if "invariant_holds" not in pairs or pairs["invariant_holds"].isna().any():
-        return NOT_RECORDED.split(":")[0]
-    bad = int((~pairs["invariant_holds"].astype(bool)).sum())
-    return f"VIOLATED on {bad} of {len(pairs)}" if bad else f"holds on all {len(pairs)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,6 +77,7 @@ PLANTED_DESCRIPTION = (
 )
 SCENARIO_OF.update(PLANTED)
 SAFETY_SCENARIOS = tuple(SCENARIO_OF)
+UNPLANTED = tuple(s for s in SAFETY_SCENARIOS if s not in PLANTED)  # what recordings made before PLANTED hold
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
@@ -439,10 +440,10 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def safety_lines(data: dict, readwrite: dict | None = None) -> list[str]:
-    """The `python -m kit safety` text: source, rule, a table per scenario, the verdicts; with `readwrite` (the
-    read/write recording at the same preset) the invariant per scenario, its list and verdict, beside the
-    obligation ("not recorded" where that recording lacks it, or there is none)."""
+def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | None = None) -> list[str]:
+    """The `python -m kit safety` text: source, rule, a table per scenario, the structural invariant per scenario
+    (its verdict and list, from `readwrite`, the read/write recording at the same preset, beside the obligation;
+    "not recorded" where that recording lacks it or there is none), `more` lines, then the verdicts, last."""
     df = pairs_frame(data)
     lines = [
         f"source: {data.get('source', '?')}",
@@ -459,8 +460,8 @@ def safety_lines(data: dict, readwrite: dict | None = None) -> list[str]:
     if no_break:
         sizes = ", ".join(map(str, no_break))
         lines.append(f"model graph {sizes}: below the trim threshold, the replay layers stay in the graph (no break)")
-    lines.append("")
-    return lines + pair_verdicts(df) + ["", *invariant_lines(data, readwrite)]
+    lines += ["", *invariant_lines(data, readwrite), *(["", *more] if more else []), ""]
+    return lines + pair_verdicts(df)
 
 
 def invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
