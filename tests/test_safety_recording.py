@@ -21,8 +21,8 @@ import pytest
 from kit.experiments.safety_run import (
     PLANTED,
     SAFETY_SCENARIOS,
-    UNPLANTED,
     SCENARIO_OF,
+    UNPLANTED,
     enumerate_pairs,
     load_recording,
     pair_verdicts,

@@ -480,7 +480,8 @@ def invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
             lines.append(f"{scenario}: invariant {verdict}: {mine['invariant'].removeprefix(INVARIANT).strip()}")
             lines += [f"  {line}" for line in mine["invariant_verdicts"]]
         if mine is not None and mine["obligation"]:
-            lines.append(f"  beside it, the byte-overlap obligation: {mine['obligation'].removeprefix(OBLIGATION).strip()}")
+            obligation = mine["obligation"].removeprefix(OBLIGATION).strip()
+            lines.append(f"  beside it, the byte-overlap obligation: {obligation}")
     return lines
 
 
