@@ -290,7 +290,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_safety(args: argparse.Namespace) -> None:
     from kit.experiments.readwrite_run import recorded_if_any
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
-    from kit.experiments.vllm_safety import shipped_invariants, vllm_invariant_lines
+    from kit.experiments.vllm_capture import shipped_invariants
+    from kit.experiments.vllm_safety import vllm_invariant_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
     readwrite = None if args.live else recorded_if_any(args.preset)  # the invariant's recording, beside the pairings

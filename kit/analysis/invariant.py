@@ -22,7 +22,11 @@ Per model graph N and replay break J (the same for every R that can run there):
   replay layers): those are the exception, the rest are violations;
 - `invariant_table`: per (N, J, R) pairing, `graph_pool_carried_bytes` (the
   violations), `early_aux_carried_bytes` (the exception) and `invariant_holds`;
-- `invariant_verdicts`, `invariant_summary`: per model graph break, and in one line.
+- `invariant_verdicts`, `invariant_summary`: per model graph break, and in one line;
+- `invariant_result`: all of it for one capture, as the recordings keep it;
+  `invariant_by_scenario`, `invariant_of_pairs` read it back from a replica
+  read/write recording (`kit.experiments.readwrite_run`), "not recorded"
+  where it lacks it.
 
 A default-pool byte (pool (0, 0)) is never counted: a block there is not the
 graph pool's, so no replay capture can be handed it.
@@ -55,6 +59,7 @@ INVARIANT = (
     "started, unless it is an early aux hidden state's."
 )
 NOT_RECORDED = "not recorded: this recording has no graph-pool ranges from its capture (re-record it)"
+INVARIANT_PAIR_KEYS = ("graph_pool_carried_bytes", "early_aux_carried_bytes", "invariant_holds")
 INVARIANT_COLUMNS = [
     "model_size",
     "break",
@@ -272,4 +277,35 @@ def invariant_result(
         "verdicts": invariant_verdicts(table),
         "holds": invariant_holds(table),
         "summary": invariant_summary(table),
+    }
+
+
+# --- reading recordings: the invariant beside the obligation, per scenario and per pairing ---------------
+
+
+def invariant_by_scenario(data: dict | None) -> dict[str, dict]:
+    """Per scenario of a read/write recording: the invariant's verdict (`holds`: True, False, None for not
+    recorded), its summary, verdict lines and list, and the obligation's summary beside it."""
+    out = {}
+    for scenario, run in ((data or {}).get("policies") or {}).items():
+        invariant = run.get("invariant") if isinstance(run, dict) else None
+        out[scenario] = {
+            "invariant_recorded": bool(invariant),
+            "invariant_holds": invariant["holds"] if invariant else None,
+            "invariant": invariant["summary"] if invariant else f"{INVARIANT} {NOT_RECORDED}",
+            "invariant_verdicts": invariant["verdicts"] if invariant else [],
+            "obligation": run.get("obligation") if isinstance(run, dict) else None,
+        }
+    return out
+
+
+def invariant_of_pairs(data: dict | None) -> dict[tuple[str, int, int], dict]:
+    """`(scenario, model size, replay size) -> {graph_pool_carried_bytes, early_aux_carried_bytes,
+    invariant_holds, readwrite_holds}` from a read/write recording; None values where it lacks the invariant."""
+    return {
+        (p["policy"], int(p["model_size"]), int(p["replay_size"])): {
+            **{k: p.get(k) for k in INVARIANT_PAIR_KEYS},
+            "readwrite_holds": p.get("readwrite_holds"),
+        }
+        for p in (data or {}).get("pairs") or []
     }

@@ -48,7 +48,13 @@ from typing import Any
 
 import pandas as pd
 
-from kit.analysis.invariant import INVARIANT, NOT_RECORDED, early_aux_count, invariant_result
+from kit.analysis.invariant import (
+    INVARIANT,
+    INVARIANT_PAIR_KEYS,
+    NOT_RECORDED,
+    early_aux_count,
+    invariant_result,
+)
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, liveness_table, liveness_verdicts
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
@@ -295,10 +301,7 @@ def break_inputs(raw: dict) -> list[dict]:
 
 # --- the structural invariant beside the obligation -------------------------------------------
 
-INVARIANT_PAIR_KEYS = ("graph_pool_carried_bytes", "early_aux_carried_bytes", "invariant_holds")
-
-
-def invariant_of(recording: ReadWriteRecording, raw: dict, config, can_run=None) -> dict:
+def replica_invariant(recording: ReadWriteRecording, raw: dict, config, can_run=None) -> dict:
     """The invariant (`kit.analysis.invariant`) over a replica capture: the graph pool's ranges from `raw`, the
     snapshot recorded in the same process as `recording`; the early aux outputs from `config`."""
     early = early_aux_count(config.aux_hidden_state_layers, config.decoder_replay_start)
@@ -327,34 +330,6 @@ def invariant_lines(data: dict) -> list[str]:
         lines.append(f"{scenario}: invariant {verdict}: {invariant['summary'].removeprefix(INVARIANT).strip()}")
         lines += [f"  {line}" for line in invariant["verdicts"]]
     return lines
-
-
-def invariant_by_scenario(data: dict | None) -> dict[str, dict]:
-    """Per scenario of a read/write recording: the invariant's verdict (`holds`: True, False, None for not
-    recorded), its summary, verdict lines and list, and the obligation's summary beside it."""
-    out = {}
-    for scenario, run in ((data or {}).get("policies") or {}).items():
-        invariant = run.get("invariant") if isinstance(run, dict) else None
-        out[scenario] = {
-            "invariant_recorded": bool(invariant),
-            "invariant_holds": invariant["holds"] if invariant else None,
-            "invariant": invariant["summary"] if invariant else f"{INVARIANT} {NOT_RECORDED}",
-            "invariant_verdicts": invariant["verdicts"] if invariant else [],
-            "obligation": run.get("obligation") if isinstance(run, dict) else None,
-        }
-    return out
-
-
-def invariant_of_pairs(data: dict | None) -> dict[tuple[str, int, int], dict]:
-    """`(scenario, model size, replay size) -> {graph_pool_carried_bytes, early_aux_carried_bytes,
-    invariant_holds, readwrite_holds}` from a read/write recording; None values where it lacks the invariant."""
-    return {
-        (p["policy"], int(p["model_size"]), int(p["replay_size"])): {
-            **{k: p.get(k) for k in INVARIANT_PAIR_KEYS},
-            "readwrite_holds": p.get("readwrite_holds"),
-        }
-        for p in (data or {}).get("pairs") or []
-    }
 
 
 # --- running a scenario (CUDA) --------------------------------------------------------
@@ -391,7 +366,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
     raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
     pairs = compare_analyses(raw, recording, can_run(config))
     table = readwrite_table(recording, can_run=can_run(config))
-    invariant = invariant_of(recording, raw, config, can_run(config))
+    invariant = replica_invariant(recording, raw, config, can_run(config))
     pairs = with_invariant(pairs, invariant)
     command = f"python -m kit.experiments.readwrite_run --scenario {scenario} --preset {preset}"
     return {

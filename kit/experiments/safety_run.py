@@ -54,7 +54,13 @@ from typing import Any
 
 import pandas as pd
 
-from kit.analysis.invariant import INVARIANT, NOT_RECORDED
+from kit.analysis.invariant import (
+    INVARIANT,
+    INVARIANT_PAIR_KEYS,
+    NOT_RECORDED,
+    invariant_by_scenario,
+    invariant_of_pairs,
+)
 from kit.analysis.readwrite import OBLIGATION
 from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
@@ -460,14 +466,12 @@ def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | No
     if no_break:
         sizes = ", ".join(map(str, no_break))
         lines.append(f"model graph {sizes}: below the trim threshold, the replay layers stay in the graph (no break)")
-    lines += ["", *invariant_lines(data, readwrite), *(["", *more] if more else []), ""]
+    lines += ["", *safety_invariant_lines(data, readwrite), *(["", *more] if more else []), ""]
     return lines + pair_verdicts(df)
 
 
-def invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
+def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
     """Per scenario of the pairings: the structural invariant's verdict and list, the obligation beside it."""
-    from kit.experiments.readwrite_run import invariant_by_scenario
-
     found = invariant_by_scenario(readwrite)
     source = (readwrite or {}).get("source", "no read/write recording at this preset")
     lines = [f"the structural invariant ({source}): {INVARIANT}"]
@@ -489,8 +493,6 @@ def safety_json(data: dict, readwrite: dict | None = None) -> dict:
     """`kit safety --json`: the pairings, each with the invariant's `graph_pool_carried_bytes` (early aux apart in
     `early_aux_carried_bytes`) and `invariant_holds` (None: not recorded), and per scenario the invariant's
     verdict beside the obligation, from `readwrite`, the read/write recording at the same preset."""
-    from kit.experiments.readwrite_run import INVARIANT_PAIR_KEYS, invariant_by_scenario, invariant_of_pairs
-
     df = pairs_frame(data)
     found = invariant_of_pairs(readwrite)
     pairs = []

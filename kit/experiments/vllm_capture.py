@@ -320,7 +320,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     raw["kit"]["equivalence"] = equivalence
     raw["kit"]["readwrite"] = readwrite
     if isinstance(readwrite, dict) and "error" not in readwrite:  # the invariant, over the same capture's segments
-        readwrite["invariant"] = vllm_safety.guarded(vllm_safety.invariant_of, recording, raw, runner)
+        readwrite["invariant"] = vllm_safety.guarded(vllm_safety.vllm_invariant, recording, raw, runner)
     raw["kit"]["pairings"] = pairings
     attached = vllm_safety.guarded(attach_break_reads, raw, recording)  # kit["break_reads"], for the lifetimes
     if attached is not raw:
@@ -381,6 +381,22 @@ def load_recordings() -> dict:
             "`bash scripts/vllm_on_device.sh OUT` (docs/vllm.md)"
         )
     return runs
+
+
+def shipped_invariants() -> dict[str, dict]:
+    """Per shipped vLLM recording: the structural invariant (`vllm_safety.invariant_of_snapshot`: as recorded, or
+    computed from the recording), or `{"holds": None, "summary": "... not recorded ..."}` (`kit safety` shows it)."""
+    from kit.analysis.invariant import INVARIANT, NOT_RECORDED
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    out = {}
+    for name in VLLM_SCENARIOS:
+        path = recording_path(name)
+        if not path.is_file():
+            continue
+        found = invariant_of_snapshot(pickle.loads(path.read_bytes()))
+        out[name] = found or {"holds": None, "summary": f"{INVARIANT} {NOT_RECORDED}", "verdicts": [], "rows": []}
+    return out
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kit.analysis.equivalence import compare_forward
-from kit.analysis.invariant import INVARIANT, NOT_RECORDED, early_aux_count, invariant_result
+from kit.analysis.invariant import INVARIANT, early_aux_count, invariant_result
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
     BREAK,
@@ -222,7 +222,7 @@ def _missing(value: Any) -> bool:
         return False
 
 
-def invariant_of(recording: ReadWriteRecording, raw: dict, runner) -> dict:
+def vllm_invariant(recording: ReadWriteRecording, raw: dict, runner) -> dict:
     """The structural invariant (`kit.analysis.invariant`) over the capture, on vLLM's dispatch: the graph pool's
     ranges from `raw`, the capture recorder's snapshot made in the same process as `recording`."""
     backbone = runner.model.model
@@ -234,13 +234,13 @@ def invariant_of_snapshot(raw: dict) -> dict | None:
     """The invariant of a vLLM recording: as recorded (`kit["readwrite"]["invariant"]`), else computed from what
     it has (its read/write accesses, its graph-pool segments, its config and dispatch rule: `computed` True),
     else None (a recording without the read/write accesses: not recorded)."""
-    kit = raw.get("kit") or {}
-    readwrite = kit.get("readwrite") if isinstance(kit.get("readwrite"), dict) else None
+    meta = raw.get("kit") or {}
+    readwrite = meta.get("readwrite") if isinstance(meta.get("readwrite"), dict) else None
     if readwrite is None or "accesses" not in readwrite:
         return None
     if readwrite.get("invariant"):
         return {**readwrite["invariant"], "computed": False}
-    config = (kit.get("variant") or {}).get("config") or {}
+    config = (meta.get("variant") or {}).get("config") or {}
     if "aux_hidden_state_layers" not in config or "replay_sizes" not in readwrite:
         return None
     early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])
@@ -251,23 +251,6 @@ def invariant_of_snapshot(raw: dict) -> dict | None:
 
     recording = ReadWriteRecording.from_records(readwrite["accesses"])
     return {**invariant_result(recording, raw, early, can_run=check), "computed": True}
-
-
-def shipped_invariants() -> dict[str, dict]:
-    """Per shipped vLLM recording: the invariant (`invariant_of_snapshot`) without its rows' lists, or
-    `{"holds": None, "summary": "... not recorded ..."}`."""
-    import pickle
-
-    from kit.experiments.vllm_capture import VLLM_SCENARIOS, recording_path
-
-    out = {}
-    for name in VLLM_SCENARIOS:
-        path = recording_path(name)
-        if not path.is_file():
-            continue
-        found = invariant_of_snapshot(pickle.loads(path.read_bytes()))
-        out[name] = found or {"holds": None, "summary": f"{INVARIANT} {NOT_RECORDED}", "verdicts": [], "rows": []}
-    return out
 
 
 def vllm_invariant_lines(found: dict[str, dict]) -> list[str]:
