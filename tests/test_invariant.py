@@ -268,3 +268,13 @@ def test_the_shipped_readwrite_recordings_say_not_recorded(preset):
     data = readwrite_run.load_recording(preset)
     lines = readwrite_run.invariant_lines(data)
     assert lines[0] == INVARIANT and all(NOT_RECORDED in line for line in lines[1:])
+
+
+def test_each_pairing_gets_the_invariant_of_its_own_model_graph_and_break():
+    rows = invariant_table(synthetic(), graph_pool_ranges(RAW), early_aux=1)
+    late = invariant_table(synthetic(read_kept=False), graph_pool_ranges(RAW), early_aux=1)
+    result = {"rows": [*rows.assign(model_size=64).to_dict("records"), *late.assign(model_size=128).to_dict("records")]}
+    pairs = [{"model_size": n, "break": 0, "replay_size": R} for n in (128, 64, 256)]
+    merged = readwrite_run.with_invariant(pairs, result)
+    assert [p["invariant_holds"] for p in merged] == [True, False, None]  # 256: no row, not recorded
+    assert [p["graph_pool_carried_bytes"] for p in merged] == [0, 4096, None]
