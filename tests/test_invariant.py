@@ -278,3 +278,69 @@ def test_each_pairing_gets_the_invariant_of_its_own_model_graph_and_break():
     merged = readwrite_run.with_invariant(pairs, result)
     assert [p["invariant_holds"] for p in merged] == [True, False, None]  # 256: no row, not recorded
     assert [p["graph_pool_carried_bytes"] for p in merged] == [0, 4096, None]
+
+
+def _planted_workload(stream_of_replays: str) -> tuple[list[dict], dict[str, int], dict[int, list[str]]]:
+    """The small preset's graph-pool requests in outline: each model graph N (largest first) takes the planted
+    block first, then per layer the norm's float32 and bf16 outputs, the up projection and SiLU (4 x hidden),
+    the down projection, and frees all of it when its capture ends; then each replay graph R takes its norm's
+    outputs and up projection. Returns the ops, the planted block's id per N, and each R's ids."""
+    from kit.replica.model import PLANTED_MIN_BYTES
+
+    hidden, ops, kept, replays = 1024, [], {}, {}
+
+    def alloc(size: int, live: list[str]) -> str:
+        name = f"t{len(ops)}"
+        ops.append({"op": "alloc", "id": name, "bytes": size})
+        live.append(name)
+        return name
+
+    def capture(graph: str, stream: str, body) -> None:
+        ops.append({"op": "capture_begin", "graph": graph, "pool": "graph pool", "stream": stream})
+        live: list[str] = []
+        body(live)
+        ops.extend({"op": "free", "id": name} for name in live)  # the capture's outputs are weak references
+        ops.append({"op": "capture_end", "graph": graph})
+
+    def model(n: int):
+        def body(live):
+            kept[n] = alloc(max(n * 4 * hidden * 4, PLANTED_MIN_BYTES), live)
+            for _ in range(3):
+                for size in (n * hidden * 4, n * hidden * 2, n * 4 * hidden * 2, n * 4 * hidden * 2, n * hidden * 2):
+                    alloc(size, live)
+                done = live[1:]
+                ops.extend({"op": "free", "id": name} for name in done)
+                del live[1:]
+
+        return body
+
+    def replay(r: int):
+        def body(live):
+            replays[r] = [alloc(size, live) for size in (r * hidden * 2, r * hidden * 4, r * 4 * hidden * 2)]
+
+        return body
+
+    for n in (512, 256, 128):
+        capture(f"model graph {n}", "model graphs", model(n))
+    for r in (512, 480, 384, 288, 192, 96):
+        capture(f"replay graph {r}", stream_of_replays, replay(r))
+    return ops, kept, replays
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_on_the_simulator_a_replay_graph_on_the_model_stream_takes_the_planted_block(shared):
+    """Why the planted scenario must differ from eager on the H200 (`kit.replica.model.planted_kept_block`):
+    the allocator simulator puts every model graph's planted block at one address, and the first large block of
+    every replay graph from 129 rows there too when it shares the stream; never on a stream of its own."""
+    from kit.allocator.simulator import simulate
+    from kit.allocator.workload import parse_workload
+
+    ops, kept, replays = _planted_workload("model graphs" if shared else "replay graphs")
+    trace = simulate(parse_workload({"version": 1, "ops": ops})).snapshot()["device_traces"][0]
+    sizes = {o["id"]: o["bytes"] for o in ops if o["op"] == "alloc"}
+    served = iter(e for e in trace if e["action"] == "alloc" and e["size"] != 8)  # 8 B: the simulator's own
+    where = {name: next(e["addr"] for e in served if e["size"] >= sizes[name]) for name in sizes}
+    assert len({where[k] for k in kept.values()}) == 1  # every model graph's block at the same address
+    block = (where[kept[512]], where[kept[512]] + 128 * 4 * 1024 * 4)  # what model graph 128 reads of it
+    hit = {r for r, names in replays.items() if any(block[0] <= where[n] < block[1] for n in names)}
+    assert hit == ({512, 480, 384, 288, 192} if shared else set())

@@ -167,7 +167,10 @@ def planted_kept_block(num_tokens: int, hidden_size: int, device) -> torch.Tenso
     replay graph captured on the same stream puts its first large block (from
     129 rows at hidden 1024: its norm's float32 temporaries, or its up
     projection) there too, and writes it when it replays in the break. On a
-    stream of its own (vLLM 0.33) it cannot take the block. Larger sizes (the
+    stream of its own (vLLM 0.33) it cannot take the block; replay graph 96
+    (no request above 1 MiB) does not either. The kit's allocator simulator
+    shows this on the small preset's requests in outline
+    (tests/test_invariant.py, `test_on_the_simulator_...`). Larger sizes (the
     large preset) get segments of their own size, where the best fit is not
     pinned down this way.
     """
