@@ -344,3 +344,44 @@ def test_on_the_simulator_a_replay_graph_on_the_model_stream_takes_the_planted_b
     block = (where[kept[512]], where[kept[512]] + 128 * 4 * 1024 * 4)  # what model graph 128 reads of it
     hit = {r for r, names in replays.items() if any(block[0] <= where[n] < block[1] for n in names)}
     assert hit == ({512, 480, 384, 288, 192} if shared else set())
+
+
+# --- the planted replica captured on the CPU (CUDA stood in for), read by the invariant ----------------------
+
+
+@pytest.mark.parametrize("planted", [True, False])
+def test_the_planted_replicas_capture_reads_its_kept_block_after_the_replay_break(monkeypatch, planted):
+    """The phases the GPU run records: with the planted flag, the kept block (here taken for the graph pool) is
+    read after the replay break with its value from before it, every model graph; without it nothing there is."""
+    from tests.helpers import TINY
+    from tests.test_readwrite import _captured
+
+    config = dataclasses.replace(TINY, dtype="float32", hyper_connections=True, planted_cross_break_read=planted)
+    kept_spans: dict[int, tuple[int, int]] = {}
+
+    def spy(runner):
+        keep = runner.model._planted_keep
+
+        def spied(num_tokens, like):
+            kept = keep(num_tokens, like)
+            if kept is not None:
+                kept_spans[num_tokens] = (kept.data_ptr(), kept.data_ptr() + kept.numel() * 4)
+            return kept
+
+        runner.model._planted_keep = spied
+
+    runner, recording = _captured(monkeypatch, config, spy=spy)
+    blocks = kept_spans or {n: (0x1000 * n, 0x1000 * n + 64) for n in (8, 16)}  # unplanted: any pool at all
+    raw = {"segments": [segment(span, (0, 1)) for span in blocks.values()]}
+    result = readwrite_run.replica_invariant(recording, raw, config)
+    sizes = {r["model_size"] for r in result["rows"]}
+    assert sizes == {8, 16}
+    for row in result["rows"]:
+        n = row["model_size"]
+        if planted:  # each model graph reads its own capture's block; an earlier capture's, in the pool too, not
+            assert row["graph_pool_carried_bytes"] == n * 4 * config.hidden_size * 4
+            assert row["invariant_holds"] is False
+            assert {r["op"] for r in row["invariant_reads"]} == {"aten.mean.dim"}
+        else:
+            assert row["graph_pool_carried_bytes"] == 0 and row["invariant_holds"] is True
+    assert result["holds"] is (not planted)
