@@ -626,6 +626,22 @@ MUTATIONS = (
         ("tests/test_invariant.py",),
         "the planted variant reads its kept block after the break, so an overwrite changes the outputs",
     ),
+    Mutation(
+        "planted_stand_in_never_reads_its_block",
+        "kit/experiments/vllm_standin.py",
+        "                hidden_states = hidden_states + kept.mean(1).to(hidden_states.dtype)",
+        "                hidden_states = hidden_states",
+        ("tests/test_vllm_safety.py::test_the_planted_stand_in_carries_its_kept_block_across_the_break_on_vllms_path",),
+        "on vLLM's path the planted stand-in reads its kept block after the replay break too",
+    ),
+    Mutation(
+        "vllm_invariant_computed_without_early_aux",
+        "kit/experiments/vllm_safety.py",
+        '    early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])',
+        "    early = 0",
+        ("tests/test_invariant.py::test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool",),
+        "an older vLLM recording's invariant tells its early aux apart, from the recorded config",
+    ),
 )
 
 
