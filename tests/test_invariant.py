@@ -247,12 +247,13 @@ def test_the_planted_scenarios_run_the_prs_capture_with_the_planted_model():
 
 
 def test_the_planted_decoder_reads_its_kept_block_after_the_break_and_it_changes_the_outputs():
-    from kit.replica.model import PLANTED_MIN_BYTES, PRESETS, Decoder, planted_kept_block
+    from kit.replica.model import PLANTED_BYTES, PRESETS, Decoder, planted_kept_block
 
     kept = planted_kept_block(128, 1024, "cpu")
     assert kept.shape == (128, 4, 1024) and kept.dtype == torch.float32
-    assert kept.untyped_storage().nbytes() == PLANTED_MIN_BYTES  # a 12 MiB segment of its own (10 MiB or more)
-    assert planted_kept_block(1024, 1024, "cpu").untyped_storage().nbytes() == 1024 * 4 * 1024 * 4
+    assert kept.untyped_storage().nbytes() == PLANTED_BYTES == 12 << 20  # a segment of its own (10 MiB or more)
+    wide = planted_kept_block(1024, 7168, "cpu")  # the large preset: as many rows as fit
+    assert wide.shape == (109, 4, 7168) and wide.untyped_storage().nbytes() == 12 << 20
     config = dataclasses.replace(PRESETS["small"], hyper_connections=True, dtype="float32")
     ids = torch.randint(0, config.vocab_size, (128,))
     torch.manual_seed(0)
@@ -285,7 +286,7 @@ def _planted_workload(stream_of_replays: str) -> tuple[list[dict], dict[str, int
     block first, then per layer the norm's float32 and bf16 outputs, the up projection and SiLU (4 x hidden),
     the down projection, and frees all of it when its capture ends; then each replay graph R takes its norm's
     outputs and up projection. Returns the ops, the planted block's id per N, and each R's ids."""
-    from kit.replica.model import PLANTED_MIN_BYTES
+    from kit.replica.model import PLANTED_BYTES
 
     hidden, ops, kept, replays = 1024, [], {}, {}
 
@@ -304,7 +305,7 @@ def _planted_workload(stream_of_replays: str) -> tuple[list[dict], dict[str, int
 
     def model(n: int):
         def body(live):
-            kept[n] = alloc(max(n * 4 * hidden * 4, PLANTED_MIN_BYTES), live)
+            kept[n] = alloc(PLANTED_BYTES, live)
             for _ in range(3):
                 for size in (n * hidden * 4, n * hidden * 2, n * 4 * hidden * 2, n * 4 * hidden * 2, n * hidden * 2):
                     alloc(size, live)

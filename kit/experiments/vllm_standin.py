@@ -210,7 +210,7 @@ def _define_model():
     from torch import nn
     from vllm.models.deepseek_v41.decoder_replay_layers import DecoderReplayLayers
 
-    from kit.replica.model import planted_kept_block
+    from kit.replica.model import planted_keep, planted_kept_block, planted_read
 
     class Layer(nn.Module):
         """An MLP layer that also updates V4.1's hyper-connection state (pre_mix, residual)."""
@@ -278,16 +278,14 @@ def _define_model():
             hidden_states, residual, pre_mix = self._run_layers(
                 range(self.start_layer, self.decoder_replay_start), hidden_states, residual, pre_mix, early
             )
-            if kept is not None:
-                kept.copy_(hidden_states.unsqueeze(1).expand_as(kept))
+            planted_keep(kept, hidden_states)
             post_mix = pre_mix.unsqueeze(-1) * 0.5
             res_mix = torch.softmax(pre_mix.unsqueeze(-1) * pre_mix.unsqueeze(1), dim=-1)
             # V4.1's break: these seven in (residual, post_mix, res_mix stay bound, unread, until the forward returns).
             hidden_states, pre_mix, *late_aux = self.decoder_replay_layers(
                 hidden_states, positions, input_ids, pre_mix, post_mix, res_mix, residual
             )
-            if kept is not None:
-                hidden_states = hidden_states + kept.mean(1).to(hidden_states.dtype)
+            hidden_states = planted_read(hidden_states, kept)
             hidden_states = self.norm(hidden_states) * (1 + pre_mix.mean(-1, keepdim=True)).to(hidden_states.dtype)
             early_aux = [early[i] for i in self.aux_hidden_state_layers if i in early]
             return hidden_states, handed_out(early_aux, self.cfg.early_aux_pinned) + late_aux
