@@ -288,14 +288,19 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_safety(args: argparse.Namespace) -> None:
+    from kit.experiments.readwrite_run import recorded_if_any
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
+    from kit.experiments.vllm_capture import shipped_invariants
+    from kit.experiments.vllm_safety import vllm_invariant_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
+    readwrite = None if args.live else recorded_if_any(args.preset)  # the invariant's recording, beside the pairings
+    vllm = shipped_invariants()
     if args.json:
-        json.dump(safety_json(data), sys.stdout, indent=1)
+        json.dump({**safety_json(data, readwrite), "vllm_invariant": vllm}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    print("\n".join(safety_lines(data)))
+    print("\n".join(safety_lines(data, readwrite, vllm_invariant_lines(vllm))))
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:

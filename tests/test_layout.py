@@ -373,12 +373,17 @@ def names_in(path: Path, module: str) -> list[str]:
 
 def words_out_of_place(module: str, names: list[str]) -> list[str]:
     """Names that use a retired word, or "policy" outside the stream rule's module."""
-    bad = [f"{module}: {n} ({why})" for n in names for word, why in RETIRED.items() if word in n.lower()]
+    bad = [f"{module}: {n} ({why})" for n in names for word, why in RETIRED.items() if _uses_word(n, word)]
     last = module.rpartition(".")[2]
     bad += [f"{module} ({why})" for word, why in RETIRED_MODULES.items() if last == word]
     if module != "kit.patch.policy":
         bad += [f"{module}: {n} (a policy is the stream rule)" for n in names if "polic" in n.lower()]
     return bad
+
+
+def _uses_word(name: str, word: str) -> bool:
+    """Whether `word` starts a word of `name` ("run_variant", "VARIANTS"; not "invariant", another word)."""
+    return re.search(rf"(?<![a-z]){word}", name.lower()) is not None
 
 
 def cli_commands() -> set[str]:
@@ -395,6 +400,9 @@ def test_no_module_function_or_command_name_uses_a_word_for_another_idea():
 
 
 def test_the_word_check_sees_a_retired_word_and_a_policy_out_of_place():
+    assert words_out_of_place("kit.analysis.x", ["INVARIANT", "invariant_table", "VARIANTS"]) == [
+        "kit.analysis.x: VARIANTS (a named run is a scenario)"
+    ]
     assert words_out_of_place("kit.experiments.x", ["run_variant", "PAIRING_POLICIES", "run_scenario"]) == [
         "kit.experiments.x: run_variant (a named run is a scenario)",
         "kit.experiments.x: PAIRING_POLICIES (a policy is the stream rule)",

@@ -19,14 +19,17 @@ from pathlib import Path
 import pytest
 
 from kit.experiments.safety_run import (
+    PLANTED,
     SAFETY_SCENARIOS,
     SCENARIO_OF,
+    UNPLANTED,
     enumerate_pairs,
     load_recording,
     pair_verdicts,
     pairs_frame,
     safety_config,
     safety_lines,
+    scenario_safety_config,
 )
 from tests.test_safety_run import fake_recording
 
@@ -38,28 +41,34 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     df = pairs_frame(data)
-    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS)
+    recorded = list(df["policy"].unique())
+    assert recorded in (list(SAFETY_SCENARIOS), list(UNPLANTED)), "not every scenario was recorded"
     for policy, rows in df.groupby("policy", sort=False):
         meta = data["policies"][policy]
-        config = safety_config(SCENARIO_OF[policy], preset)
-        assert meta["config"] == json.loads(json.dumps(dataclasses.asdict(config))), f"{policy}: the preset changed"
+        config = scenario_safety_config(policy, preset)
+        made = {"planted_cross_break_read": False, **meta["config"]}  # a recording made before the planted flag
+        assert made == json.loads(json.dumps(dataclasses.asdict(config))), f"{policy}: the preset changed"
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
         assert ran == enumerate_pairs(config), f"{policy}: not every pair ran, or the dispatch rule changed"
         assert (rows["outputs"] == len(meta["outputs"])).all()
         dispatched = rows[rows["dispatchable"]]
         assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
     took_effect = [
-        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in SAFETY_SCENARIOS
+        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in recorded
     ]
-    assert took_effect == [(True, False), (False, False), (True, True)], "a policy did not take effect"
+    planted = [(True, False)] * (len(recorded) - len(UNPLANTED))  # the planted scenario runs the PR's capture
+    assert took_effect == [(True, False), (False, False), (True, True), *planted], "a policy did not take effect"
     for policy in ("pr", "unpatched"):
         rows = df[df["policy"] == policy]
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), f"{policy} differs from eager"
     shared = df[df["policy"] == "early_aux_shared"]
     assert (~shared["bit_exact"]).any(), "early aux forced to share: no pairing differs from eager"
     assert (shared.loc[~shared["bit_exact"], "max_abs_diff"] > 0).all()
+    for policy in PLANTED if recorded == list(SAFETY_SCENARIOS) else ():
+        rows = df[(df["policy"] == policy) & df["dispatchable"]]
+        assert (~rows["bit_exact"]).any(), f"{policy}: the planted cross-break read never differs from eager"
     verdicts = pair_verdicts(df)
-    assert safety_lines(data)[-3:] == verdicts
+    assert safety_lines(data)[-len(recorded) :] == verdicts
     assert verdicts[0].startswith("pr: all ") and verdicts[2].startswith("early_aux_shared: ")
 
 

@@ -22,8 +22,8 @@ from kit import KitError
 from kit.cli import main as kit_main
 from kit.experiments.safety_run import (
     DISPATCH_RULE,
-    SAFETY_SCENARIOS,
     SCENARIO_OF,
+    UNPLANTED,
     adversary,
     compare_outputs,
     enumerate_pairs,
@@ -166,7 +166,7 @@ def policy_metadata(policy: str, preset: str) -> dict:
 def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), preset="small"):
     """A recording of every policy at `preset`: bit-exact but for `differing` (model, replay) of early_aux_shared."""
     pairs = []
-    for policy in SAFETY_SCENARIOS:
+    for policy in UNPLANTED:  # as the shipped recordings, made before the planted scenario
         for n, r, dispatchable in enumerate_pairs(PRESETS[preset]):
             bad = policy == "early_aux_shared" and (n, r) in differing
             alone_bad = policy == "early_aux_shared" and n in alone_differing
@@ -188,7 +188,7 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
         "preset": preset,
         "rule": DISPATCH_RULE,
         "pairs": pairs,
-        "policies": {policy: policy_metadata(policy, preset) for policy in SAFETY_SCENARIOS},
+        "policies": {policy: policy_metadata(policy, preset) for policy in UNPLANTED},
         "provenance": PROVENANCE,
     }
     path = folder / f"{preset}.json"
@@ -205,7 +205,7 @@ def recordings(tmp_path, monkeypatch):
 def test_verdicts_say_all_bit_exact_or_which_pairs_differ_and_by_how_much(recordings):
     fake_recording(recordings, differing={(512, 96), (128, 288)}, alone_differing={512})
     df = load_pairs("small")
-    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS) and len(df) == 54
+    assert list(df["policy"].unique()) == list(UNPLANTED) and len(df) == 54
     assert df.attrs["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
     )
@@ -238,7 +238,7 @@ def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
         "early_aux_shared: 1 of 18 pairings differ from eager (1 of them dispatchable): (256, 96) — "
         "largest difference 5",
     ]
-    headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in SAFETY_SCENARIOS]
+    headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in UNPLANTED]
     assert [line for line in out if line in headers] == headers  # one table each, under its name
     assert sum("differs 5" in line for line in out) == 1
 

@@ -357,3 +357,24 @@ def test_the_small_stand_in_is_the_default_but_for_its_width():
         f.name for f in dataclasses.fields(SMALL) if getattr(SMALL, f.name) != getattr(vc.StandInConfig(), f.name)
     }
     assert differs == {"hidden_size", "vocab_size", "aux_hidden_state_layers"}
+
+
+def test_the_planted_stand_in_carries_its_kept_block_across_the_break_on_vllms_path():
+    """vLLM's own capture path on the CPU, the stand-in plain and planted (`planted_cross_break_read`): taking every
+    address for the graph pool, the planted one carries exactly its kept float32 (N, 4, hidden) copy more across
+    the replay break, read after it, so `vllm_invariant` flags N x 4 x hidden x 4 bytes more per model graph."""
+    import dataclasses
+
+    carried = {}
+    for planted in (False, True):
+        cfg = dataclasses.replace(vc.StandInConfig(hidden_size=64, vocab_size=512), planted_cross_break_read=planted)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            stand_in_cuda(monkeypatch)
+            runner = vc.build_runner(cfg, torch.device("cpu"))
+            recording = vc.capture_recorded(runner, "runner")
+            everything = {"segments": [{"address": 0, "total_size": 1 << 62, "segment_pool_id": (0, 1)}]}
+            result = vs.vllm_invariant(recording, everything, runner)
+        carried[planted] = {r["model_size"]: r["graph_pool_carried_bytes"] for r in result["rows"]}
+    assert carried[True].keys() == carried[False].keys() == {128, 256, 512}
+    more = {n: carried[True][n] - carried[False][n] for n in carried[True]}
+    assert more == {n: n * 4 * 64 * 4 for n in (128, 256, 512)}

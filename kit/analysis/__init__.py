@@ -13,7 +13,9 @@
 - `whatif`: the recorded trace replayed on the simulator with streams mapped;
 - `liveness`: what each model graph holds across its eager break, and who
   writes over it; `readwrite`: the same question from the bytes read and
-  written (the proof obligation); `equivalence`: graph outputs against eager
+  written (the proof obligation); `invariant`: the PR's argument as a
+  structural invariant (no graph-pool value from before the replay break
+  read after it, early aux apart); `equivalence`: graph outputs against eager
   ones on a GPU;
 - `check`: the CI guard (no graph pool stranded memory);
 - `kv_cache`: what freed graph-pool bytes buy in KV cache blocks and tokens;

@@ -15,7 +15,13 @@ by side for every (model graph, replay graph) pairing:
   break read), and as a trace alone would give it (`trace_only`: no block is
   a break input);
 - whether they agree, and for each disagreement an `explanation` built from
-  the blocks involved.
+  the blocks involved;
+- the structural invariant (`kit.analysis.invariant`): the graph-pool bytes
+  read after R starts whose value came before it, from the capture
+  recorder's segments in the same process, early aux told apart
+  (`invariant` per scenario; `graph_pool_carried_bytes`,
+  `early_aux_carried_bytes`, `invariant_holds` per pairing). A recording made
+  before it lacks them, and says "not recorded" (`invariant_lines`).
 
 `dispatchable` marks the pairings vLLM's dispatch can produce
 (`kit.experiments.dispatch`); the rest are stress. Model graphs break at every
@@ -27,7 +33,7 @@ R starts, in the break too, are checked.
 entry to `out_dir`; the shipped recordings are `readwrite/<preset>.json` in
 the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
 
-    python -m kit.experiments.readwrite_run --preset small --out OUT   # all three scenarios into OUT/small.json
+    python -m kit.experiments.readwrite_run --preset small --out OUT   # every scenario into OUT/small.json
     python -m kit.experiments.readwrite_run --scenario pr --preset small --out pr.json   # one scenario, this process
 """
 
@@ -42,6 +48,13 @@ from typing import Any
 
 import pandas as pd
 
+from kit.analysis.invariant import (
+    INVARIANT,
+    INVARIANT_PAIR_KEYS,
+    NOT_RECORDED,
+    early_aux_count,
+    invariant_result,
+)
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, liveness_table, liveness_verdicts
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
@@ -293,6 +306,39 @@ def break_inputs(raw: dict) -> list[dict]:
     return out
 
 
+# --- the structural invariant beside the obligation -------------------------------------------
+
+def replica_invariant(recording: ReadWriteRecording, raw: dict, config, can_run=None) -> dict:
+    """The invariant (`kit.analysis.invariant`) over a replica capture: the graph pool's ranges from `raw`, the
+    snapshot recorded in the same process as `recording`; the early aux outputs from `config`."""
+    early = early_aux_count(config.aux_hidden_state_layers, config.decoder_replay_start)
+    return invariant_result(recording, raw, early, can_run=can_run)
+
+
+def with_invariant(pairs: list[dict], invariant: dict) -> list[dict]:
+    """Each pairing with the invariant's figures for its (model graph, break, replay graph) added."""
+    rows = {(r["model_size"], r["break"], r["replay_size"]): r for r in invariant["rows"]}
+    out = []
+    for pair in pairs:
+        row = rows.get((pair["model_size"], pair["break"], pair["replay_size"]))
+        out.append({**pair, **{k: (row[k] if row else None) for k in INVARIANT_PAIR_KEYS}})
+    return out
+
+
+def invariant_lines(data: dict) -> list[str]:
+    """Per scenario: the invariant's verdict and its list of graph-pool reads, or that the recording lacks it."""
+    lines = [INVARIANT]
+    for scenario, run in (data.get("policies") or {}).items():
+        invariant = run.get("invariant") if isinstance(run, dict) else None
+        if not invariant:
+            lines.append(f"{scenario}: invariant {NOT_RECORDED}")
+            continue
+        verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[invariant["holds"]]
+        lines.append(f"{scenario}: invariant {verdict}: {invariant['summary'].removeprefix(INVARIANT).strip()}")
+        lines += [f"  {line}" for line in invariant["verdicts"]]
+    return lines
+
+
 # --- running a scenario (CUDA) --------------------------------------------------------
 
 
@@ -302,7 +348,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
 
     from kit.analysis.equivalence import check_equivalence
     from kit.experiments.dispatch import can_run
-    from kit.experiments.safety_run import SCENARIO_OF, safety_config
+    from kit.experiments.safety_run import SCENARIO_OF, scenario_description, scenario_safety_config
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.record.readwrite import ReadWriteRecorder
@@ -313,8 +359,9 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     replica_scenario = SCENARIO_OF[scenario]
-    patch_policy, _, description = SCENARIOS[replica_scenario]
-    config = safety_config(replica_scenario, preset)  # V4.1's break inputs, and a break at every attention
+    patch_policy, _, _ = SCENARIOS[replica_scenario]
+    description = scenario_description(scenario)
+    config = scenario_safety_config(scenario, preset)  # V4.1's break inputs, and a break at every attention
     patch = replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext()
     # Recording from the first allocation, so the trace replays from an empty allocator.
     with patch, CaptureRecorder() as capture_recorder:
@@ -326,6 +373,8 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
     raw = attach_break_reads(capture_recorder.snapshot.raw, recording)
     pairs = compare_analyses(raw, recording, can_run(config))
     table = readwrite_table(recording, can_run=can_run(config))
+    invariant = replica_invariant(recording, raw, config, can_run(config))
+    pairs = with_invariant(pairs, invariant)
     command = f"python -m kit.experiments.readwrite_run --scenario {scenario} --preset {preset}"
     return {
         "policy": scenario,
@@ -338,6 +387,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
         "obligation": obligation_summary(table),
         "verdicts": obligation_verdicts(table),
         "unseen_writers": unseen_writer_lines(recording),
+        "invariant": invariant,
         "lifetime_verdicts": liveness_verdicts(liveness_table(raw)),
         "trace_only_verdicts": liveness_verdicts(liveness_table(_without_break_reads(raw))),
         "break_inputs": break_inputs(raw),
@@ -368,13 +418,17 @@ def record(preset: str, out_dir: Path) -> Path:
     data = {
         "preset": preset,
         "obligation": OBLIGATION,
+        "invariant": INVARIANT,
         "rule": DISPATCH_RULE,
         "pairs": pairs,
         "policies": policies,
         "provenance": provenance,
     }
     obligation = {scenario: run["obligation"] for scenario, run in runs.items()}
-    return recorded.write_recording(data, out_dir, preset, obligation=obligation, agreement=summary_lines(data))
+    invariant = {scenario: run["invariant"]["summary"] for scenario, run in runs.items()}
+    return recorded.write_recording(
+        data, out_dir, preset, obligation=obligation, invariant=invariant, agreement=summary_lines(data)
+    )
 
 
 # --- reading ---------------------------------------------------------------------------
@@ -388,6 +442,16 @@ def load_recording(preset: str, path: str | Path | None = None) -> dict:
     path = Path(path) if path is not None else RECORDINGS_DIR / f"{preset}.json"
     missing = f"no read/write recording for preset {preset!r} at {path}; record it on a GPU"
     return recorded.read_recording(path, "a read/write recording", missing, _schema_problem, where=str)
+
+
+def recorded_if_any(preset: str) -> dict | None:
+    """The shipped read/write recording at `preset` with its `source` line, or None when there is none."""
+    path = RECORDINGS_DIR / f"{preset}.json"
+    if not path.is_file():
+        return None
+    data = load_recording(preset, path)
+    data["source"] = recorded.source_line(data, path)
+    return data
 
 
 def _schema_problem(data: Any) -> str | None:

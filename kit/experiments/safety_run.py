@@ -54,6 +54,14 @@ from typing import Any
 
 import pandas as pd
 
+from kit.analysis.invariant import (
+    INVARIANT,
+    INVARIANT_PAIR_KEYS,
+    NOT_RECORDED,
+    invariant_by_scenario,
+    invariant_of_pairs,
+)
+from kit.analysis.readwrite import OBLIGATION
 from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
 from kit.experiments.dispatch import (
@@ -73,7 +81,17 @@ from kit.recordings import RECORDINGS
 # The safety and read/write experiments' scenarios -> the replica scenario of
 # kit.experiments.scenarios that captures it (the PR's run is `patched` there).
 SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+# PLANTED scenarios: the PR's capture (its replica scenario above) of a model with a bug put in on purpose
+# (`ReplicaConfig.planted_cross_break_read`: a graph-pool intermediate read after the replay break), to show the
+# structural invariant (kit.analysis.invariant) and graphs-vs-eager failing.
+PLANTED = {"planted_cross_break_read": "patched"}
+PLANTED_DESCRIPTION = (
+    "PLANTED: PR 63155 on a model that keeps a graph-pool intermediate made before the replay break and reads it "
+    "after the break (ReplicaConfig.planted_cross_break_read)"
+)
+SCENARIO_OF.update(PLANTED)
 SAFETY_SCENARIOS = tuple(SCENARIO_OF)
+UNPLANTED = tuple(s for s in SAFETY_SCENARIOS if s not in PLANTED)  # what recordings made before PLANTED hold
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
@@ -255,6 +273,19 @@ def safety_config(replica_scenario: str, preset: str):
     return dataclasses.replace(scenario_config(replica_scenario, preset), hyper_connections=True, attention_breaks=True)
 
 
+def scenario_safety_config(scenario: str, preset: str):
+    """`safety_config` of a safety scenario's replica scenario, with the planted bug where the scenario plants it."""
+    config = safety_config(SCENARIO_OF[scenario], preset)
+    return dataclasses.replace(config, planted_cross_break_read=True) if scenario in PLANTED else config
+
+
+def scenario_description(scenario: str) -> str:
+    """What a safety scenario shows: its replica scenario's description, or the planted one's."""
+    from kit.experiments.scenarios import SCENARIOS
+
+    return PLANTED_DESCRIPTION if scenario in PLANTED else SCENARIOS[SCENARIO_OF[scenario]][2]
+
+
 def _shares_model_stream(runner) -> bool:
     """Whether the replay graphs were captured on the model graphs' stream (the patch records `capture_stream`)."""
     model = getattr(runner.cudagraph_manager, "capture_stream", None)
@@ -272,8 +303,9 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     check_preset(preset)
     require_cuda(LIVE_NEEDS_CUDA)
     replica_scenario = SCENARIO_OF[scenario]
-    patch_policy, _, description = SCENARIOS[replica_scenario]
-    config = safety_config(replica_scenario, preset)
+    patch_policy = SCENARIOS[replica_scenario][0]
+    description = scenario_description(scenario)
+    config = scenario_safety_config(scenario, preset)
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
@@ -487,8 +519,10 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def safety_lines(data: dict) -> list[str]:
-    """The `python -m kit safety` text: source, rule, a table per scenario, the verdicts."""
+def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | None = None) -> list[str]:
+    """The `python -m kit safety` text: source, rule, a table per scenario, the structural invariant per scenario
+    (its verdict and list, from `readwrite`, the read/write recording at the same preset, beside the obligation;
+    "not recorded" where that recording lacks it or there is none), `more` lines, then the verdicts, last."""
     df = pairs_frame(data)
     lines = [
         f"source: {data.get('source', '?')}",
@@ -508,20 +542,50 @@ def safety_lines(data: dict) -> list[str]:
     if no_break:
         sizes = ", ".join(map(str, no_break))
         lines.append(f"model graph {sizes}: below the trim threshold, the replay layers stay in the graph (no break)")
-    lines.append("")
+    lines += ["", *safety_invariant_lines(data, readwrite), *(["", *more] if more else []), ""]
     return lines + pair_verdicts(df)
 
 
-def safety_json(data: dict) -> dict:
+def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
+    """Per scenario of the pairings: the structural invariant's verdict and list, the obligation beside it."""
+    found = invariant_by_scenario(readwrite)
+    source = (readwrite or {}).get("source", "no read/write recording at this preset")
+    lines = [f"the structural invariant ({source}): {INVARIANT}"]
+    for scenario in pairs_frame(data)["policy"].unique():
+        mine = found.get(scenario)
+        if mine is None or not mine["invariant_recorded"]:
+            lines.append(f"{scenario}: invariant {NOT_RECORDED}")
+        else:
+            verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[mine["invariant_holds"]]
+            lines.append(f"{scenario}: invariant {verdict}: {mine['invariant'].removeprefix(INVARIANT).strip()}")
+            lines += [f"  {line}" for line in mine["invariant_verdicts"]]
+        if mine is not None and mine["obligation"]:
+            obligation = mine["obligation"].removeprefix(OBLIGATION).strip()
+            lines.append(f"  beside it, the byte-overlap obligation: {obligation}")
+    return lines
+
+
+def safety_json(data: dict, readwrite: dict | None = None) -> dict:
+    """`kit safety --json`: the pairings, each with the invariant's `graph_pool_carried_bytes` (early aux apart in
+    `early_aux_carried_bytes`) and `invariant_holds` (None: not recorded), and per scenario the invariant's
+    verdict beside the obligation, from `readwrite`, the read/write recording at the same preset."""
     df = pairs_frame(data)
+    found = invariant_of_pairs(readwrite)
+    pairs = []
+    for pair in with_dispatch(data):
+        row = found.get((pair["policy"], int(pair["model_size"]), int(pair["replay_size"]))) or {}
+        pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}})
     return {
-        "pairs": with_dispatch(data),
+        "pairs": pairs,
         "pcp_sizes": list(PCP_SIZES),
         "source": data.get("source"),
         "provenance": data.get("provenance"),
         "rule": data.get("rule", DISPATCH_RULE),
         "dispatch_rule": DISPATCH_RULE,  # the rule `dispatchable_under` and `dispatch_pcp` follow (the kit's now)
         "verdicts": pair_verdicts(df),
+        "invariant": INVARIANT,
+        "invariant_source": (readwrite or {}).get("source"),
+        "scenarios": invariant_by_scenario(readwrite),
     }
 
 

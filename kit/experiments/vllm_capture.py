@@ -127,12 +127,14 @@ from kit.record.provenance import add_entry, provenance, require_cuda
 
 class VllmScenario(NamedTuple):
     """A scenario: the patch policy (None: unpatched), whether an aux id comes before the replay layers, what it
-    shows, and whether that early aux is handed out as V4.1 does (`pinned`: vLLM's wrapper then keeps it)."""
+    shows, whether that early aux is handed out as V4.1 does (`pinned`: vLLM's wrapper then keeps it), and whether
+    the stand-in carries the planted cross-break read (`StandInConfig.planted_cross_break_read`)."""
 
     policy: str | None
     early_aux: bool
     description: str
     pinned: bool = False
+    planted: bool = False
 
 
 VLLM_SCENARIOS = {
@@ -142,6 +144,10 @@ VLLM_SCENARIOS = {
     "early_aux_shared": VllmScenario("share", True, "early aux forced onto the model graphs' stream"),
     "early_aux_shared_pinned": VllmScenario(
         "share", True, "early aux forced to share, handed out as V4.1 does: vLLM's wrapper keeps its block", True
+    ),
+    "planted_cross_break_read": VllmScenario(
+        "pr", False, "PLANTED: PR 63155 on a stand-in that reads a graph-pool intermediate after the replay break",
+        planted=True,
     ),
 }
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
@@ -275,6 +281,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     policy = scenario.policy
     cfg = StandInConfig()
     cfg = cfg.with_early_aux(pinned=scenario.pinned) if scenario.early_aux else cfg
+    cfg = dataclasses.replace(cfg, planted_cross_break_read=True) if scenario.planted else cfg
     weak_ref = install_weak_ref_op()
     stage(f"apply the patch ({policy})" if policy else "no patch")
     patch = vllm_patch.patched(policy=policy) if policy else contextlib.nullcontext()
@@ -314,6 +321,8 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     }
     raw["kit"]["equivalence"] = equivalence
     raw["kit"]["readwrite"] = readwrite
+    if isinstance(readwrite, dict) and "error" not in readwrite:  # the invariant, over the same capture's segments
+        readwrite["invariant"] = vllm_safety.guarded(vllm_safety.vllm_invariant, recording, raw, runner)
     raw["kit"]["pairings"] = pairings
     raw["kit"]["pcp_pairings"] = pcp_pairings
     attached = vllm_safety.guarded(attach_break_reads, raw, recording)  # kit["break_reads"], for the lifetimes
@@ -375,6 +384,22 @@ def load_recordings() -> dict:
             "`bash scripts/vllm_on_device.sh OUT` (docs/vllm.md)"
         )
     return runs
+
+
+def shipped_invariants() -> dict[str, dict]:
+    """Per shipped vLLM recording: the structural invariant (`vllm_safety.invariant_of_snapshot`: as recorded, or
+    computed from the recording), or `{"holds": None, "summary": "... not recorded ..."}` (`kit safety` shows it)."""
+    from kit.analysis.invariant import INVARIANT, NOT_RECORDED
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    out = {}
+    for name in VLLM_SCENARIOS:
+        path = recording_path(name)
+        if not path.is_file():
+            continue
+        found = invariant_of_snapshot(pickle.loads(path.read_bytes()))
+        out[name] = found or {"holds": None, "summary": f"{INVARIANT} {NOT_RECORDED}", "verdicts": [], "rows": []}
+    return out
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:

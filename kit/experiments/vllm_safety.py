@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kit.analysis.equivalence import compare_forward
+from kit.analysis.invariant import INVARIANT, early_aux_count, invariant_result
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
     BREAK,
@@ -232,6 +233,48 @@ def _missing(value: Any) -> bool:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
+
+
+def vllm_invariant(recording: ReadWriteRecording, raw: dict, runner) -> dict:
+    """The structural invariant (`kit.analysis.invariant`) over the capture, on vLLM's dispatch: the graph pool's
+    ranges from `raw`, the capture recorder's snapshot made in the same process as `recording`."""
+    backbone = runner.model.model
+    early = early_aux_count(backbone.aux_hidden_state_layers, backbone.decoder_replay_start)
+    return invariant_result(recording, raw, early, can_run=can_run(runner))
+
+
+def invariant_of_snapshot(raw: dict) -> dict | None:
+    """The invariant of a vLLM recording: as recorded (`kit["readwrite"]["invariant"]`), else computed from what
+    it has (its read/write accesses, its graph-pool segments, its config and dispatch rule: `computed` True),
+    else None (a recording without the read/write accesses: not recorded)."""
+    meta = raw.get("kit") or {}
+    readwrite = meta.get("readwrite") if isinstance(meta.get("readwrite"), dict) else None
+    if readwrite is None or "accesses" not in readwrite:
+        return None
+    if readwrite.get("invariant"):
+        return {**readwrite["invariant"], "computed": False}
+    config = (meta.get("variant") or {}).get("config") or {}
+    if "aux_hidden_state_layers" not in config or "replay_sizes" not in readwrite:
+        return None
+    early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])
+    sizes, threshold = readwrite["replay_sizes"], readwrite["trim_threshold"]
+
+    def check(model_size: int, replay_size: int) -> bool:
+        return replay_size in dispatch.dispatchable_replay_sizes(model_size, sizes, threshold)
+
+    recording = ReadWriteRecording.from_records(readwrite["accesses"])
+    return {**invariant_result(recording, raw, early, can_run=check), "computed": True}
+
+
+def vllm_invariant_lines(found: dict[str, dict]) -> list[str]:
+    """The invariant on vLLM's path, per recorded scenario: verdict, how it was had, its list."""
+    lines = [f"the structural invariant on vLLM's path (kit/recordings/vllm): {INVARIANT}"]
+    for name, inv in found.items():
+        verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[inv["holds"]]
+        how = " (computed from the recording's reads, writes and segments)" if inv.get("computed") else ""
+        lines.append(f"{name}: invariant {verdict}{how}: {inv['summary'].removeprefix(INVARIANT).strip()}")
+        lines += [f"  {line}" for line in inv["verdicts"]]
+    return lines
 
 
 def readwrite_result(recording: ReadWriteRecording, runner) -> dict:

@@ -120,6 +120,11 @@ class StandInConfig:
     # How the early aux states leave the forward under capture (see _define_model): False hands them out as
     # weak references, as vLLM's wrapper does its top-level outputs; True as V4.1 does (vLLM then keeps them).
     early_aux_pinned: bool = False
+    # PLANTED, a bug on purpose (scenario `planted_cross_break_read`): the backbone keeps a float32 copy of the
+    # pre-break hidden states in a graph-pool block of its own and adds it back after the replay break, as the
+    # replica's `ReplicaConfig.planted_cross_break_read` does (`kit.replica.model.planted_kept_block` says why a
+    # replay graph captured on the same stream takes that block). It shows the invariant and graphs-vs-eager failing.
+    planted_cross_break_read: bool = False
 
     def with_early_aux(self, pinned: bool = False) -> StandInConfig:
         return dataclasses.replace(
@@ -205,6 +210,8 @@ def _define_model():
     from torch import nn
     from vllm.models.deepseek_v41.decoder_replay_layers import DecoderReplayLayers
 
+    from kit.replica.model import planted_keep, planted_kept_block, planted_read
+
     class Layer(nn.Module):
         """An MLP layer that also updates V4.1's hyper-connection state (pre_mix, residual)."""
 
@@ -260,6 +267,9 @@ def _define_model():
             return (hidden_states, pre_mix, *(aux[i] for i in sorted(aux)))
 
         def forward(self, input_ids, positions):
+            kept = None
+            if self.cfg.planted_cross_break_read:  # PLANTED: allocated first, written before the break, read after
+                kept = planted_kept_block(input_ids.shape[0], self.cfg.hidden_size, input_ids.device)
             hidden_states = self.embed_tokens(input_ids)
             n, hc = hidden_states.shape[0], self.cfg.hc_mult
             residual = hidden_states.unsqueeze(1).expand(n, hc, -1).contiguous()
@@ -268,12 +278,14 @@ def _define_model():
             hidden_states, residual, pre_mix = self._run_layers(
                 range(self.start_layer, self.decoder_replay_start), hidden_states, residual, pre_mix, early
             )
+            planted_keep(kept, hidden_states)
             post_mix = pre_mix.unsqueeze(-1) * 0.5
             res_mix = torch.softmax(pre_mix.unsqueeze(-1) * pre_mix.unsqueeze(1), dim=-1)
             # V4.1's break: these seven in (residual, post_mix, res_mix stay bound, unread, until the forward returns).
             hidden_states, pre_mix, *late_aux = self.decoder_replay_layers(
                 hidden_states, positions, input_ids, pre_mix, post_mix, res_mix, residual
             )
+            hidden_states = planted_read(hidden_states, kept)
             hidden_states = self.norm(hidden_states) * (1 + pre_mix.mean(-1, keepdim=True)).to(hidden_states.dtype)
             early_aux = [early[i] for i in self.aux_hidden_state_layers if i in early]
             return hidden_states, handed_out(early_aux, self.cfg.early_aux_pinned) + late_aux

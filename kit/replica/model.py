@@ -72,6 +72,11 @@ class ReplicaConfig:
     # V4.1 breaks its PIECEWISE graphs at every attention: with this, each layer ends in an eager break of its own
     # (model graphs and replay graphs alike), as the safety experiments need.
     attention_breaks: bool = False
+    # PLANTED, a bug on purpose (kit.experiments.safety_run's `planted_cross_break_read` scenario): the decoder keeps
+    # a model-graph intermediate made before the replay break in the graph pool and reads it after the break
+    # (`planted_kept_block`, `planted_keep`, `planted_read`), which PR 63155's argument says no model does. No real
+    # model is configured so; it exists to show the invariant (kit.analysis.invariant) and graphs-vs-eager failing.
+    planted_cross_break_read: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -175,6 +180,52 @@ PRESETS = {
 def replay_rows(num_tokens: int) -> int:
     """The replay rows of the replica's default step of `num_tokens` tokens: the last half (requests' windows)."""
     return max(1, num_tokens // 2)
+
+
+PLANTED_BYTES = 12 << 20  # the planted block: a large-pool segment of its own (see `planted_kept_block`)
+
+
+def planted_kept_block(num_tokens: int, hidden_size: int, device) -> torch.Tensor:
+    """PLANTED: a float32 (rows, 4, hidden) view of one buffer of exactly `PLANTED_BYTES`, rows = the tokens, at
+    most as many as fit (768 at hidden 1024, every token of the small preset; 109 at the large preset's 7168).
+
+    Why a replay graph captured after the model graphs, on their stream, takes
+    it (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp): a
+    request of 10 MiB or more gets a segment of exactly its size rounded to
+    2 MiB, so 12 MiB is a segment of its own, smaller than the 20 MiB segments
+    that requests between 1 and 10 MiB come from and than the exact segments of
+    larger requests. Every capture into the pool starts with all of it free
+    (the earlier captures' outputs are weak references), and a request takes
+    the smallest free block that fits (`get_free_block`, best fit by stream and
+    size). So every model graph's block lands at the start of that one
+    segment, and a replay graph captured on the same stream puts its first
+    request between 1 and 12 MiB there too (at hidden 1024 from 129 rows: its
+    norm's float32 temporaries or its up projection), which its replay in the
+    break writes. On a stream of its own (vLLM 0.33) it cannot take the block;
+    replay graph 96 (no request above 1 MiB at hidden 1024) does not either.
+    The kit's allocator simulator shows this on the small preset's requests in
+    outline (tests/test_invariant.py, `test_on_the_simulator_...`).
+    """
+    rows = min(num_tokens, PLANTED_BYTES // (4 * hidden_size * 4))
+    buffer = torch.empty(PLANTED_BYTES // 4, dtype=torch.float32, device=device)
+    return buffer[: rows * 4 * hidden_size].view(rows, 4, hidden_size)
+
+
+def planted_read(hidden_states: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """PLANTED: after the break, the kept copy of the pre-break hidden states added back to its rows (read in
+    full); `hidden_states` itself when nothing was kept."""
+    if kept is None:
+        return hidden_states
+    rows = kept.shape[0]
+    added = hidden_states[:rows] + kept.mean(1).to(hidden_states.dtype)
+    return torch.cat((added, hidden_states[rows:])) if rows < hidden_states.shape[0] else added
+
+
+def planted_keep(kept: torch.Tensor | None, hidden_states: torch.Tensor) -> None:
+    """PLANTED: write the pre-break hidden states into the kept block (four copies per row)."""
+    if kept is not None:
+        rows = kept.shape[0]
+        kept.copy_(hidden_states[:rows].unsqueeze(1).expand_as(kept))
 
 
 class Attention(nn.Module):
@@ -287,12 +338,25 @@ class Decoder(nn.Module):
         residual, post_mix, res_mix = state
         return hidden_states * post_mix + residual * res_mix
 
+    def _planted_keep(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor | None:
+        """PLANTED (`ReplicaConfig.planted_cross_break_read`): the block kept across the replay break, else None.
+
+        `planted_kept_block`, allocated first in the forward: in every capture into the pool it is the first
+        graph-pool block.
+        """
+        if not self.config.planted_cross_break_read:
+            return None
+        return planted_kept_block(num_tokens, self.config.hidden_size, like.device)
+
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        kept = self._planted_keep(input_ids.shape[0], input_ids)
         hidden_states = self.embed_tokens(input_ids)
         # Early aux states stay referenced across the replay layers' break, and are read after it.
         hidden_states, early_aux = self._run_layers(hidden_states, range(self.decoder_replay_start))
         # As in V4.1, `residual`, `post_mix` and `res_mix` go into the break with the hidden states
         # and stay bound until the forward returns, but nothing reads them after the break.
         state = self._hyper_connection_state(hidden_states) if self.config.hyper_connections else ()
+        planted_keep(kept, hidden_states)  # PLANTED: written before the break, read after it
         hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
+        hidden_states = planted_read(hidden_states, kept)
         return self.norm(hidden_states), (*early_aux, *replay_aux)

@@ -10,13 +10,12 @@ import pytest
 
 from kit.experiments.safety_run import (
     SAFETY_SCENARIOS,
-    SCENARIO_OF,
     enumerate_pairs,
     load_recording,
     pair_verdicts,
     pairs_frame,
     record,
-    safety_config,
+    scenario_safety_config,
 )
 from kit.recordings import RECORDINGS
 
@@ -33,15 +32,15 @@ def test_every_pair_ran_under_every_policy(small):
     assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS)
     for policy, rows in df.groupby("policy"):
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
-        assert ran == enumerate_pairs(safety_config(SCENARIO_OF[policy], "small")), policy
+        assert ran == enumerate_pairs(scenario_safety_config(policy, "small")), policy
         assert set(rows.loc[rows["dispatchable"], "how"]) == {"dispatched"}  # run as vLLM runs them
         assert (rows["outputs"] == len(small["policies"][policy]["outputs"])).all()
 
 
 def test_the_policies_took_effect(small):
     meta = small["policies"]
-    assert [meta[p]["shares_model_stream"] for p in SAFETY_SCENARIOS] == [True, False, True]
-    assert [meta[p]["has_early_aux"] for p in SAFETY_SCENARIOS] == [False, False, True]
+    assert [meta[p]["shares_model_stream"] for p in SAFETY_SCENARIOS] == [True, False, True, True]
+    assert [meta[p]["has_early_aux"] for p in SAFETY_SCENARIOS] == [False, False, True, False]
 
 
 def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
