@@ -11,19 +11,36 @@ compared bit for bit with an eager forward of the same ids and replay rows:
   R > N included) runs as vLLM runs it: N's step is given `rows_for(N, R)`
   replay rows, which the replica's dispatch pads to R, and nothing else is
   added (`how`: `dispatched`);
-- any other pairing is stress: N runs its own replay batch, and inside N's
-  break, before N's own replay graph, replay graph R is replayed on random
-  inputs (`Adversary`: random values copied into the replay manager's static
-  input buffers, then R replayed; `how`: `adversary`). The break's inputs are
-  read first, as the real gather reads them before any replay graph runs.
+- any other pairing is stress: N's step runs all its N rows in replay graph
+  R, forced past the dispatch (`Adversary`; `how`: `forced`), as vLLM would
+  run them if its dispatch picked R (under prefill context parallelism it
+  can pick R > N); the eager reference pads the same rows with zeros to R.
+
+Either way R is the one replay graph in N's break, as in vLLM. An earlier
+adversary replayed R on random inputs and then N's own replay graph; where
+that own graph rewrote what R could reach (model graph 2048 at the large
+preset: its own replay graph 1024 overwrites the whole early aux output) the
+check could not fail, on 24 pairings at the large preset and 3 at the small.
+With R the last writer in the break nothing can mask it, and running R on
+N's own rows keeps the comparison one against eager (a graph-vs-graph
+comparison with the same inputs' run without R would need another replay
+graph in the break, the masking writer itself).
+
+Every pairing carries its power (`kit.experiments.power`): the pairing's
+graph run again with every graph-pool byte but R's outputs poisoned right
+after R, against the unpoisoned run, graph against graph, bit for bit. A
+pairing whose outputs survive the poison (`power` false) could not have
+failed, and the verdicts never count it as shown: they say how many
+pairings are shown (with power), and which are not, and why.
 
 Model graphs below the trim threshold keep the replay layers inside the graph
 and have no break for R (`no_break`); they are listed, not paired.
 
 The hook leaves the replica's modules alone, so the PR's hunks still apply
 to them: `adversary()` shadows the model state's `prepare_replay_batch` on
-the instance, and wraps the `run_graph` of each replay batch it sets in
-`Adversary.then(real)`.
+the instance, and arms each replay batch it sets (`Adversary.arm`: the
+forced graph, the eager padding, `run_graph` wrapped to record the replay
+and poison after it).
 
 Scenarios, each captured in a fresh process (patches and the graph pool are
 per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
@@ -52,12 +69,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
+from kit.experiments.power import NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -96,59 +115,68 @@ def no_break_sizes(config) -> list[int]:
     return [n for n in sorted(config.cudagraph_capture_sizes) if not breaks_out(n, threshold)]
 
 
-# --- the adversary -------------------------------------------------------------
+# --- the adversary ---------------------------------------------------------------
 
 
 @dataclass
 class Adversary:
-    """Replays replay graph `replay_size` of `graphs` on `inputs` (one tensor per static input buffer)."""
+    """What a pairing does to N's step: its replay batch runs in replay graph `replay_size` (None: the one vLLM's
+    dispatch picks for its rows), and, with `poison`, the graph pool is poisoned right after that replay.
 
-    graphs: Any  # a DecoderReplayCudaGraphManager
-    replay_size: int
-    inputs: list
-    replays: int = 0
+    Eagerly the batch's rows are padded with zeros to `replay_size`, so graphs and eager run the replay layers on
+    the same shapes. `replayed` lists the replay graph every armed replay batch ran in.
+    """
 
-    def replay(self) -> None:
-        from kit.replica.forward_context import CUDAGraphMode, ForwardContext, override_forward_context
+    replay_size: int | None = None
+    poison: Callable[[tuple], None] | None = None
+    replayed: list[int] = dataclasses.field(default_factory=list)
 
-        size = self.replay_size
-        for buf, values in zip(self.graphs.input_buffers, self.inputs, strict=True):
-            buf[:size].copy_(values)
-        with override_forward_context(ForwardContext(size, CUDAGraphMode.PIECEWISE)):
-            self.graphs.breakable_cg_runner(*(buf[:size] for buf in self.graphs.input_buffers))
-        self.replays += 1
+    @property
+    def replays(self) -> int:
+        return len(self.replayed)
 
-    def then(self, real: Callable[..., tuple]) -> Callable[..., tuple]:
-        """A replay batch's `run_graph`: this adversary's replay first, then `real` as normal.
+    def arm(self, batch) -> None:
+        """Set a step's replay batch (a `ReplayBatch`) to run as this pairing runs it."""
+        from kit.replica.forward_context import CUDAGraphMode, ForwardContext
 
-        The break's inputs are read first (copied), as the real gather reads them
-        before any replay graph runs: R stands for a replay graph run in the break,
-        not for one that runs before the break has read its inputs.
-        """
+        if batch.run_graph is None:
+            if self.replay_size is not None:
+                batch.num_padded = self.replay_size
+            return
+        if self.replay_size is not None:
+            batch.forward_context = ForwardContext(self.replay_size, CUDAGraphMode.PIECEWISE)
+        batch.run_graph = self.then(batch.run_graph, batch.forward_context.num_tokens)
+
+    def then(self, real: Callable[..., tuple], size: int) -> Callable[..., tuple]:
+        """A replay batch's `run_graph`: `real` (the gather, then the replay of graph `size`), then the poison."""
 
         def run_graph(rows, inputs):
-            inputs = tuple(t.clone() for t in inputs)
-            self.replay()
-            return real(rows, inputs)
+            outputs = real(rows, inputs)
+            self.replayed.append(size)
+            if self.poison is not None:
+                self.poison(outputs)  # R's outputs keep their values: the break reads them as R's result
+            return outputs
 
         return run_graph
 
 
 @contextlib.contextmanager
-def adversary(model_state, replay_size: int, inputs: list) -> Iterator[Adversary]:
-    """While open, every replay batch that runs in a replay graph first replays graph `replay_size` on `inputs`."""
+def adversary(
+    model_state, replay_size: int | None = None, poison: Callable[[tuple], None] | None = None
+) -> Iterator[Adversary]:
+    """While open, every replay batch runs as `Adversary(replay_size, poison)` says (graphs and eager alike)."""
     graphs = model_state.replay_cudagraphs
-    if graphs is None or replay_size not in graphs.breakable_cg_runner.captures:
+    if replay_size is not None and (graphs is None or replay_size not in graphs.breakable_cg_runner.captures):
         raise KitError(f"no replay graph of {replay_size} rows was captured to replay as an adversary")
-    hook = Adversary(graphs, replay_size, inputs)
+    hook = Adversary(replay_size, poison)
     saved = vars(model_state).get("prepare_replay_batch", _MISSING)
     prepare = model_state.prepare_replay_batch
 
     def prepare_then_arm(*args, **kwargs) -> None:
         prepare(*args, **kwargs)
         batch = model_state.decoder_replay_layers.replay_batch
-        if batch is not None and batch.run_graph is not None:
-            batch.run_graph = hook.then(batch.run_graph)
+        if batch is not None:
+            hook.arm(batch)
 
     model_state.prepare_replay_batch = prepare_then_arm
     try:
@@ -174,17 +202,29 @@ def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
     return compare_forward(output_names(config), graph, eager)
 
 
-def run_pairs(runner, seed: int = SEED) -> list[dict]:
-    """Every pair of a captured runner, against eager: dispatched where vLLM can run it, else the adversary.
+def pool_poison(runner) -> PoolPoison:
+    """The positive control's poison over the runner's graph pool (`kit.experiments.power`)."""
+    return PoolPoison.of(runner.model_state.replay_cudagraphs.pool, runner.device)
 
-    Each row also says how the model graph fares with its own replay graph
-    alone (`alone_bit_exact`), so a difference can be told apart from one the
-    model graph makes anyway.
+
+def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> list[dict]:
+    """Every pair of a captured runner, against eager, each with its power (`kit.experiments.power`).
+
+    A pairing vLLM's dispatch can produce runs `rows_for(N, R)` replay rows,
+    dispatched to R (`how`: `dispatched`); any other runs all N rows in
+    replay graph R, forced (`how`: `forced`). Either way R is the one replay
+    graph in N's break, as in vLLM, so nothing after R can mask what it wrote.
+    Each row also says how the model graph fares with its default replay
+    graph alone (`alone_bit_exact`). `poison` (default: the runner's graph
+    pool, `pool_poison`) is the positive control's: the pairing's graph run
+    again with the pool poisoned right after R, against the unpoisoned one.
     """
     import torch
 
     config = runner.config
     replay_sizes, _ = config_rule(config)
+    names = output_names(config)
+    poison = pool_poison(runner) if poison is None else poison
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def fresh_ids(size: int):
@@ -195,41 +235,34 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
         ids = fresh_ids(model_size)
         alone[model_size] = compare_outputs(config, runner.run(ids), runner.run(ids, use_cudagraph=False))
     rows = []
-    graphs = runner.model_state.replay_cudagraphs
+    state = runner.model_state
     for model_size, replay_size, dispatchable in enumerate_pairs(config):
         ids = fresh_ids(model_size)
-        if dispatchable:
-            num_rows = rows_for(model_size, replay_size, replay_sizes)
+        num_rows = rows_for(model_size, replay_size, replay_sizes) if dispatchable else min(replay_size, model_size)
+        forced = None if dispatchable else replay_size
+        with adversary(state, forced):
             eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
+        with adversary(state, forced) as hook:
             graph = runner.run(ids, num_replay_rows=num_rows)
-            ran = runner.model_state.decoder_replay_layers.replay_batch.forward_context.num_tokens
-            if ran != replay_size:
-                raise KitError(
-                    f"{num_rows} replay rows in model graph {model_size} ran replay graph {ran}, not {replay_size}"
-                )
-            how = "dispatched"
-        else:
-            num_rows = None
-            noise = [
-                torch.randn((replay_size, *buf.shape[1:]), generator=generator).to(buf.device, buf.dtype)
-                for buf in graphs.input_buffers
-            ]
-            eager = runner.run(ids, use_cudagraph=False)
-            with adversary(runner.model_state, replay_size, noise) as hook:
-                graph = runner.run(ids)
-            if hook.replays != 1:
-                raise KitError(
-                    f"replay graph {replay_size} ran {hook.replays} times in model graph {model_size}, not once"
-                )
-            how = "adversary"
+        if hook.replayed != [replay_size]:
+            raise KitError(
+                f"{num_rows} replay rows in model graph {model_size} ran replay graph {hook.replayed or 'none'}, "
+                f"not [{replay_size}]"
+            )
+        try:
+            with adversary(state, forced, poison):
+                poisoned = runner.run(ids, num_replay_rows=num_rows)
+        finally:
+            poison.restore()
         rows.append(
             {
                 "model_size": model_size,
                 "replay_size": replay_size,
                 "dispatchable": dispatchable,
-                "how": how,
+                "how": "dispatched" if dispatchable else "forced",
                 "replay_rows": num_rows,
                 **compare_outputs(config, graph, eager),
+                **power_fields(names, poisoned, graph),
                 "alone_bit_exact": alone[model_size]["bit_exact"],
                 "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
             }
@@ -372,6 +405,8 @@ def load_pairs(preset: str, path: str | Path | None = None) -> pd.DataFrame:
 
 def _cell(row) -> str:
     text = "bit-exact" if row["bit_exact"] else f"differs {row['max_abs_diff']:.4g}"
+    if row.get("power") is False or row.get("power") is np.False_:
+        text += " †"  # measured without power: not shown
     return text if row["dispatchable"] else f"{text} *"
 
 
@@ -393,9 +428,11 @@ def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def pair_verdicts(df: pd.DataFrame) -> list[str]:
-    """One line per scenario: all pairings bit-exact, or which differ from eager and by how much."""
+    """One line per scenario: all pairings bit-exact, or which differ from eager and by how much; then how many
+    are shown (with power), and which are not and why (`kit.experiments.power.power_clause`)."""
     lines = []
-    for scenario, rows in df.groupby("policy", sort=False):
+    groups = list(df.groupby("policy", sort=False))
+    for scenario, rows in groups:
         n, dispatchable = len(rows), int(rows["dispatchable"].sum())
         bad = rows[~rows["bit_exact"].astype(bool)]
         if bad.empty:
@@ -411,7 +448,16 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
             if alone:
                 line += f"; with only its own replay graph, model graph {', '.join(map(str, alone))} differs too"
         lines.append(line)
-    return lines
+    return [f"{line}; {power_clause(records(rows))}" for line, (_, rows) in zip(lines, groups, strict=True)]
+
+
+def records(rows: pd.DataFrame) -> list[dict]:
+    """A frame's rows as dicts, with `power` None where a recording has none (made before the positive control)."""
+    out = rows.to_dict("records")
+    for row in out:
+        if "power" not in row or not isinstance(row["power"], bool | np.bool_):
+            row["power"] = None
+    return out
 
 
 def safety_lines(data: dict) -> list[str]:
@@ -419,8 +465,7 @@ def safety_lines(data: dict) -> list[str]:
     df = pairs_frame(data)
     lines = [
         f"source: {data.get('source', '?')}",
-        "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
-        "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference",
+        _how_line(df),
         data.get("rule", DISPATCH_RULE),
     ]
     described = data.get("policies", {})
@@ -428,6 +473,8 @@ def safety_lines(data: dict) -> list[str]:
         about = described.get(scenario, {}).get("description")
         lines += ["", f"{scenario} ({about})" if about else scenario, *table.to_string(index=False).splitlines()]
     lines += ["* stress only: vLLM's dispatch never runs that replay graph in that model graph's break"]
+    if "power" in df and (df["power"].astype(object) == False).any():  # noqa: E712 - False, not None or NaN
+        lines.append(f"† without power, not shown: {NOTHING_READ}")
     no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
     if no_break:
         sizes = ", ".join(map(str, no_break))
@@ -436,10 +483,31 @@ def safety_lines(data: dict) -> list[str]:
     return lines + pair_verdicts(df)
 
 
+HOW_FORCED = (
+    "rows: model graph N, run on fresh token ids; columns: replay graph R, the one replay graph in N's break "
+    "(dispatched, or forced where vLLM's dispatch does not pick it); cells: N's outputs against eager, bit-exact or "
+    "the largest difference"
+)
+HOW_ADVERSARY = (
+    "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
+    "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference"
+)
+
+
+def _how_line(df: pd.DataFrame) -> str:
+    """What the rows, columns and cells are: a recording's stress pairings were forced, or (older) an adversary's."""
+    return HOW_ADVERSARY if "how" in df and (df["how"] == "adversary").any() else HOW_FORCED
+
+
+def json_pairs(pairs: list[dict]) -> list[dict]:
+    """A recording's pairs with `power` and `power_reason` on each: "power not recorded" where it was not."""
+    return [p if "power" in p else {**p, "power": None, "power_reason": NOT_RECORDED} for p in pairs]
+
+
 def safety_json(data: dict) -> dict:
     df = pairs_frame(data)
     return {
-        "pairs": data["pairs"],
+        "pairs": json_pairs(data["pairs"]),
         "source": data.get("source"),
         "provenance": data.get("provenance"),
         "rule": data.get("rule", DISPATCH_RULE),
