@@ -119,8 +119,11 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 #
 # For every dispatchable (N, R), N runs on fresh token ids with a replay batch that vLLM's
 # dispatch pads to R, as a vLLM step would, and N's outputs are compared bit for bit with
-# eager. A pairing vLLM's dispatch cannot produce is marked `*` (stress): it is run anyway, as
-# an adversary, R replayed on random inputs inside N's break before N's own replay graph.
+# eager. A pairing vLLM's dispatch cannot produce is marked `*` (stress): it is run anyway, N's
+# rows forced into replay graph R, so R is the one replay graph in the break either way (older
+# recordings replayed R on random inputs before N's own replay graph). Each verdict then says how
+# many pairings have power: rerun with every graph-pool byte but R's outputs poisoned right after
+# R, N's outputs must change; a pairing marked `†` could not have failed and is not counted as shown.
 
 # %%
 records = load_safety(PRESET, SOURCE)
