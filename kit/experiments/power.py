@@ -46,6 +46,10 @@ NOTHING_READ = (
     "N reads no graph-pool byte after R but R's outputs: the whole pool poisoned right after R left N's outputs "
     "bit-exact, so no replay graph's writes could show"
 )
+CONTROL = (
+    "power: the pairing's graph run again with every graph-pool byte but R's outputs set to 0xFF (NaN) right after R "
+    "replays, against the unpoisoned run, bit for bit; a pairing whose outputs do not change could not have failed"
+)
 NOT_RECORDED = "power not recorded (a recording made before the positive control)"
 NOT_RUN = "the positive control did not run: {why}"
 

@@ -76,7 +76,7 @@ from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import breaks_out, config_rule, dispatchable_replay_sizes, rows_for
-from kit.experiments.power import NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
+from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -299,7 +299,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
-    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed)]
+    poison = pool_poison(runner)
+    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed, poison)]
     command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
     return {
         "policy": scenario,
@@ -311,6 +312,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
         "shares_model_stream": _shares_model_stream(runner),
         "outputs": output_names(config),
         "no_break": no_break_sizes(config),
+        "power_control": CONTROL,
+        "poisoned_pool_bytes": poison.nbytes,
         "seed": seed,
         "pairs": pairs,
         "provenance": _provenance(command),

@@ -77,7 +77,7 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
-from kit.experiments.power import PoolPoison, not_run, power_clause, power_fields
+from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
 from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
 
 SEED = 4321
@@ -346,6 +346,8 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, poison
         "trim_threshold": trim_threshold(runner),
         "reference": REFERENCE,
         "not_run": NOT_RUN,
+        "power_control": CONTROL,
+        "poisoned_pool_bytes": poison.nbytes,
         "outputs": names,
         "pairs": pairs,
         "verdict": pairings_verdict(pairs),
