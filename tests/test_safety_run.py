@@ -20,7 +20,7 @@ import torch
 import kit.experiments.safety_run as safety_run
 from kit import KitError
 from kit.cli import main as kit_main
-from kit.experiments.power import NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison
+from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison
 from kit.experiments.safety_run import (
     DISPATCH_RULE,
     SAFETY_SCENARIOS,
@@ -361,6 +361,7 @@ def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
     ]
     assert sum("\u2020" in line for line in out) == 2 + 1 + 1  # pr's two rows, early_aux_shared's one, the legend
     assert f"\u2020 without power, not shown: {NOTHING_READ}" in out
+    assert out[3] == CONTROL  # what power means, under the dispatch rule
     headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in SAFETY_SCENARIOS]
     assert [line for line in out if line in headers] == headers  # one table each, under its name
     assert sum("differs 5" in line for line in out) == 1

@@ -471,6 +471,8 @@ def safety_lines(data: dict) -> list[str]:
         _how_line(df),
         data.get("rule", DISPATCH_RULE),
     ]
+    if "power" in df and df["power"].map(lambda p: isinstance(p, bool | np.bool_)).any():
+        lines.append(CONTROL)
     described = data.get("policies", {})
     for scenario, table in pair_tables(df).items():
         about = described.get(scenario, {}).get("description")
