@@ -451,10 +451,10 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
             if alone:
                 line += f"; with only its own replay graph, model graph {', '.join(map(str, alone))} differs too"
         lines.append(line)
-    return [f"{line}; {power_clause(records(rows))}" for line, (_, rows) in zip(lines, groups, strict=True)]
+    return [f"{line}; {power_clause(pair_records(rows))}" for line, (_, rows) in zip(lines, groups, strict=True)]
 
 
-def records(rows: pd.DataFrame) -> list[dict]:
+def pair_records(rows: pd.DataFrame) -> list[dict]:
     """A frame's rows as dicts, with `power` None where a recording has none (made before the positive control)."""
     out = rows.to_dict("records")
     for row in out:
