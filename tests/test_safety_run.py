@@ -452,3 +452,15 @@ def test_live_without_cuda_is_one_line(tmp_path):
     done = _run("kit.experiments.safety_run", "--out", str(tmp_path / "rec"))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     assert list(tmp_path.iterdir()) == []  # refused before any file or folder was made
+
+
+def test_a_pair_without_power_recorded_is_not_shown_beside_pairs_with_it(recordings):
+    path = fake_recording(recordings, unpowered=set())
+    data = json.loads(path.read_text())
+    for pair in data["pairs"][:2]:  # pr's (128, 96) and (128, 192): recorded before the control
+        del pair["power"], pair["power_reason"]
+    path.write_text(json.dumps(data))
+    assert pair_verdicts(load_pairs("small"))[0] == (
+        f"pr: all 18 pairings bit-exact (11 dispatchable); 16 of 18 pairings shown (with power); 2 without power: "
+        f"(128, 96), (128, 192) because {NOT_RECORDED}"
+    )
