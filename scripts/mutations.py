@@ -566,8 +566,8 @@ MUTATIONS = (
     Mutation(
         "power_is_the_control_staying_bit_exact",
         "kit/experiments/power.py",
-        '    power = not control["bit_exact"]',
-        '    power = control["bit_exact"]',
+        '    changed = not control["bit_exact"]',
+        '    changed = control["bit_exact"]',
         ("tests/test_safety_run.py", "tests/test_vllm_safety.py"),
         "a pairing has power when the poisoned run's outputs change, not when they stay bit-exact",
     ),
@@ -629,6 +629,14 @@ MUTATIONS = (
         "        pass  # R's outputs keep their values",
         ("tests/test_vllm_safety.py",),
         "on vLLM's path the pool is poisoned right after each replay of R",
+    ),
+    Mutation(
+        "a_failed_check_without_power",
+        "kit/experiments/power.py",
+        "    power = changed or failed",
+        "    power = changed",
+        ("tests/test_safety_run.py",),
+        "a check that failed could fail: it has power even where the poison changed nothing",
     ),
 )
 

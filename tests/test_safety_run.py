@@ -20,7 +20,7 @@ import torch
 import kit.experiments.safety_run as safety_run
 from kit import KitError
 from kit.cli import main as kit_main
-from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison
+from kit.experiments.power import CONTROL, FAILED, NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison, power_fields
 from kit.experiments.safety_run import (
     DISPATCH_RULE,
     SAFETY_SCENARIOS,
@@ -464,3 +464,14 @@ def test_a_pair_without_power_recorded_is_not_shown_beside_pairs_with_it(recordi
         f"pr: all 18 pairings bit-exact (11 dispatchable); 16 of 18 pairings shown (with power); 2 without power: "
         f"(128, 96), (128, 192) because {NOT_RECORDED}"
     )
+
+
+def test_a_check_that_failed_has_power_even_where_the_poison_changed_nothing():
+    same = (torch.ones(4), (torch.ones(4),))
+    names = ["hidden_states", "aux_hidden_state[1]"]
+    assert power_fields(names, same, same, failed=True) == {
+        "power": True, "power_reason": FAILED, "power_differing_outputs": [], "power_max_abs_diff": 0.0,
+    }  # fmt: skip
+    assert power_fields(names, same, same)["power"] is False
+    poisoned = (torch.ones(4), (torch.full((4,), float("nan")),))
+    assert power_fields(names, poisoned, same)["power_reason"] == SHOWN.format(outputs="aux_hidden_state[1]")

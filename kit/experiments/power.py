@@ -50,6 +50,9 @@ CONTROL = (
     "power: the pairing's graph run again with every graph-pool byte but R's outputs set to 0xFF (NaN) right after R "
     "replays, against the unpoisoned run, bit for bit; a pairing whose outputs do not change could not have failed"
 )
+FAILED = (
+    "the check failed: N's outputs differ from eager, so it could fail (the poison, R's outputs kept, changed none)"
+)
 NOT_RECORDED = "power not recorded (a recording made before the positive control)"
 NOT_RUN = "the positive control did not run: {why}"
 
@@ -131,12 +134,20 @@ class PoolPoison:
 # --- a pairing's power -----------------------------------------------------------------------------
 
 
-def power_fields(names: list[str], poisoned: tuple, graph: tuple) -> dict:
+def power_fields(names: list[str], poisoned: tuple, graph: tuple, failed: bool = False) -> dict:
     """A pairing's `power` and `power_reason`, and the control's figures: the poisoned forward against the same
-    forward without the poison (`(hidden_states, aux_hidden_states)` each), bit for bit."""
+    forward without the poison (`(hidden_states, aux_hidden_states)` each), bit for bit.
+
+    A check that `failed` (N's outputs differ from eager) could fail: it has power even where the poison changed
+    nothing (R's outputs, kept, may cover all that R overwrote of what N reads after it).
+    """
     control = compare_forward(names, poisoned, graph)
-    power = not control["bit_exact"]
-    reason = SHOWN.format(outputs=", ".join(control["differing_outputs"])) if power else NOTHING_READ
+    changed = not control["bit_exact"]
+    power = changed or failed
+    if changed:
+        reason = SHOWN.format(outputs=", ".join(control["differing_outputs"]))
+    else:
+        reason = FAILED if failed else NOTHING_READ
     return {
         "power": power,
         "power_reason": reason,

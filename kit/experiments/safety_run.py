@@ -261,8 +261,8 @@ def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> lis
                 "dispatchable": dispatchable,
                 "how": "dispatched" if dispatchable else "forced",
                 "replay_rows": num_rows,
-                **compare_outputs(config, graph, eager),
-                **power_fields(names, poisoned, graph),
+                **(checked := compare_outputs(config, graph, eager)),
+                **power_fields(names, poisoned, graph, failed=not checked["bit_exact"]),
                 "alone_bit_exact": alone[model_size]["bit_exact"],
                 "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
             }

@@ -337,7 +337,7 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, poison
             row["error"] = f"the replay batch of {rows} rows replayed {replayed or 'no graph'}, not [{replay_size}]"
             row.update(not_run("the replay batch did not replay R"))
         else:
-            row.update(power_of(runner, forward, ids, rows, names, graph, poison))
+            row.update(power_of(runner, forward, ids, rows, names, graph, poison, failed=not row["bit_exact"]))
         pairs.append(row)
     return {
         "seed": seed,
@@ -354,7 +354,7 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, poison
     }
 
 
-def power_of(runner, forward: Callable[..., tuple], ids, rows: int, names: list[str], graph, poison) -> dict:
+def power_of(runner, forward: Callable[..., tuple], ids, rows: int, names: list[str], graph, poison, failed) -> dict:
     """The positive control of one pairing: the graph forward with the pool poisoned right after R, against `graph`."""
     try:
         with poisoned_replays(runner, poison):
@@ -363,7 +363,7 @@ def power_of(runner, forward: Callable[..., tuple], ids, rows: int, names: list[
         poison.restore()
     if not poison.calls:
         return not_run("no replay graph replayed")
-    return power_fields(names, poisoned, graph)
+    return power_fields(names, poisoned, graph, failed)
 
 
 def pairings_verdict(pairs: list[dict]) -> str:
