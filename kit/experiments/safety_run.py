@@ -202,7 +202,7 @@ def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
     return compare_forward(output_names(config), graph, eager)
 
 
-def pool_poison(runner) -> PoolPoison:
+def replica_pool_poison(runner) -> PoolPoison:
     """The positive control's poison over the runner's graph pool (`kit.experiments.power`)."""
     return PoolPoison.of(runner.model_state.replay_cudagraphs.pool, runner.device)
 
@@ -216,7 +216,7 @@ def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> lis
     graph in N's break, as in vLLM, so nothing after R can mask what it wrote.
     Each row also says how the model graph fares with its default replay
     graph alone (`alone_bit_exact`). `poison` (default: the runner's graph
-    pool, `pool_poison`) is the positive control's: the pairing's graph run
+    pool, `replica_pool_poison`) is the positive control's: the pairing's graph run
     again with the pool poisoned right after R, against the unpoisoned one.
     """
     import torch
@@ -224,7 +224,7 @@ def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> lis
     config = runner.config
     replay_sizes, _ = config_rule(config)
     names = output_names(config)
-    poison = pool_poison(runner) if poison is None else poison
+    poison = replica_pool_poison(runner) if poison is None else poison
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def fresh_ids(size: int):
@@ -299,7 +299,7 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
-    poison = pool_poison(runner)
+    poison = replica_pool_poison(runner)
     pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed, poison)]
     command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
     return {

@@ -288,7 +288,7 @@ def poisoned_replays(runner, poison: Callable[[Any], None]) -> Iterator[None]:
         del wrapper._replay  # the class's method again
 
 
-def pool_poison(runner) -> PoolPoison:
+def vllm_pool_poison(runner) -> PoolPoison:
     """The positive control's poison over the replay graphs' graph pool (vLLM's global pool)."""
     import torch
 
@@ -306,13 +306,13 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, poison
     `kit.experiments.vllm_capture.run_forward`. A pairing whose replay batch
     did not replay exactly graph R once is kept with an `error`. Each pairing
     carries its power (`kit.experiments.power`): its graph forward again with
-    the graph pool (`poison`, default `pool_poison`) poisoned right after R
+    the graph pool (`poison`, default `vllm_pool_poison`) poisoned right after R
     replays, R's outputs kept, against the unpoisoned forward. R is N's one
     replay graph here, so nothing in the break runs after it to mask it.
     """
     import torch
 
-    poison = pool_poison(runner) if poison is None else poison
+    poison = vllm_pool_poison(runner) if poison is None else poison
     cfg = runner.stand_in
     names = output_names(runner)
     layers = runner.model.decoder_replay_layers

@@ -16,8 +16,8 @@ from kit.experiments.safety_run import (
     load_recording,
     pair_verdicts,
     pairs_frame,
-    pool_poison,
     record,
+    replica_pool_poison,
     safety_config,
 )
 from kit.recordings import RECORDINGS
@@ -88,7 +88,7 @@ def test_the_poison_covers_the_graph_pool_and_is_put_back(monkeypatch):
     runner = GPUModelRunner(TINY)
     runner.capture_model()
     hidden, _ = runner.execute_model(torch.arange(16, device="cuda") % TINY.vocab_size)  # a view into the pool
-    poison = pool_poison(runner)
+    poison = replica_pool_poison(runner)
     pool = tuple(runner.cudagraph_manager.pool)
     reserved = sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool)
     assert poison.nbytes == reserved > 0
