@@ -132,8 +132,11 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # N's own rows padded to R), and N's outputs are compared bit for bit with eager. A pairing
 # not dispatched without PCP is marked `*k`, k the smallest pcp_size that dispatches it; `*`
 # alone marks one no pcp_size up to 8 dispatches (stress only): in older recordings and for
-# those, it is run as an adversary, R replayed on random inputs inside N's break before N's own
-# replay graph.
+# those, N's rows are forced into replay graph R (older recordings replayed R on random inputs
+# before N's own replay graph), so R is the one replay graph in the break either way. Each
+# verdict then says how many pairings have power: rerun with every graph-pool byte but R's
+# outputs poisoned right after R, N's outputs must change; a pairing marked `†` could not have
+# failed and is not counted as shown.
 #
 # **vLLM's defaults** are presets too (`h200-default`, `gb200-default`, computed by vLLM 0.33's
 # own config code in `scripts/vllm_presets.py`): on an H200 the largest model graph is 512,

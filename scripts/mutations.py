@@ -1142,6 +1142,82 @@ MUTATIONS = (
         "    early = 0",
         ("tests/test_invariant.py::test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool",),
         "an older vLLM recording's invariant tells its early aux apart, from the recorded config",
+    # --- power on every pairing (kit/experiments/power.py, safety_run, vllm_safety) ---
+    Mutation(
+    ),
+        "power_is_the_control_staying_bit_exact",
+        "kit/experiments/power.py",
+        '    changed = not control["bit_exact"]',
+        '    changed = control["bit_exact"]',
+        ("tests/test_safety_run.py", "tests/test_vllm_safety.py"),
+        "a pairing has power when the poisoned run's outputs change, not when they stay bit-exact",
+    ),
+    Mutation(
+        "poison_spares_not_the_replay_graphs_outputs",
+        "kit/experiments/power.py",
+        "        for tensor, values in kept:\n            tensor.copy_(values)\n",
+        "",
+        ("tests/test_safety_run.py",),
+        "R's outputs are the break's input from R, not a value carried across it: poisoning them gives any pairing "
+        "power",
+    ),
+    Mutation(
+        "poison_never_put_back",
+        "kit/experiments/power.py",
+        "                segment.copy_(saved)",
+        "                pass",
+        ("tests/test_safety_run.py", "tests/test_vllm_safety.py"),
+        "the control's poison must not outlive its run: the pool is put back as it was",
+    ),
+    Mutation(
+        "poison_before_the_replay",
+        "kit/experiments/safety_run.py",
+        "            outputs = real(rows, inputs)\n            self.replayed.append(size)\n"
+        "            if self.poison is not None:\n                self.poison(outputs)",
+        "            if self.poison is not None:\n                self.poison(None)\n"
+        "            outputs = real(rows, inputs)\n            self.replayed.append(size)",
+        ("tests/test_safety_run.py",),
+        "the poison comes right after R replays, on R's outputs, or what R writes could overwrite it",
+    ),
+    Mutation(
+        "stress_pairings_not_forced_into_r",
+        "kit/experiments/safety_run.py",
+        "            batch.forward_context = ForwardContext(self.replay_size, CUDAGraphMode.PIECEWISE)",
+        "            pass",
+        ("tests/test_safety_run.py",),
+        "a stress pairing runs its rows in replay graph R, the one replay graph in N's break",
+    ),
+    Mutation(
+        "pairing_without_power_counted_as_shown",
+        "kit/experiments/power.py",
+        '    shown = [r for r in rows if has_power(r)]\n    clause = f"{len(shown)} of',
+        '    shown = [r for r in rows if has_power(r) or r.get("bit_exact")]\n    clause = f"{len(shown)} of',
+        ("tests/test_safety_run.py", "tests/test_safety_recording.py"),
+        "a pairing without power is never counted as shown, bit-exact or not",
+    ),
+    Mutation(
+        "old_recording_power_counted_as_shown",
+        "kit/experiments/power.py",
+        '    return isinstance(value, bool | np.bool_) and bool(value)',
+        '    return value is None or (isinstance(value, bool | np.bool_) and bool(value))',
+        ("tests/test_safety_run.py", "tests/test_safety_recording.py", "tests/test_vllm_safety.py"),
+        "a recording made before the positive control has no power: none of its pairings is shown",
+    ),
+    Mutation(
+        "vllm_control_poisons_nothing",
+        "kit/experiments/vllm_safety.py",
+        "        poison(outputs)  # R's outputs keep their values",
+        "        pass  # R's outputs keep their values",
+        ("tests/test_vllm_safety.py",),
+        "on vLLM's path the pool is poisoned right after each replay of R",
+    ),
+    Mutation(
+        "a_failed_check_without_power",
+        "kit/experiments/power.py",
+        "    power = changed or failed",
+        "    power = changed",
+        ("tests/test_safety_run.py",),
+        "a check that failed could fail: it has power even where the poison changed nothing",
     ),
 )
 

@@ -16,8 +16,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from kit.experiments.power import NOT_RECORDED
 from kit.experiments.safety_run import (
     PLANTED,
     SAFETY_SCENARIOS,
@@ -70,6 +72,28 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     verdicts = pair_verdicts(df)
     assert safety_lines(data)[-len(recorded) :] == verdicts
     assert verdicts[0].startswith("pr: all ") and verdicts[2].startswith("early_aux_shared: ")
+    check_power(df, verdicts)
+
+
+def check_power(df, verdicts: list[str]) -> None:
+    """A recording with the positive control: every pair has its power and a reason; with early aux forced to share
+    (the early aux read after every R) every pairing has power, and every pairing that differs has it. One made
+    before the control says so, and counts none as shown."""
+    if "power" not in df:
+        sizes = df.groupby("policy", sort=False).size()
+        said = [v.endswith(f"{NOT_RECORDED}: none of these {n} pairings is counted as shown") for v, n in
+                zip(verdicts, sizes, strict=True)]  # fmt: skip
+        assert all(said), "a recording without power counts a pairing as shown"
+        return
+    assert df["power"].map(lambda p: isinstance(p, bool | np.bool_)).all(), "a pair lacks its power"
+    assert df["power_reason"].map(lambda r: isinstance(r, str) and r).all(), "a pair lacks its power_reason"
+    shared = df[df["policy"] == "early_aux_shared"]
+    assert shared["power"].astype(bool).all(), "early aux forced to share: a pairing without power"
+    assert df.loc[~df["bit_exact"].astype(bool), "power"].astype(bool).all(), "a pairing that differs has no power"
+    for policy, rows in df.groupby("policy", sort=False):
+        shown = int(rows["power"].astype(bool).sum())
+        line = next(v for v in verdicts if v.startswith(f"{policy}: "))
+        assert f"; {shown} of {len(rows)} pairings shown (with power)" in line, f"{policy}: power miscounted"
 
 
 def _recorded(folder: Path, **kwargs) -> Path:
@@ -112,6 +136,28 @@ def _not_shared(data):
 def test_a_recording_that_breaks_the_acceptance_fails(tmp_path, edit, why):
     path = _edited(_recorded(tmp_path, differing={(512, 96)}), edit)
     with pytest.raises(AssertionError, match=why):
+        check_safety_recording(path)
+
+
+def test_a_recording_with_power_as_the_acceptance_wants_it_passes(tmp_path):
+    check_safety_recording(_recorded(tmp_path, differing={(512, 96)}, unpowered={("pr", 128, 96)}))
+
+
+@pytest.mark.parametrize(
+    "unpowered,why",
+    [({("early_aux_shared", 128, 96)}, "a pairing without power"), ({("early_aux_shared", 512, 96)}, "without")],
+)
+def test_a_recording_with_a_pairing_that_should_have_power_fails(tmp_path, unpowered, why):
+    with pytest.raises(AssertionError, match=why):
+        check_safety_recording(_recorded(tmp_path, differing={(512, 96)}, unpowered=unpowered))
+
+
+def test_a_recording_that_counts_a_pairing_without_power_as_shown_fails(tmp_path, monkeypatch):
+    from kit.experiments import safety_run
+
+    path = _recorded(tmp_path, differing={(512, 96)}, unpowered={("pr", 128, 96)})
+    monkeypatch.setattr(safety_run, "power_clause", lambda rows: f"{len(list(rows))} of 18 pairings shown (with power)")
+    with pytest.raises(AssertionError, match="pr: power miscounted"):
         check_safety_recording(path)
 
 

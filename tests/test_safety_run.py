@@ -20,6 +20,7 @@ import torch
 import kit.experiments.safety_run as safety_run
 from kit import KitError
 from kit.cli import main as kit_main
+from kit.experiments.power import CONTROL, FAILED, NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison, power_fields
 from kit.experiments.safety_run import (
     DISPATCH_RULE,
     SCENARIO_OF,
@@ -32,9 +33,10 @@ from kit.experiments.safety_run import (
     output_names,
     pair_tables,
     pair_verdicts,
+    pairs_frame,
 )
 from kit.experiments.scenarios import SCENARIOS
-from kit.replica.forward_context import CUDAGraphMode, get_forward_context
+from kit.replica.forward_context import CUDAGraphMode, get_forward_context, override_forward_context
 from kit.replica.model import PRESETS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
 from tests.helpers import TINY
@@ -97,32 +99,143 @@ def cpu_state(cpu_runner):
     return cpu_runner.model_state
 
 
-def test_the_adversary_replays_its_graph_on_its_inputs_before_the_real_replay_graph(cpu_state):
-    noise = [torch.randn(4, 3), torch.randn(4, 1)]
+def test_a_forced_pairing_runs_the_replay_batch_in_graph_r_and_pads_eagerly_to_r(cpu_state):
     break_input = torch.randn(16, 3)
-    with adversary(cpu_state, 4, noise) as hook:
-        cpu_state.prepare_replay_batch(16, use_replay_graphs=True)
+    with adversary(cpu_state, 8) as hook:
+        cpu_state.prepare_replay_batch(16, use_replay_graphs=True, num_rows=4)
         batch = cpu_state.decoder_replay_layers.replay_batch
+        assert batch.forward_context.num_tokens == 8  # forced: vLLM's dispatch would pad 4 rows to 4
+        assert batch.forward_context.cudagraph_runtime_mode == CUDAGraphMode.PIECEWISE
         assert batch.run_graph("rows", (break_input,)) == "outputs"
-    assert hook.replays == 1
-    (first, num_tokens, mode, seen), (second, rows, (given,)) = cpu_state.replay_cudagraphs.log
-    assert (first, num_tokens, mode) == ("replay", 4, CUDAGraphMode.PIECEWISE)  # replay graph 4 ...
-    assert all(torch.equal(a, b) for a, b in zip(seen, noise, strict=True))  # ... on the random inputs, every buffer
-    assert (second, rows) == ("run", "rows")  # then the step's own replay, as normal,
-    assert torch.equal(given, break_input) and given.data_ptr() != break_input.data_ptr()  # on the inputs read first
+        cpu_state.prepare_replay_batch(16, use_replay_graphs=False, num_rows=4)
+        eager = cpu_state.decoder_replay_layers.replay_batch
+        assert eager.run_graph is None and eager.num_padded == 8  # eagerly: the same shapes as graph 8
+    assert hook.replayed == [8] and hook.replays == 1
+    ((what, rows, (given,)),) = cpu_state.replay_cudagraphs.log
+    assert (what, rows) == ("run", "rows") and given is break_input  # the step's own gather and replay, as normal
     assert "prepare_replay_batch" not in vars(cpu_state)  # the hook is gone with the block
-    cpu_state.prepare_replay_batch(16, use_replay_graphs=True)
-    assert cpu_state.decoder_replay_layers.replay_batch.run_graph == cpu_state.replay_cudagraphs.run
+    cpu_state.prepare_replay_batch(16, use_replay_graphs=True, num_rows=4)
+    batch = cpu_state.decoder_replay_layers.replay_batch
+    assert batch.run_graph == cpu_state.replay_cudagraphs.run and batch.forward_context.num_tokens == 4
 
 
-def test_the_adversary_stays_out_of_eager_runs_and_refuses_a_size_never_captured(cpu_runner, cpu_state):
-    noise = [torch.zeros(4, 3), torch.zeros(4, 1)]
-    with adversary(cpu_state, 4, noise) as hook:
-        cpu_runner.run(torch.arange(16) % TINY.vocab_size, use_cudagraph=False)
-        assert cpu_state.decoder_replay_layers.replay_batch.run_graph is None
-    assert hook.replays == 0 and cpu_state.replay_cudagraphs.log == []
-    with pytest.raises(KitError, match="no replay graph of 6 rows"), adversary(cpu_state, 6, noise):
+def test_the_poison_comes_right_after_the_replay_on_its_outputs(cpu_state):
+    seen = []
+    with adversary(cpu_state, poison=lambda outputs: seen.append((outputs, len(cpu_state.replay_cudagraphs.log)))):
+        cpu_state.prepare_replay_batch(16, use_replay_graphs=True, num_rows=4)
+        batch = cpu_state.decoder_replay_layers.replay_batch
+        assert batch.forward_context.num_tokens == 4  # not forced: the graph vLLM's dispatch picks
+        assert batch.run_graph("rows", (torch.zeros(16, 3),)) == "outputs"
+    assert seen == [("outputs", 1)]  # once, after the replay, handed R's outputs (which it must keep)
+
+
+def test_the_adversary_refuses_a_size_never_captured(cpu_state):
+    with pytest.raises(KitError, match="no replay graph of 6 rows"), adversary(cpu_state, 6):
         pass
+
+
+# --- the positive control, on the CPU ---------------------------------------------------------------
+
+# Replay sizes 2, 4, ..., 16 (vLLM's default sizing, window 2): model graph 8 dispatches up to 8, so replay graphs
+# 10 to 16 are stress pairings of it (forced); model graph 16 dispatches every one.
+STRESS = ReplicaConfig(
+    hidden_size=64, num_layers=4, decoder_replay_start=2, aux_hidden_state_layers=(3,), vocab_size=97,
+    cudagraph_capture_sizes=(8, 16), window=2, max_num_seqs=8, decoder_replay_trim_threshold=4,
+)  # fmt: skip
+
+
+class PoolRunner:
+    """`run_pairs`'s runner on the CPU: a graph pool (float32) where the forward leaves a value before the replay
+    batch and, when `carried`, reads it again after it as its aux output; the replay graphs write their outputs
+    into the pool too. With `masked`, a second writer after R rewrites that value (as the earlier adversary's own
+    replay graph did), so nothing R could write there shows."""
+
+    def __init__(self, carried: bool, masked: bool = False) -> None:
+        self.config, self.device = STRESS, torch.device("cpu")
+        self.model_state = GPUModelRunner(STRESS, device="cpu").model_state
+        graphs = FakeReplayGraphs(sizes=STRESS.decoder_replay_cudagraph_capture_sizes)
+        graphs.run = self.replay
+        self.model_state.replay_cudagraphs = graphs
+        self.pool = torch.zeros(64)  # [0, 16): the early value; [32, 48): the replay graphs' outputs
+        self.carried, self.masked = carried, masked
+        self.replayed: list[int] = []
+
+    def replay(self, rows, inputs):
+        self.replayed.append(get_forward_context().num_tokens)
+        out = self.pool[32 : 32 + rows.numel()]
+        return (out.copy_(inputs[0][rows] * 3),)
+
+    def run(self, ids, use_cudagraph=True, num_replay_rows=None):
+        n, x = ids.numel(), ids.float()
+        self.model_state.prepare_replay_batch(n, use_cudagraph, piecewise=True, num_rows=num_replay_rows)
+        batch = self.model_state.decoder_replay_layers.replay_batch
+        early = (self.pool[:n] if use_cudagraph else torch.empty(n)).copy_(x + 1)
+        if batch.run_graph is not None:
+            with override_forward_context(batch.forward_context):
+                (out,) = batch.run_graph(batch.rows, (x,))
+            if self.masked:
+                early.copy_(x + 1)
+        else:
+            out = x[batch.rows] * 3
+        hidden = torch.zeros(n).index_copy_(0, batch.rows, out)
+        return hidden, ((early if self.carried else x + 1).clone(),)
+
+
+def pool_pairs(carried: bool, masked: bool = False) -> tuple[list[dict], PoolPoison]:
+    runner = PoolRunner(carried, masked)
+    poison = PoolPoison([runner.pool.view(torch.uint8)])
+    return safety_run.run_pairs(runner, poison=poison), poison
+
+
+def test_every_pairing_runs_one_replay_graph_r_dispatched_or_forced_and_equals_eager():
+    rows, poison = pool_pairs(carried=True)
+    assert [(r["model_size"], r["replay_size"], r["dispatchable"]) for r in rows] == enumerate_pairs(STRESS)
+    forced = {(r["model_size"], r["replay_size"]) for r in rows if r["how"] == "forced"}
+    assert forced == {(8, s) for s in (10, 12, 14, 16)}
+    assert all(r["how"] == ("dispatched" if r["dispatchable"] else "forced") for r in rows)
+    assert all(r["bit_exact"] for r in rows)  # the same rows in graph R and eagerly
+    assert poison.calls == len(rows) and poison.saved is None  # one control per pairing, the pool put back
+
+
+def test_a_value_read_after_r_gives_every_pairing_power():
+    rows, _ = pool_pairs(carried=True)
+    assert all(r["power"] is True for r in rows)
+    assert {r["power_reason"] for r in rows} == {SHOWN.format(outputs="aux_hidden_state[3]")}
+    assert all(r["power_differing_outputs"] == ["aux_hidden_state[3]"] for r in rows)
+
+
+def test_nothing_read_after_r_but_its_outputs_is_no_power():
+    rows, _ = pool_pairs(carried=False)  # R's outputs are read (the hidden states), but they are R's result
+    assert all(r["power"] is False and r["power_reason"] == NOTHING_READ for r in rows)
+
+
+def test_a_writer_after_r_that_masks_it_is_no_power():
+    rows, _ = pool_pairs(carried=True, masked=True)
+    assert all(r["power"] is False for r in rows)
+
+
+def test_the_poison_keeps_r_outputs_and_the_pool_is_put_back():
+    pool = torch.arange(16, dtype=torch.float32)
+    before = pool.clone()
+    poison = PoolPoison([pool.view(torch.uint8)])
+    poison(pool[4:6])
+    assert torch.equal(pool[4:6], before[4:6])
+    assert pool[:4].isnan().all() and pool[6:].isnan().all()  # 0xFF bytes: NaN
+    poison.restore()
+    assert torch.equal(pool, before) and poison.calls == 1
+
+
+def test_verdicts_count_only_pairings_with_power_as_shown():
+    rows, _ = pool_pairs(carried=False)
+    df = pairs_frame({"pairs": [{"policy": "pr", **r} for r in rows]})
+    listed = ", ".join(f"({r['model_size']}, {r['replay_size']})" for r in rows)
+    assert pair_verdicts(df) == [
+        f"pr: all {len(rows)} pairings bit-exact (12 dispatchable); 0 of {len(rows)} pairings shown (with power); "
+        f"{len(rows)} without power: {listed} because N reads no graph-pool byte after R but R's outputs"
+    ]
+    rows, _ = pool_pairs(carried=True)
+    df = pairs_frame({"pairs": [{"policy": "pr", **r} for r in rows]})
+    assert pair_verdicts(df)[0].endswith(f"; {len(rows)} of {len(rows)} pairings shown (with power)")
 
 
 def test_outputs_are_compared_bit_for_bit_hidden_states_and_every_aux_state():
@@ -163,8 +276,12 @@ def policy_metadata(policy: str, preset: str) -> dict:
     }
 
 
-def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), preset="small"):
-    """A recording of every policy at `preset`: bit-exact but for `differing` (model, replay) of early_aux_shared."""
+def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), preset="small", unpowered=None):
+    """A recording of every policy at `preset`: bit-exact but for `differing` (model, replay) of early_aux_shared.
+
+    With `unpowered` (a set of (policy, model, replay)), every pair has its power: none for those, else some;
+    without, the recording predates the positive control.
+    """
     pairs = []
     for policy in UNPLANTED:  # as the shipped recordings, made before the planted scenario
         for n, r, dispatchable in enumerate_pairs(PRESETS[preset]):
@@ -184,6 +301,9 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
                     "alone_max_abs_diff": 1.0 if alone_bad else 0.0,
                 }
             )
+            if unpowered is not None:
+                weak = (policy, n, r) in unpowered
+                pairs[-1].update(power=not weak, power_reason=NOTHING_READ if weak else SHOWN.format(outputs="x"))
     data = {
         "preset": preset,
         "rule": DISPATCH_RULE,
@@ -209,11 +329,12 @@ def test_verdicts_say_all_bit_exact_or_which_pairs_differ_and_by_how_much(record
     assert df.attrs["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
     )
+    old = f"; {NOT_RECORDED}: none of these 18 pairings is counted as shown"
     assert pair_verdicts(df) == [
-        "pr: all 18 pairings bit-exact (11 dispatchable)",
-        "unpatched: all 18 pairings bit-exact (11 dispatchable)",
+        "pr: all 18 pairings bit-exact (11 dispatchable)" + old,
+        "unpatched: all 18 pairings bit-exact (11 dispatchable)" + old,
         "early_aux_shared: 2 of 18 pairings differ from eager (1 of them dispatchable): (128, 288), (512, 96) — "
-        "largest difference 10; with only its own replay graph, model graph 512 differs too",
+        "largest difference 10; with only its own replay graph, model graph 512 differs too" + old,
     ]
 
 
@@ -228,16 +349,22 @@ def test_the_table_has_a_row_per_model_graph_and_marks_stress_only_pairs(recordi
 
 
 def test_safety_prints_the_tables_verdicts_and_source(recordings, capsys):
-    fake_recording(recordings, differing={(256, 96)})
+    weak = {("pr", 128, 96), ("pr", 512, 512), ("early_aux_shared", 256, 96)}
+    fake_recording(recordings, differing={(256, 96)}, unpowered=weak)
     assert kit_main(["safety"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"source: {load_pairs('small').attrs['source']}"
+    because = "because N reads no graph-pool byte after R but R's outputs"
     assert out[-3:] == [
-        "pr: all 18 pairings bit-exact (11 dispatchable)",
-        "unpatched: all 18 pairings bit-exact (11 dispatchable)",
+        "pr: all 18 pairings bit-exact (11 dispatchable); 16 of 18 pairings shown (with power); 2 without power: "
+        f"(128, 96), (512, 512) {because}",
+        "unpatched: all 18 pairings bit-exact (11 dispatchable); 18 of 18 pairings shown (with power)",
         "early_aux_shared: 1 of 18 pairings differ from eager (1 of them dispatchable): (256, 96) — "
-        "largest difference 5",
+        f"largest difference 5; 17 of 18 pairings shown (with power); 1 without power: (256, 96) {because}",
     ]
+    assert sum("\u2020" in line for line in out) == 2 + 1 + 1  # pr's two rows, early_aux_shared's one, the legend
+    assert f"\u2020 without power, not shown: {NOTHING_READ}" in out
+    assert out[3] == CONTROL  # what power means, under the dispatch rule
     headers = [f"{p} ({SCENARIOS[SCENARIO_OF[p]][2]})" for p in UNPLANTED]
     assert [line for line in out if line in headers] == headers  # one table each, under its name
     assert sum("differs 5" in line for line in out) == 1
@@ -261,6 +388,9 @@ def test_safety_json_is_the_contract(recordings, capsys):
     assert by_pair[(2048, 4096)]["dispatchable_under"] == {"pcp1": False, "pcp2": True, "pcp4": True, "pcp8": True}
     assert by_pair[(2048, 4096)]["dispatch_pcp"] == 2 and by_pair[(1024, 8192)]["dispatch_pcp"] == 8
     assert by_pair[(1024, 2304)]["dispatch_pcp"] == 4  # 2304 rows need more than 2 x 1024
+    # Made before the positive control: every pair says so, and none is counted as shown.
+    assert all(p["power"] is None and p["power_reason"] == NOT_RECORDED for p in out["pairs"])
+    assert all(v.endswith(f"{NOT_RECORDED}: none of these 128 pairings is counted as shown") for v in out["verdicts"])
 
 
 def test_a_preset_without_breaking_model_graphs_records_no_pairings_and_says_why(recordings, capsys):
@@ -276,6 +406,15 @@ def test_a_preset_without_breaking_model_graphs_records_no_pairings_and_says_why
     data = json.loads((recordings / "small.json").read_text())
     (recordings / "small.json").write_text(json.dumps({**data, "pairs": []}))  # a preset that has pairings
     assert "no 'pairs' list" in _one_line_error(capsys, ["safety"])
+
+
+def test_safety_json_carries_each_pairings_power(recordings, capsys):
+    fake_recording(recordings, unpowered={("pr", 256, 192)})
+    assert kit_main(["safety", "--json"]) == 0
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    weak = [p for p in pairs if p["power"] is not True]
+    assert [(p["policy"], p["model_size"], p["replay_size"], p["power"]) for p in weak] == [("pr", 256, 192, False)]
+    assert weak[0]["power_reason"] == NOTHING_READ
 
 
 # --- one-line errors ----------------------------------------------------------------------
@@ -338,3 +477,26 @@ def test_live_without_cuda_is_one_line(tmp_path):
     done = _run("kit.experiments.safety_run", "--out", str(tmp_path / "rec"))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kit: error: {NO_CUDA}\n")
     assert list(tmp_path.iterdir()) == []  # refused before any file or folder was made
+
+
+def test_a_pair_without_power_recorded_is_not_shown_beside_pairs_with_it(recordings):
+    path = fake_recording(recordings, unpowered=set())
+    data = json.loads(path.read_text())
+    for pair in data["pairs"][:2]:  # pr's (128, 96) and (128, 192): recorded before the control
+        del pair["power"], pair["power_reason"]
+    path.write_text(json.dumps(data))
+    assert pair_verdicts(load_pairs("small"))[0] == (
+        f"pr: all 18 pairings bit-exact (11 dispatchable); 16 of 18 pairings shown (with power); 2 without power: "
+        f"(128, 96), (128, 192) because {NOT_RECORDED}"
+    )
+
+
+def test_a_check_that_failed_has_power_even_where_the_poison_changed_nothing():
+    same = (torch.ones(4), (torch.ones(4),))
+    names = ["hidden_states", "aux_hidden_state[1]"]
+    assert power_fields(names, same, same, failed=True) == {
+        "power": True, "power_reason": FAILED, "power_differing_outputs": [], "power_max_abs_diff": 0.0,
+    }  # fmt: skip
+    assert power_fields(names, same, same)["power"] is False
+    poisoned = (torch.ones(4), (torch.full((4,), float("nan")),))
+    assert power_fields(names, poisoned, same)["power_reason"] == SHOWN.format(outputs="aux_hidden_state[1]")

@@ -210,6 +210,22 @@ def test_the_pairings_differ_from_eager_exactly_where_the_obligation_fails(recor
     assert {o for p in shared for o in p["differing_outputs"]} == {"aux_hidden_state[1]"}
 
 
+def test_each_pairing_has_its_power_where_the_recording_has_the_control(recorded):
+    """With the positive control (kit.experiments.power): every pairing has its power and a reason, and where an
+    early aux is read after R (forced to share, pinned or not) every pairing has power; the verdict counts them. A
+    recording made before the control has no power on any pairing (its verdict, stored then, claims none)."""
+    for name, s in recorded.items():
+        pairs = s["pairings"]
+        if not any("power" in p for p in pairs):
+            assert "shown (with power)" not in s["pairings_verdict"], name
+            continue
+        assert all(isinstance(p["power"], bool) and p["power_reason"] for p in pairs), name
+        shown = sum(p["power"] for p in pairs)
+        assert f"; {shown} of {len(pairs)} pairings shown (with power)" in s["pairings_verdict"], name
+        if name.startswith("early_aux_shared"):
+            assert shown == len(pairs), name
+
+
 def test_what_if_on_the_unpatched_recording_predicts_the_patched_graph_pool(snapshots, recorded):
     from kit import what_if
 

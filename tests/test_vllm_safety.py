@@ -35,8 +35,10 @@ from kit.analysis.readwrite import (
     model_segment,
 )
 from kit.errors import KitError
+from kit.experiments import power
 from kit.experiments import vllm_capture as vc
 from kit.experiments import vllm_safety as vs
+from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
 from kit.recordings import RECORDINGS
 from tests.vllm_standins import StandInCuda, StandInGraph
 
@@ -93,9 +95,16 @@ def captured():
         yield SimpleNamespace(runner=runner, recording=recording, before=before)
 
 
+def outputs_poison(runner) -> PoolPoison:
+    """A poison whose "graph pool" is the model graphs' outputs (on the CPU the graphs replay nothing, so what a
+    forward returns is what its capture left there): poisoned after R, they are read after it."""
+    entries = runner.cudagraph_manager.breakable_cg_runner.entries.values()
+    return PoolPoison([t.view(-1).view(torch.uint8) for e in entries for t in power._tensors(e.output)])
+
+
 @pytest.fixture(scope="module")
 def pairings(captured):
-    return vs.run_pairings(captured.runner, vc.run_forward)
+    return vs.run_pairings(captured.runner, vc.run_forward, poison=outputs_poison(captured.runner))
 
 
 @pytest.fixture(scope="module")
@@ -240,9 +249,36 @@ def test_each_pairing_replays_its_replay_graph_once_in_the_models_break(pairings
 def test_a_pairing_that_replays_another_graph_is_kept_with_its_error(captured, monkeypatch):
     """Rows that vLLM's dispatch pads to another graph than R: the pairing says so instead of passing."""
     monkeypatch.setattr(vs, "dispatchable_pairs", lambda runner: [(256, 288, 192)])
-    found = vs.run_pairings(captured.runner, vc.run_forward)["pairs"]
+    found = vs.run_pairings(captured.runner, vc.run_forward, poison=PoolPoison([]))["pairs"]
     assert found[0]["replayed"] == [192] and found[0]["error"].startswith("the replay batch of 192 rows replayed")
     assert "1 did not replay the graph they asked for" in vs.pairings_verdict(found)
+    assert found[0]["power"] is None and found[0]["power_reason"].startswith("the positive control did not run")
+    assert vs.pairings_verdict(found).endswith("; 0 of 1 pairings shown (with power); 1 without power: (256, 288) "
+                                               "because the positive control did not run")  # fmt: skip
+
+
+def test_each_pairing_has_power_where_what_n_reads_after_r_is_poisoned(pairings):
+    for p in pairings["pairs"]:
+        assert p["power"] is True and p["power_reason"].startswith("the graph pool poisoned right after R"), p
+        assert p["power_differing_outputs"], p
+    assert pairings["verdict"].endswith("; 11 of 11 pairings shown (with power)")
+
+
+def test_a_pool_that_n_does_not_read_after_r_gives_no_power(captured):
+    unread = torch.zeros(64)
+    poison = PoolPoison([unread.view(torch.uint8)])
+
+    def graphs_only(runner, ids, use_cudagraph, rows=None, pad=False):
+        # On the CPU the stand-in graphs replay nothing and differ from eager; a check that failed has power
+        # (FAILED). Here the reference is the graphs' own forward, so only the control decides.
+        return vc.run_forward(runner, ids, True, rows=rows)
+
+    found = vs.run_pairings(captured.runner, graphs_only, poison=poison)
+    assert poison.calls == len(DISPATCHABLE) and torch.equal(unread, torch.zeros(64))  # poisoned, put back
+    assert all(p["bit_exact"] and p["power"] is False and p["power_reason"] == NOTHING_READ for p in found["pairs"])
+    assert "0 of 11 pairings shown (with power); 11 without power: (128, 96)" in found["verdict"]
+    assert all(p["power"] is True for p in vs.run_pairings(captured.runner, vc.run_forward, poison=poison)["pairs"]
+               if not p["bit_exact"]), FAILED  # fmt: skip
 
 
 def test_the_pairings_verdict():
@@ -251,7 +287,8 @@ def test_the_pairings_verdict():
     assert vs.pairings_verdict([exact, exact]).startswith("graphs equal eager bit for bit on all 2 dispatchable")
     line = vs.pairings_verdict([exact, differ])
     assert line.startswith("graphs DIFFER from eager on 1 of 2") and "(512, 512) 5.25" in line
-    assert line.endswith("outputs that differ: aux_hidden_state[1]")
+    old = f"{NOT_RECORDED}: none of these 2 pairings is counted as shown"  # rows from before the positive control
+    assert line.endswith(f"outputs that differ: aux_hidden_state[1]; {old}")
     assert vs.pairings_verdict([]).startswith("no pairing can run")
 
 

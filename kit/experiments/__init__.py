@@ -8,8 +8,11 @@
 - `dispatch`: which replay graph can run in which model graph's break, vLLM
   0.33's rule with the lines it comes from;
 - `safety_run`: every pairing of a model graph and a replay graph, as vLLM's
-  dispatch runs it or, where it cannot, with the replay graph replayed in the
-  break; graphs against eager, per scenario (`kit safety`);
+  dispatch runs it or, where it cannot, with the step's rows forced into the
+  replay graph; graphs against eager, per scenario (`kit safety`);
+- `power`: whether each pairing's check could have failed, a positive control
+  that poisons the graph pool right after the replay graph (the replica's
+  pairings and vLLM's path alike);
 - `readwrite_run`: the bytes each post-break op reads and each replay graph
   writes, recorded during capture, and the proof obligation per pairing;
 - `alternatives`: the PR's alternatives measured (every capture on one

@@ -11,19 +11,36 @@ compared bit for bit with an eager forward of the same ids and replay rows:
   R > N included) runs as vLLM runs it: N's step is given `rows_for(N, R)`
   replay rows, which the replica's dispatch pads to R, and nothing else is
   added (`how`: `dispatched`);
-- any other pairing is stress: N runs its own replay batch, and inside N's
-  break, before N's own replay graph, replay graph R is replayed on random
-  inputs (`Adversary`: random values copied into the replay manager's static
-  input buffers, then R replayed; `how`: `adversary`). The break's inputs are
-  read first, as the real gather reads them before any replay graph runs.
+- any other pairing is stress: N's step runs all its N rows in replay graph
+  R, forced past the dispatch (`Adversary`; `how`: `forced`), as vLLM would
+  run them if its dispatch picked R (under prefill context parallelism it
+  can pick R > N); the eager reference pads the same rows with zeros to R.
+
+Either way R is the one replay graph in N's break, as in vLLM. An earlier
+adversary replayed R on random inputs and then N's own replay graph; where
+that own graph rewrote what R could reach (model graph 2048 at the large
+preset: its own replay graph 1024 overwrites the whole early aux output) the
+check could not fail, on 24 pairings at the large preset and 3 at the small.
+With R the last writer in the break nothing can mask it, and running R on
+N's own rows keeps the comparison one against eager (a graph-vs-graph
+comparison with the same inputs' run without R would need another replay
+graph in the break, the masking writer itself).
+
+Every pairing carries its power (`kit.experiments.power`): the pairing's
+graph run again with every graph-pool byte but R's outputs poisoned right
+after R, against the unpoisoned run, graph against graph, bit for bit. A
+pairing whose outputs survive the poison (`power` false) could not have
+failed, and the verdicts never count it as shown: they say how many
+pairings are shown (with power), and which are not, and why.
 
 Model graphs below the trim threshold keep the replay layers inside the graph
 and have no break for R (`no_break`); they are listed, not paired.
 
 The hook leaves the replica's modules alone, so the PR's hunks still apply
 to them: `adversary()` shadows the model state's `prepare_replay_batch` on
-the instance, and wraps the `run_graph` of each replay batch it sets in
-`Adversary.then(real)`.
+the instance, and arms each replay batch it sets (`Adversary.arm`: the
+forced graph, the eager padding, `run_graph` wrapped to record the replay
+and poison after it).
 
 Scenarios, each captured in a fresh process (patches and the graph pool are
 per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
@@ -52,14 +69,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kit.analysis.invariant import (
     INVARIANT,
     INVARIANT_PAIR_KEYS,
-    NOT_RECORDED,
     invariant_by_scenario,
     invariant_of_pairs,
+)
+from kit.analysis.invariant import (
+    NOT_RECORDED as INVARIANT_NOT_RECORDED,
 )
 from kit.analysis.readwrite import OBLIGATION
 from kit.errors import KitError, check_one_of
@@ -74,6 +94,7 @@ from kit.experiments.dispatch import (
     smallest_pcp,
 )
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
+from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -122,59 +143,68 @@ def no_break_sizes(config) -> list[int]:
     return [n for n in sorted(config.cudagraph_capture_sizes) if not breaks_out(n, threshold)]
 
 
-# --- the adversary -------------------------------------------------------------
+# --- the adversary ---------------------------------------------------------------
 
 
 @dataclass
 class Adversary:
-    """Replays replay graph `replay_size` of `graphs` on `inputs` (one tensor per static input buffer)."""
+    """What a pairing does to N's step: its replay batch runs in replay graph `replay_size` (None: the one vLLM's
+    dispatch picks for its rows), and, with `poison`, the graph pool is poisoned right after that replay.
 
-    graphs: Any  # a DecoderReplayCudaGraphManager
-    replay_size: int
-    inputs: list
-    replays: int = 0
+    Eagerly the batch's rows are padded with zeros to `replay_size`, so graphs and eager run the replay layers on
+    the same shapes. `replayed` lists the replay graph every armed replay batch ran in.
+    """
 
-    def replay(self) -> None:
-        from kit.replica.forward_context import CUDAGraphMode, ForwardContext, override_forward_context
+    replay_size: int | None = None
+    poison: Callable[[tuple], None] | None = None
+    replayed: list[int] = dataclasses.field(default_factory=list)
 
-        size = self.replay_size
-        for buf, values in zip(self.graphs.input_buffers, self.inputs, strict=True):
-            buf[:size].copy_(values)
-        with override_forward_context(ForwardContext(size, CUDAGraphMode.PIECEWISE)):
-            self.graphs.breakable_cg_runner(*(buf[:size] for buf in self.graphs.input_buffers))
-        self.replays += 1
+    @property
+    def replays(self) -> int:
+        return len(self.replayed)
 
-    def then(self, real: Callable[..., tuple]) -> Callable[..., tuple]:
-        """A replay batch's `run_graph`: this adversary's replay first, then `real` as normal.
+    def arm(self, batch) -> None:
+        """Set a step's replay batch (a `ReplayBatch`) to run as this pairing runs it."""
+        from kit.replica.forward_context import CUDAGraphMode, ForwardContext
 
-        The break's inputs are read first (copied), as the real gather reads them
-        before any replay graph runs: R stands for a replay graph run in the break,
-        not for one that runs before the break has read its inputs.
-        """
+        if batch.run_graph is None:
+            if self.replay_size is not None:
+                batch.num_padded = self.replay_size
+            return
+        if self.replay_size is not None:
+            batch.forward_context = ForwardContext(self.replay_size, CUDAGraphMode.PIECEWISE)
+        batch.run_graph = self.then(batch.run_graph, batch.forward_context.num_tokens)
+
+    def then(self, real: Callable[..., tuple], size: int) -> Callable[..., tuple]:
+        """A replay batch's `run_graph`: `real` (the gather, then the replay of graph `size`), then the poison."""
 
         def run_graph(rows, inputs):
-            inputs = tuple(t.clone() for t in inputs)
-            self.replay()
-            return real(rows, inputs)
+            outputs = real(rows, inputs)
+            self.replayed.append(size)
+            if self.poison is not None:
+                self.poison(outputs)  # R's outputs keep their values: the break reads them as R's result
+            return outputs
 
         return run_graph
 
 
 @contextlib.contextmanager
-def adversary(model_state, replay_size: int, inputs: list) -> Iterator[Adversary]:
-    """While open, every replay batch that runs in a replay graph first replays graph `replay_size` on `inputs`."""
+def adversary(
+    model_state, replay_size: int | None = None, poison: Callable[[tuple], None] | None = None
+) -> Iterator[Adversary]:
+    """While open, every replay batch runs as `Adversary(replay_size, poison)` says (graphs and eager alike)."""
     graphs = model_state.replay_cudagraphs
-    if graphs is None or replay_size not in graphs.breakable_cg_runner.captures:
+    if replay_size is not None and (graphs is None or replay_size not in graphs.breakable_cg_runner.captures):
         raise KitError(f"no replay graph of {replay_size} rows was captured to replay as an adversary")
-    hook = Adversary(graphs, replay_size, inputs)
+    hook = Adversary(replay_size, poison)
     saved = vars(model_state).get("prepare_replay_batch", _MISSING)
     prepare = model_state.prepare_replay_batch
 
     def prepare_then_arm(*args, **kwargs) -> None:
         prepare(*args, **kwargs)
         batch = model_state.decoder_replay_layers.replay_batch
-        if batch is not None and batch.run_graph is not None:
-            batch.run_graph = hook.then(batch.run_graph)
+        if batch is not None:
+            hook.arm(batch)
 
     model_state.prepare_replay_batch = prepare_then_arm
     try:
@@ -200,16 +230,28 @@ def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
     return compare_forward(output_names(config), graph, eager)
 
 
-def run_pairs(runner, seed: int = SEED) -> list[dict]:
-    """Every pair of a captured runner, against eager: dispatched where vLLM can run it, else the adversary.
+def replica_pool_poison(runner) -> PoolPoison:
+    """The positive control's poison over the runner's graph pool (`kit.experiments.power`)."""
+    return PoolPoison.of(runner.model_state.replay_cudagraphs.pool, runner.device)
 
-    Each row also says how the model graph fares with its own replay graph
-    alone (`alone_bit_exact`), so a difference can be told apart from one the
-    model graph makes anyway.
+
+def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> list[dict]:
+    """Every pair of a captured runner, against eager, each with its power (`kit.experiments.power`).
+
+    A pairing vLLM's dispatch can produce runs `rows_for(N, R)` replay rows,
+    dispatched to R (`how`: `dispatched`); any other runs all N rows in
+    replay graph R, forced (`how`: `forced`). Either way R is the one replay
+    graph in N's break, as in vLLM, so nothing after R can mask what it wrote.
+    Each row also says how the model graph fares with its default replay
+    graph alone (`alone_bit_exact`). `poison` (default: the runner's graph
+    pool, `replica_pool_poison`) is the positive control's: the pairing's graph run
+    again with the pool poisoned right after R, against the unpoisoned one.
     """
     import torch
 
     config = runner.config
+    names = output_names(config)
+    poison = replica_pool_poison(runner) if poison is None else poison
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     def fresh_ids(size: int):
@@ -220,45 +262,41 @@ def run_pairs(runner, seed: int = SEED) -> list[dict]:
         ids = fresh_ids(model_size)
         alone[model_size] = compare_outputs(config, runner.run(ids), runner.run(ids, use_cudagraph=False))
     rows = []
-    graphs = runner.model_state.replay_cudagraphs
+    state = runner.model_state
     for model_size, replay_size, dispatchable in enumerate_pairs(config):
         ids = fresh_ids(model_size)
         # vLLM runs it without PCP (pcp 1), or with prefill context parallelism, its rows counted over the global
         # batch (more than N): the replica pads N's rows to the same replay graph (model_state.prepare_replay_batch).
+        # A pairing no pcp_size dispatches runs N's rows forced into R.
         pcp_size = smallest_pcp(config, model_size, replay_size)
         if pcp_size is not None:
-            num_rows = config_rows_for(config, model_size, replay_size, pcp_size)
-            eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
-            graph = runner.run(ids, num_replay_rows=num_rows)
-            ran = runner.model_state.decoder_replay_layers.replay_batch.forward_context.num_tokens
-            if ran != replay_size:
-                raise KitError(
-                    f"{num_rows} replay rows in model graph {model_size} ran replay graph {ran}, not {replay_size}"
-                )
-            how = "dispatched"
+            num_rows, forced = config_rows_for(config, model_size, replay_size, pcp_size), None
         else:
-            num_rows = None
-            noise = [
-                torch.randn((replay_size, *buf.shape[1:]), generator=generator).to(buf.device, buf.dtype)
-                for buf in graphs.input_buffers
-            ]
-            eager = runner.run(ids, use_cudagraph=False)
-            with adversary(runner.model_state, replay_size, noise) as hook:
-                graph = runner.run(ids)
-            if hook.replays != 1:
-                raise KitError(
-                    f"replay graph {replay_size} ran {hook.replays} times in model graph {model_size}, not once"
-                )
-            how = "adversary"
+            num_rows, forced = min(replay_size, model_size), replay_size
+        with adversary(state, forced):
+            eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
+        with adversary(state, forced) as hook:
+            graph = runner.run(ids, num_replay_rows=num_rows)
+        if hook.replayed != [replay_size]:
+            raise KitError(
+                f"{num_rows} replay rows in model graph {model_size} ran replay graph {hook.replayed or 'none'}, "
+                f"not [{replay_size}]"
+            )
+        try:
+            with adversary(state, forced, poison):
+                poisoned = runner.run(ids, num_replay_rows=num_rows)
+        finally:
+            poison.restore()
         rows.append(
             {
                 "model_size": model_size,
                 "replay_size": replay_size,
                 "dispatchable": dispatchable,
                 "dispatch_pcp": pcp_size,
-                "how": how,
+                "how": "forced" if forced else "dispatched",
                 "replay_rows": num_rows,
-                **compare_outputs(config, graph, eager),
+                **(checked := compare_outputs(config, graph, eager)),
+                **power_fields(names, poisoned, graph, failed=not checked["bit_exact"]),
                 "alone_bit_exact": alone[model_size]["bit_exact"],
                 "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
             }
@@ -309,7 +347,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
         runner = GPUModelRunner(config)
         runner.capture_model()
-    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed)]
+    poison = replica_pool_poison(runner)
+    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed, poison)]
     command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
     return {
         "policy": scenario,
@@ -321,6 +360,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
         "shares_model_stream": _shares_model_stream(runner),
         "outputs": output_names(config),
         "no_break": no_break_sizes(config),
+        "power_control": CONTROL,
+        "poisoned_pool_bytes": poison.nbytes,
         "seed": seed,
         "pairs": pairs,
         "provenance": _provenance(command),
@@ -426,6 +467,8 @@ def load_pairs(preset: str, path: str | Path | None = None) -> pd.DataFrame:
 
 def _cell(row) -> str:
     text = "bit-exact" if row["bit_exact"] else f"differs {row['max_abs_diff']:.4g}"
+    if row.get("power") is False or row.get("power") is np.False_:
+        text += " †"  # measured without power: not shown
     if row["dispatchable"]:
         return text
     pcp = row.get("dispatch_pcp")
@@ -498,9 +541,11 @@ def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def pair_verdicts(df: pd.DataFrame) -> list[str]:
-    """One line per scenario: all pairings bit-exact, or which differ from eager and by how much."""
+    """One line per scenario: all pairings bit-exact, or which differ from eager and by how much; then how many
+    are shown (with power), and which are not and why (`kit.experiments.power.power_clause`)."""
     lines = []
-    for scenario, rows in df.groupby("policy", sort=False):
+    groups = list(df.groupby("policy", sort=False))
+    for scenario, rows in groups:
         n, dispatchable = len(rows), int(rows["dispatchable"].sum())
         bad = rows[~rows["bit_exact"].astype(bool)]
         if bad.empty:
@@ -516,7 +561,16 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
             if alone:
                 line += f"; with only its own replay graph, model graph {', '.join(map(str, alone))} differs too"
         lines.append(line)
-    return lines
+    return [f"{line}; {power_clause(pair_records(rows))}" for line, (_, rows) in zip(lines, groups, strict=True)]
+
+
+def pair_records(rows: pd.DataFrame) -> list[dict]:
+    """A frame's rows as dicts, with `power` None where a recording has none (made before the positive control)."""
+    out = rows.to_dict("records")
+    for row in out:
+        if "power" not in row or not isinstance(row["power"], bool | np.bool_):
+            row["power"] = None
+    return out
 
 
 def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | None = None) -> list[str]:
@@ -526,10 +580,11 @@ def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | No
     df = pairs_frame(data)
     lines = [
         f"source: {data.get('source', '?')}",
-        "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
-        "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference",
+        _how_line(df),
         DISPATCH_RULE,  # the rule the marks follow (a recording keeps the one it was run under in `rule`)
     ]
+    if "power" in df and df["power"].map(lambda p: isinstance(p, bool | np.bool_)).any():
+        lines.append(CONTROL)
     described = data.get("policies", {})
     for scenario, table in pair_tables(df).items():
         about = described.get(scenario, {}).get("description")
@@ -538,12 +593,35 @@ def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | No
         lines.append(no_pairs_line(data))
     else:
         lines += [STRESS_NOTE, pcp_line(df)]
+    if "power" in df and (df["power"].astype(object) == False).any():  # noqa: E712 - False, not None or NaN
+        lines.append(f"† without power, not shown: {NOTHING_READ}")
     no_break = sorted({n for about in described.values() for n in about.get("no_break", [])})
     if no_break:
         sizes = ", ".join(map(str, no_break))
         lines.append(f"model graph {sizes}: below the trim threshold, the replay layers stay in the graph (no break)")
     lines += ["", *safety_invariant_lines(data, readwrite), *(["", *more] if more else []), ""]
     return lines + pair_verdicts(df)
+
+
+HOW_FORCED = (
+    "rows: model graph N, run on fresh token ids; columns: replay graph R, the one replay graph in N's break "
+    "(dispatched, or forced where vLLM's dispatch does not pick it); cells: N's outputs against eager, bit-exact or "
+    "the largest difference"
+)
+HOW_ADVERSARY = (
+    "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
+    "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference"
+)
+
+
+def _how_line(df: pd.DataFrame) -> str:
+    """What the rows, columns and cells are: a recording's stress pairings were forced, or (older) an adversary's."""
+    return HOW_ADVERSARY if "how" in df and (df["how"] == "adversary").any() else HOW_FORCED
+
+
+def json_pairs(pairs: list[dict]) -> list[dict]:
+    """A recording's pairs with `power` and `power_reason` on each: "power not recorded" where it was not."""
+    return [p if "power" in p else {**p, "power": None, "power_reason": NOT_RECORDED} for p in pairs]
 
 
 def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
@@ -554,7 +632,7 @@ def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
     for scenario in pairs_frame(data)["policy"].unique():
         mine = found.get(scenario)
         if mine is None or not mine["invariant_recorded"]:
-            lines.append(f"{scenario}: invariant {NOT_RECORDED}")
+            lines.append(f"{scenario}: invariant {INVARIANT_NOT_RECORDED}")
         else:
             verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[mine["invariant_holds"]]
             lines.append(f"{scenario}: invariant {verdict}: {mine['invariant'].removeprefix(INVARIANT).strip()}")
@@ -576,7 +654,7 @@ def safety_json(data: dict, readwrite: dict | None = None) -> dict:
         row = found.get((pair["policy"], int(pair["model_size"]), int(pair["replay_size"]))) or {}
         pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}})
     return {
-        "pairs": pairs,
+        "pairs": json_pairs(pairs),
         "pcp_sizes": list(PCP_SIZES),
         "source": data.get("source"),
         "provenance": data.get("provenance"),

@@ -45,6 +45,12 @@ in the same fresh process as each scenario's capture:
   counted over the global batch, up to pcp_size x N) run the same way in
   `run_pcp_pairings`: N's step with the global row count, its own rows padded
   to the graph that count dispatches to (`kit/experiments/dispatch.py`).
+  Each pairing carries its power (`kit.experiments.power`, the same
+  positive control as the replica's): the graph forward again with every
+  byte of vLLM's global graph pool but R's outputs poisoned right after R
+  replays (`poisoned_replays`, around the replay wrapper's `_replay`),
+  against the unpoisoned forward; a pairing whose outputs survive the poison
+  could not have failed and is not counted as shown (`pairings_verdict`).
 
 `summary(meta)` reads both back from a recording's `kit` key (None for a
 recording made before them).
@@ -77,6 +83,7 @@ from kit.analysis.readwrite import (
 )
 from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
+from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
 from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
 
 SEED = 4321
@@ -321,20 +328,52 @@ def replays_seen(runner) -> Iterator[list[int]]:
         del wrapper._replay  # the class's method again
 
 
+@contextlib.contextmanager
+def poisoned_replays(runner, poison: Callable[[Any], None]) -> Iterator[None]:
+    """While open, every replay graph replayed is followed by `poison(its outputs)` (the wrapper's `_replay`)."""
+    wrapper = runner.model_state.replay_cudagraphs.breakable_cg_runner
+    replay = wrapper._replay
+
+    def replay_then_poison(entry, args, kwargs):
+        outputs = replay(entry, args, kwargs)
+        poison(outputs)  # R's outputs keep their values: the break reads them as R's result
+        return outputs
+
+    wrapper._replay = replay_then_poison
+    try:
+        yield
+    finally:
+        del wrapper._replay  # the class's method again
+
+
+def vllm_pool_poison(runner) -> PoolPoison:
+    """The positive control's poison over the replay graphs' graph pool (vLLM's global pool)."""
+    import torch
+
+    return PoolPoison.of(runner.model_state.replay_cudagraphs.breakable_cg_runner.graph_pool, torch.device("cuda"))
+
+
 def output_names(runner) -> list[str]:
     return ["hidden_states", *(f"aux_hidden_state[{i}]" for i in runner.model.model.aux_hidden_state_layers)]
 
 
-def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, to_run=None) -> dict:
+def run_pairings(
+    runner, forward: Callable[..., tuple], seed: int = SEED, to_run=None, poison: PoolPoison | None = None
+) -> dict:
     """Every dispatchable (N, R) through vLLM's path, graphs against eager; the rows, the verdict, how they ran.
 
     `forward(runner, input_ids, use_cudagraph, rows=..., pad=...)` is
     `kit.experiments.vllm_capture.run_forward`. A pairing whose replay batch
     did not replay exactly graph R once is kept with an `error`. `to_run`:
-    (N, R, rows) to run instead of `dispatchable_pairs(runner)`.
+    (N, R, rows) to run instead of `dispatchable_pairs(runner)`. Each pairing
+    carries its power (`kit.experiments.power`): its graph forward again with
+    the graph pool (`poison`, default `vllm_pool_poison`) poisoned right after R
+    replays, R's outputs kept, against the unpoisoned forward. R is N's one
+    replay graph here, so nothing in the break runs after it to mask it.
     """
     import torch
 
+    poison = vllm_pool_poison(runner) if poison is None else poison
     cfg = runner.stand_in
     names = output_names(runner)
     layers = runner.model.decoder_replay_layers
@@ -357,6 +396,9 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, to_run
         )
         if replayed != [replay_size]:
             row["error"] = f"the replay batch of {rows} rows replayed {replayed or 'no graph'}, not [{replay_size}]"
+            row.update(not_run("the replay batch did not replay R"))
+        else:
+            row.update(power_of(runner, forward, ids, rows, names, graph, poison, failed=not row["bit_exact"]))
         pairs.append(row)
     return {
         "seed": seed,
@@ -365,6 +407,8 @@ def run_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, to_run
         "trim_threshold": trim_threshold(runner),
         "reference": REFERENCE,
         "not_run": NOT_RUN,
+        "power_control": CONTROL,
+        "poisoned_pool_bytes": poison.nbytes,
         "outputs": names,
         "pairs": pairs,
         "verdict": pairings_verdict(pairs),
@@ -400,8 +444,21 @@ def run_pcp_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) ->
     return result
 
 
+def power_of(runner, forward: Callable[..., tuple], ids, rows: int, names: list[str], graph, poison, failed) -> dict:
+    """The positive control of one pairing: the graph forward with the pool poisoned right after R, against `graph`."""
+    try:
+        with poisoned_replays(runner, poison):
+            poisoned = forward(runner, ids, True, rows=rows)
+    finally:
+        poison.restore()
+    if not poison.calls:
+        return not_run("no replay graph replayed")
+    return power_fields(names, poisoned, graph, failed)
+
+
 def pairings_verdict(pairs: list[dict]) -> str:
-    """One line: all dispatchable pairings bit-exact against eager, or which differ and by how much."""
+    """One line: all dispatchable pairings bit-exact against eager, or which differ and by how much; then how many
+    are shown (with power), and which are not and why (`kit.experiments.power.power_clause`)."""
     if not pairs:
         return "no pairing can run: no model graph breaks out to a replay batch"
     errors = [p for p in pairs if p.get("error")]
@@ -418,7 +475,7 @@ def pairings_verdict(pairs: list[dict]) -> str:
         )
     if errors:
         line += f"; {len(errors)} did not replay the graph they asked for: " + "; ".join(p["error"] for p in errors)
-    return line
+    return f"{line}; {power_clause(pairs)}"
 
 
 def guarded(step: Callable[..., Any], *args: Any) -> Any:

@@ -100,8 +100,9 @@ class SafetyRecords:
 def attributable(pairs: pd.DataFrame) -> pd.Series:
     """Whether a difference from eager in each pairing can be put down to its replay graph R.
 
-    An adversary pairing (one vLLM's dispatch cannot make) replays R and then the
-    step's own replay graph. Where the model graph already differs from eager with
+    An adversary pairing (one vLLM's dispatch cannot make, in a recording made
+    before stress pairings were forced into R) replays R and then the step's
+    own replay graph. Where the model graph already differs from eager with
     its own replay graph alone (`alone_bit_exact`, recorded by `safety_run`), a
     difference there is not R's, and no check of R can be held to it.
     """
@@ -193,7 +194,10 @@ def pairings_table(pairs: pd.DataFrame) -> Styler:
         [t.assign(policy=policy) for policy, t in safety_run.pair_tables(pairs).items()], ignore_index=True
     )
     table = table[["policy", *(c for c in table.columns if c != "policy")]]
-    table.attrs["source"] = f"{pairs.attrs.get('source', '?')}; {safety_run.STRESS_NOTE}"
+    table.attrs["source"] = (
+        f"{pairs.attrs.get('source', '?')}; {safety_run.STRESS_NOTE}; † without power: it could not have failed, "
+        "not shown"
+    )
     return style_table(table).map(_differs)
 
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from kit.experiments.power import NOTHING_READ
 from kit.experiments.safety_run import (
     SAFETY_SCENARIOS,
     enumerate_pairs,
@@ -15,6 +16,7 @@ from kit.experiments.safety_run import (
     pair_verdicts,
     pairs_frame,
     record,
+    replica_pool_poison,
     scenario_safety_config,
 )
 from kit.recordings import RECORDINGS
@@ -50,10 +52,50 @@ def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), rows[~rows["bit_exact"]]
         assert rows["alone_bit_exact"].all()
     n, dispatchable = len(df) // len(SAFETY_SCENARIOS), int(df["dispatchable"].sum()) // len(SAFETY_SCENARIOS)
-    assert pair_verdicts(df)[:2] == [
-        f"pr: all {n} pairings bit-exact ({dispatchable} dispatchable)",
-        f"unpatched: all {n} pairings bit-exact ({dispatchable} dispatchable)",
-    ]
+    verdicts = pair_verdicts(df)
+    assert verdicts[0].startswith(f"pr: all {n} pairings bit-exact ({dispatchable} dispatchable); ")
+    assert verdicts[1].startswith(f"unpatched: all {n} pairings bit-exact ({dispatchable} dispatchable); ")
+
+
+def test_stress_pairings_are_forced_into_r(small):
+    df = pairs_frame(small)
+    assert set(df.loc[~df["dispatchable"], "how"]) == {"forced"}
+
+
+def test_power_where_the_early_aux_is_read_after_r_and_none_where_nothing_is(small):
+    """Early aux forced to share: the early aux, read after every R, makes every pairing's check able to fail.
+    Under the PR and unpatched N reads nothing from the graph pool after R but R's outputs: no pairing can fail."""
+    df = pairs_frame(small)
+    early = df[df["policy"] == "early_aux_shared"]
+    assert early["power"].astype(bool).all(), early[~early["power"].astype(bool)]
+    assert all("aux_hidden_state[1]" in outs for outs in early["power_differing_outputs"])
+    for policy in ("pr", "unpatched"):
+        rows = df[df["policy"] == policy]
+        assert not rows["power"].astype(bool).any() and (rows["power_reason"] == NOTHING_READ).all(), policy
+    lines = pair_verdicts(df)
+    assert lines[2].endswith(f"; {len(early)} of {len(early)} pairings shown (with power)")
+
+
+def test_the_poison_covers_the_graph_pool_and_is_put_back(monkeypatch):
+    import torch
+
+    from kit.replica import cudagraph_utils
+    from kit.replica.model_runner import GPUModelRunner
+    from tests.helpers import TINY
+
+    monkeypatch.setattr(cudagraph_utils, "_global_graph_pool", None)  # a pool of this runner's own
+    runner = GPUModelRunner(TINY)
+    runner.capture_model()
+    hidden, _ = runner.execute_model(torch.arange(16, device="cuda") % TINY.vocab_size)  # a view into the pool
+    poison = replica_pool_poison(runner)
+    pool = tuple(runner.cudagraph_manager.pool)
+    reserved = sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool)
+    assert poison.nbytes == reserved > 0
+    before, kept = hidden.clone(), hidden[:2]
+    poison(kept)
+    assert hidden[2:].isnan().all() and torch.equal(kept, before[:2])
+    poison.restore()
+    assert torch.equal(hidden, before)
 
 
 def test_early_aux_forced_to_share_differs_from_eager_on_some_pairing(small):
