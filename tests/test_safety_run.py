@@ -187,7 +187,19 @@ def pool_pairs(carried: bool, masked: bool = False) -> tuple[list[dict], PoolPoi
     return safety_run.run_pairs(runner, poison=poison), poison
 
 
-def test_every_pairing_runs_one_replay_graph_r_dispatched_or_forced_and_equals_eager():
+def test_every_pairing_runs_one_replay_graph_r_dispatched_or_forced_and_equals_eager(monkeypatch):
+    rows, _ = pool_pairs(carried=True)
+    # (8, R > 8) are dispatched with pcp_size 2: more replay rows than the step's 8 tokens
+    pcp = {(r["model_size"], r["replay_size"]): r for r in rows if r["dispatch_pcp"] == 2}
+    assert set(pcp) == {(8, s) for s in (10, 12, 14, 16)} and all(r["how"] == "dispatched" for r in rows)
+    assert all(r["replay_rows"] > 8 for r in pcp.values())
+    # where no pcp_size dispatches a pairing, N's rows are forced into R
+    without_pcp = safety_run.smallest_pcp
+
+    def pcp1_only(config, model_size, replay_size):
+        return without_pcp(config, model_size, replay_size, pcp_sizes=(1,))
+
+    monkeypatch.setattr(safety_run, "smallest_pcp", pcp1_only)
     rows, poison = pool_pairs(carried=True)
     assert [(r["model_size"], r["replay_size"], r["dispatchable"]) for r in rows] == enumerate_pairs(STRESS)
     forced = {(r["model_size"], r["replay_size"]) for r in rows if r["how"] == "forced"}

@@ -227,10 +227,11 @@ def test_the_pairings_pcp_adds_run_on_vllms_path_with_the_global_row_count(captu
         (128, 288, 256, 2), (128, 384, 384, 4), (128, 480, 480, 4), (128, 512, 512, 4),
         (256, 384, 384, 2), (256, 480, 480, 2), (256, 512, 512, 2),
     ]  # fmt: skip
-    result = vs.run_pcp_pairings(captured.runner, vc.run_forward)
+    result = vs.run_pcp_pairings(captured.runner, vc.run_forward, poison=outputs_poison(captured.runner))
     assert [(p["model_size"], p["replay_size"], p["rows"], p["pcp_size"]) for p in result["pairs"]] == found
     for p in result["pairs"]:
         assert p["replayed"] == [p["replay_size"]] and "error" not in p and isinstance(p["bit_exact"], bool), p
+        assert isinstance(p["power"], bool), p  # the PCP pairings carry their power too
     assert json.loads(json.dumps(result)) == result
 
 

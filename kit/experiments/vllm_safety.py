@@ -433,11 +433,13 @@ def pcp_pairs(runner) -> list[tuple[int, int, int, int]]:
     return found
 
 
-def run_pcp_pairings(runner, forward: Callable[..., tuple], seed: int = SEED) -> dict:
+def run_pcp_pairings(
+    runner, forward: Callable[..., tuple], seed: int = SEED, poison: PoolPoison | None = None
+) -> dict:
     """The pairings vLLM dispatches only under PCP (`pcp_pairs`), through vLLM's path: N's step with the global
     row count, its own rows padded to the replay graph that count dispatches to, graphs against eager."""
     found = pcp_pairs(runner)
-    result = run_pairings(runner, forward, seed, to_run=[(n, r, rows) for n, r, rows, _ in found])
+    result = run_pairings(runner, forward, seed, to_run=[(n, r, rows) for n, r, rows, _ in found], poison=poison)
     for pair, (_, _, _, k) in zip(result["pairs"], found, strict=True):
         pair["pcp_size"] = k
     result["rule"] = f"{dispatch.RULE}; here only the pairings a pcp_size above 1 adds"
