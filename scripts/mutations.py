@@ -1142,9 +1142,9 @@ MUTATIONS = (
         "    early = 0",
         ("tests/test_invariant.py::test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool",),
         "an older vLLM recording's invariant tells its early aux apart, from the recorded config",
+    ),
     # --- power on every pairing (kit/experiments/power.py, safety_run, vllm_safety) ---
     Mutation(
-    ),
         "power_is_the_control_staying_bit_exact",
         "kit/experiments/power.py",
         '    changed = not control["bit_exact"]',

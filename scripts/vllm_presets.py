@@ -42,6 +42,9 @@ from types import SimpleNamespace
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kit.fileio import atomic_write  # noqa: E402
+
 PRESETS_JSON = ROOT / "kit" / "replica" / "vllm_presets.json"
 WINDOW = 128  # DeepSeek-V4.1's config.sliding_window, the DecoderReplayLayers window (nvidia/model.py)
 CALLS = [
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         same = PRESETS_JSON.exists() and PRESETS_JSON.read_text() == text
         print(f"{PRESETS_JSON}: {'as vLLM computes it' if same else 'DIFFERS from what vLLM computes'}")
         return 0 if same else 1
-    PRESETS_JSON.write_text(text)
+    with atomic_write(PRESETS_JSON) as out:
+        out.write(text)
     print(f"wrote {PRESETS_JSON}")
     return 0
 

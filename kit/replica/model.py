@@ -53,10 +53,8 @@ class ReplicaConfig:
     decoder_replay_start: int = 3
     aux_hidden_state_layers: tuple[int, ...] = (4,)
     cudagraph_capture_sizes: tuple[int, ...] = (128, 256, 512)
-    # vLLM's replay sizing and dispatch (kit/replica/decoder_replay_cudagraph.py, model_state.py): the replay
-    # window (V4.1's sliding window), the scheduler's max_num_seqs, and the trim threshold at or above which a
-    # PIECEWISE model graph breaks out to the replay batch. `replay_sizing="half"` is the kit's earlier sizing,
-    # one replay graph of N/2 rows per model graph N.
+    # vLLM's replay sizing and dispatch (decoder_replay_cudagraph.py, model_state.py): the replay window (V4.1's
+    # sliding window), max_num_seqs, the trim threshold from which a PIECEWISE graph breaks out; "half": N/2 rows per N.
     window: int = 96
     max_num_seqs: int = 128
     decoder_replay_trim_threshold: int = 128
@@ -65,28 +63,21 @@ class ReplicaConfig:
     dtype: str = "bfloat16"
     seed: int = 0
     intermediate_size: int = field(default=0)  # 0: four times the hidden size
-    # V4.1's hyper-connection state handed to the break beside the hidden states (the safety experiments
-    # use it; the recorded scenarios predate it and keep one break input).
+    # V4.1's hyper-connection state handed to the break beside the hidden states (the safety experiments set it).
     hyper_connections: bool = False
     speculator: bool = False  # a DSpark drafter reading the aux hidden states, its graphs captured last (speculator.py)
-    # V4.1 breaks its PIECEWISE graphs at every attention: with this, each layer ends in an eager break of its own
-    # (model graphs and replay graphs alike), as the safety experiments need.
+    # V4.1 breaks its PIECEWISE graphs at every attention: each layer ends in an eager break (model and replay graphs).
     attention_breaks: bool = False
-    # PLANTED, a bug on purpose (kit.experiments.safety_run's `planted_cross_break_read` scenario): the decoder keeps
-    # a model-graph intermediate made before the replay break in the graph pool and reads it after the break
-    # (`planted_kept_block`, `planted_keep`, `planted_read`), which PR 63155's argument says no model does. No real
-    # model is configured so; it exists to show the invariant (kit.analysis.invariant) and graphs-vs-eager failing.
-    planted_cross_break_read: bool = False
+    planted_cross_break_read: bool = False  # PLANTED, a bug on purpose: see `planted_kept_block`
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
             raise KitError(f"decoder_replay_start must be in 1..{self.num_layers - 1}, not {self.decoder_replay_start}")
         if any(not 0 <= i < self.num_layers for i in self.aux_hidden_state_layers):
             raise KitError(f"aux_hidden_state_layers must be layer ids below {self.num_layers}")
-        if not self.cudagraph_capture_sizes or any(s < 1 for s in self.cudagraph_capture_sizes):
-            raise KitError("cudagraph_capture_sizes must be sizes of at least 1")
-        if self.replay_sizing == "half" and any(s < 2 or s % 2 for s in self.cudagraph_capture_sizes):
-            raise KitError("replay_sizing='half' needs even cudagraph_capture_sizes of at least 2 (N/2 rows each)")
+        sizes, half = self.cudagraph_capture_sizes, self.replay_sizing == "half"  # "half": N/2 rows, N even
+        if not sizes or any(s < 1 or half and (s < 2 or s % 2) for s in sizes):
+            raise KitError("cudagraph_capture_sizes must be sizes of at least 1 (even, 2 or more, under sizing 'half')")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise KitError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
         if self.replay_sizing not in ("vllm", "half"):
@@ -136,31 +127,6 @@ _LARGE = ReplicaConfig(
     decoder_replay_trim_threshold=768,  # vLLM's default: model graph 512 keeps the replay layers inside it
     vocab_size=16384,
 )
-# vLLM 0.33's defaults on one GPU of each kind, as its own config code computes them (scripts/vllm_presets.py).
-VLLM_PRESETS_JSON = Path(__file__).with_name("vllm_presets.json")
-
-
-def vllm_default_presets() -> dict[str, dict]:
-    """The numbers of `VLLM_PRESETS_JSON` by preset name: capture sizes, threshold, window, replay sizes, device."""
-    return json.loads(VLLM_PRESETS_JSON.read_text())["presets"]
-
-
-def vllm_default_config(numbers: dict) -> ReplicaConfig:
-    """The replica at vLLM's default sizes `numbers` (one entry of `vllm_default_presets`), small enough to be quick.
-
-    Its model graphs are vLLM's default capture sizes, its replay graphs those vLLM's
-    `DecoderReplayCudaGraphManager` makes of them (`default_replay_capture_sizes` of the same
-    bound; tests/test_vllm_presets.py checks they agree), its threshold vLLM's default 768.
-    """
-    return ReplicaConfig(
-        hidden_size=256,  # gb200-default captures 83 model graphs: kept small so every pairing runs fast
-        cudagraph_capture_sizes=tuple(numbers["cudagraph_capture_sizes"]),
-        window=numbers["window"],
-        max_num_seqs=numbers["max_num_seqs"],
-        decoder_replay_trim_threshold=numbers["decoder_replay_trim_threshold"],
-    )
-
-
 PRESETS = {
     # Replay sizes 96, 192, ..., 480, 512: model graphs 128 and 256 can dispatch a replay graph larger than
     # themselves (R > N), 512 one of its own size (R = N).
@@ -170,62 +136,12 @@ PRESETS = {
     # The kit's earlier sizing: one replay graph of N/2 rows per model graph N.
     "small_half": ReplicaConfig(replay_sizing="half"),
     "large_half": dataclasses.replace(_LARGE, replay_sizing="half"),
-    # vLLM's defaults: on an H200 the largest model graph is 512, below the trim threshold of 768, so no model
-    # graph breaks out and the replay graphs (128..512) run only in eager steps; on a GB200 model graphs
-    # 768..1024 (step 16) break out, most of them to a replay graph larger than themselves.
-    **{name: vllm_default_config(numbers) for name, numbers in vllm_default_presets().items()},
 }
 
 
 def replay_rows(num_tokens: int) -> int:
     """The replay rows of the replica's default step of `num_tokens` tokens: the last half (requests' windows)."""
     return max(1, num_tokens // 2)
-
-
-PLANTED_BYTES = 12 << 20  # the planted block: a large-pool segment of its own (see `planted_kept_block`)
-
-
-def planted_kept_block(num_tokens: int, hidden_size: int, device) -> torch.Tensor:
-    """PLANTED: a float32 (rows, 4, hidden) view of one buffer of exactly `PLANTED_BYTES`, rows = the tokens, at
-    most as many as fit (768 at hidden 1024, every token of the small preset; 109 at the large preset's 7168).
-
-    Why a replay graph captured after the model graphs, on their stream, takes
-    it (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp): a
-    request of 10 MiB or more gets a segment of exactly its size rounded to
-    2 MiB, so 12 MiB is a segment of its own, smaller than the 20 MiB segments
-    that requests between 1 and 10 MiB come from and than the exact segments of
-    larger requests. Every capture into the pool starts with all of it free
-    (the earlier captures' outputs are weak references), and a request takes
-    the smallest free block that fits (`get_free_block`, best fit by stream and
-    size). So every model graph's block lands at the start of that one
-    segment, and a replay graph captured on the same stream puts its first
-    request between 1 and 12 MiB there too (at hidden 1024 from 129 rows: its
-    norm's float32 temporaries or its up projection), which its replay in the
-    break writes. On a stream of its own (vLLM 0.33) it cannot take the block;
-    replay graph 96 (no request above 1 MiB at hidden 1024) does not either.
-    The kit's allocator simulator shows this on the small preset's requests in
-    outline (tests/test_invariant.py, `test_on_the_simulator_...`).
-    """
-    rows = min(num_tokens, PLANTED_BYTES // (4 * hidden_size * 4))
-    buffer = torch.empty(PLANTED_BYTES // 4, dtype=torch.float32, device=device)
-    return buffer[: rows * 4 * hidden_size].view(rows, 4, hidden_size)
-
-
-def planted_read(hidden_states: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
-    """PLANTED: after the break, the kept copy of the pre-break hidden states added back to its rows (read in
-    full); `hidden_states` itself when nothing was kept."""
-    if kept is None:
-        return hidden_states
-    rows = kept.shape[0]
-    added = hidden_states[:rows] + kept.mean(1).to(hidden_states.dtype)
-    return torch.cat((added, hidden_states[rows:])) if rows < hidden_states.shape[0] else added
-
-
-def planted_keep(kept: torch.Tensor | None, hidden_states: torch.Tensor) -> None:
-    """PLANTED: write the pre-break hidden states into the kept block (four copies per row)."""
-    if kept is not None:
-        rows = kept.shape[0]
-        kept.copy_(hidden_states[:rows].unsqueeze(1).expand_as(kept))
 
 
 class Attention(nn.Module):
@@ -360,3 +276,81 @@ class Decoder(nn.Module):
         hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
         hidden_states = planted_read(hidden_states, kept)
         return self.norm(hidden_states), (*early_aux, *replay_aux)
+
+
+PLANTED_BYTES = 12 << 20  # the planted block: a large-pool segment of its own (see `planted_kept_block`)
+
+
+def planted_kept_block(num_tokens: int, hidden_size: int, device) -> torch.Tensor:
+    """PLANTED: a float32 (rows, 4, hidden) view of one buffer of exactly `PLANTED_BYTES`, rows = the tokens, at
+    most as many as fit (768 at hidden 1024, every token of the small preset; 109 at the large preset's 7168).
+
+    Why a replay graph captured after the model graphs, on their stream, takes
+    it (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp): a
+    request of 10 MiB or more gets a segment of exactly its size rounded to
+    2 MiB, so 12 MiB is a segment of its own, smaller than the 20 MiB segments
+    that requests between 1 and 10 MiB come from and than the exact segments of
+    larger requests. Every capture into the pool starts with all of it free
+    (the earlier captures' outputs are weak references), and a request takes
+    the smallest free block that fits (`get_free_block`, best fit by stream and
+    size). So every model graph's block lands at the start of that one
+    segment, and a replay graph captured on the same stream puts its first
+    request between 1 and 12 MiB there too (at hidden 1024 from 129 rows: its
+    norm's float32 temporaries or its up projection), which its replay in the
+    break writes. On a stream of its own (vLLM 0.33) it cannot take the block;
+    replay graph 96 (no request above 1 MiB at hidden 1024) does not either.
+    The kit's allocator simulator shows this on the small preset's requests in
+    outline (tests/test_invariant.py, `test_on_the_simulator_...`).
+    """
+    rows = min(num_tokens, PLANTED_BYTES // (4 * hidden_size * 4))
+    buffer = torch.empty(PLANTED_BYTES // 4, dtype=torch.float32, device=device)
+    return buffer[: rows * 4 * hidden_size].view(rows, 4, hidden_size)
+
+
+def planted_read(hidden_states: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """PLANTED: after the break, the kept copy of the pre-break hidden states added back to its rows (read in
+    full); `hidden_states` itself when nothing was kept."""
+    if kept is None:
+        return hidden_states
+    rows = kept.shape[0]
+    added = hidden_states[:rows] + kept.mean(1).to(hidden_states.dtype)
+    return torch.cat((added, hidden_states[rows:])) if rows < hidden_states.shape[0] else added
+
+
+def planted_keep(kept: torch.Tensor | None, hidden_states: torch.Tensor) -> None:
+    """PLANTED: write the pre-break hidden states into the kept block (four copies per row)."""
+    if kept is not None:
+        rows = kept.shape[0]
+        kept.copy_(hidden_states[:rows].unsqueeze(1).expand_as(kept))
+
+
+# vLLM 0.33's defaults on one GPU of each kind, as its own config code computes them (scripts/vllm_presets.py).
+VLLM_PRESETS_JSON = Path(__file__).with_name("vllm_presets.json")
+
+
+def vllm_default_presets() -> dict[str, dict]:
+    """The numbers of `VLLM_PRESETS_JSON` by preset name: capture sizes, threshold, window, replay sizes, device."""
+    return json.loads(VLLM_PRESETS_JSON.read_text())["presets"]
+
+
+def vllm_default_config(numbers: dict) -> ReplicaConfig:
+    """The replica at vLLM's default sizes `numbers` (one entry of `vllm_default_presets`), small enough to be quick.
+
+    Its model graphs are vLLM's default capture sizes, its replay graphs those vLLM's
+    `DecoderReplayCudaGraphManager` makes of them (`default_replay_capture_sizes` of the same
+    bound; tests/test_vllm_presets.py checks they agree), its threshold vLLM's default 768.
+    """
+    return ReplicaConfig(
+        hidden_size=256,  # gb200-default captures 83 model graphs: kept small so every pairing runs fast
+        cudagraph_capture_sizes=tuple(numbers["cudagraph_capture_sizes"]),
+        window=numbers["window"],
+        max_num_seqs=numbers["max_num_seqs"],
+        decoder_replay_trim_threshold=numbers["decoder_replay_trim_threshold"],
+    )
+
+
+# vLLM's defaults: on an H200 the largest model graph is 512, below the trim threshold of 768, so no model graph
+# breaks out and the replay graphs (128..512) run only in eager steps; on a GB200 model graphs 768..1024 (step 16)
+# break out, most of them to a replay graph larger than themselves. (Defined last, with the planted read above, so
+# the replica's earlier lines keep the numbers the shipped recordings' frames name.)
+PRESETS.update({name: vllm_default_config(numbers) for name, numbers in vllm_default_presets().items()})
