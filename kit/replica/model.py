@@ -12,7 +12,11 @@ attention is an eager break of its own (`Attention`), as in V4.1. Aux hidden sta
 layer in `aux_hidden_state_layers`) are returned with the output, as for an
 EAGLE-style speculator: aux id `i` is recorded while layer `i` runs, so ids
 below `decoder_replay_start` are made before the break and held across it
-(as vLLM's V4.1 records aux id `idx` while running layer `idx`). Like V4.1's
+(as vLLM's V4.1 records aux id `idx` while running layer `idx`). The forward
+returns them as V4.1 does, `(hidden_states, aux_list)`, so the breakable
+wrapper's top-level weak references leave every aux block allocated; with
+`aux_return="flat"` (hypothetical) each aux is a top-level output instead,
+weak, its block free for later captures once the capture ends. Like V4.1's
 forward, the decoder hands the break several tensors, the hidden states and
 its hyper-connection state (`residual`, `post_mix`, `res_mix`), and keeps the
 latter bound across the break without reading them after it (with
@@ -44,6 +48,13 @@ from kit.replica.parallel_state import (
 )
 
 
+# The shapes a forward may return its aux hidden states in (ReplicaConfig.aux_return): V4.1's, and a hypothetical one.
+AUX_RETURNS = {
+    "nested": "as V4.1 returns them, (hidden_states, aux_list): vLLM's wrapper keeps every aux block allocated",
+    "flat": "hypothetical: (hidden_states, *aux), each aux a top-level output that vLLM's wrapper weak-references",
+}
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     hidden_size: int = 1024
@@ -70,6 +81,10 @@ class ReplicaConfig:
     # V4.1 breaks its PIECEWISE graphs at every attention: with this, each layer ends in an eager break of its own
     # (model graphs and replay graphs alike), as the safety experiments need.
     attention_breaks: bool = False
+    # How the forward hands out its aux hidden states (`AUX_RETURNS`): "nested" is V4.1's `(hidden_states, aux_list)`,
+    # whose aux tensors vLLM's wrapper keeps allocated (its weak references are top-level only); "flat" is
+    # hypothetical, `(hidden_states, *aux)`, each aux a top-level output, weak, its block free for later captures.
+    aux_return: str = "nested"
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -80,6 +95,8 @@ class ReplicaConfig:
             raise KitError("cudagraph_capture_sizes must be even sizes of at least 2")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise KitError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
+        if self.aux_return not in AUX_RETURNS:
+            raise KitError(f"aux_return must be one of {', '.join(AUX_RETURNS)}, not {self.aux_return!r}")
         if self.replay_sizing not in ("vllm", "half"):
             raise KitError(f"replay_sizing must be 'vllm' or 'half', not {self.replay_sizing!r}")
         if self.decoder_replay_trim_threshold <= self.window:
@@ -254,7 +271,8 @@ class Decoder(nn.Module):
         residual, post_mix, res_mix = state
         return hidden_states * post_mix + residual * res_mix
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def forward(self, input_ids: torch.Tensor) -> tuple:
+        """`(hidden_states, aux_list)` as V4.1 returns them, or with `aux_return="flat"` `(hidden_states, *aux)`."""
         hidden_states = self.embed_tokens(input_ids)
         # Early aux states stay referenced across the replay layers' break, and are read after it.
         hidden_states, early_aux = self._run_layers(hidden_states, range(self.decoder_replay_start))
@@ -262,4 +280,15 @@ class Decoder(nn.Module):
         # and stay bound until the forward returns, but nothing reads them after the break.
         state = self._hyper_connection_state(hidden_states) if self.config.hyper_connections else ()
         hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
-        return self.norm(hidden_states), (*early_aux, *replay_aux)
+        aux = [*early_aux, *replay_aux]
+        if self.config.aux_return == "flat":
+            return (self.norm(hidden_states), *aux)
+        return self.norm(hidden_states), aux
+
+
+def split_output(output: tuple, aux_return: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The final hidden states and the aux hidden states of a forward's output, in either of `AUX_RETURNS`."""
+    if aux_return == "flat":
+        return output[0], tuple(output[1:])
+    hidden_states, aux = output
+    return hidden_states, tuple(aux)

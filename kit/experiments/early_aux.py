@@ -1,0 +1,189 @@
+"""PR 63155's early-aux exception on vLLM 0.33's own semantics: needed or defensive, its cost, what would need it.
+
+The PR keeps the replay graphs on a stream of their own when an aux hidden
+state is made before the replay layers (`has_early_aux`): the forward returns
+it, so its graph-pool block is carried across the replay break, and a replay
+graph captured on the model graphs' stream might take that block. Whether one
+can depends on how the block leaves the capture. vLLM 0.33's
+`BreakableCUDAGraphWrapper._capture` (`vllm/compilation/breakable_cudagraph.py`)
+hands its caller `weak_ref_tensors(output)`, and `weak_ref_tensors`
+(`vllm/utils/torch_utils.py`) weak-references a tensor or the tensors of a
+list or tuple, without recursing. DeepSeek-V4.1's backbone
+(`DeepseekV4Model.forward`, `vllm/models/deepseek_v41/nvidia/model.py`)
+returns `(hidden_states, aux_hidden_states)`, a list inside the tuple: the
+wrapper's stored output keeps every aux tensor, and its block, allocated.
+
+So the kit records early aux in both return shapes (`RETURN_SHAPES`) on
+vLLM's path (`kit.experiments.vllm_capture`): `nested`, V4.1's, and `flat`,
+hypothetical (each aux weak, as a model returning its aux flattened or a
+recursing `weak_ref_tensors` would hand it out). `verdict(summaries)` reads
+from those recordings' summaries, never from a constant: per shape, the run
+forced to share (graphs against eager, the read/write obligation's rows, the
+pairings) and the graph pool under the PR against forced sharing; then
+whether on vLLM 0.33 (the nested shape) the exception is needed or
+defensive, what it costs, and under which change to vLLM it would become
+necessary (the flat shape). `verdict_lines` says it for a terminal.
+"""
+
+from __future__ import annotations
+
+from kit.analysis.tables import format_bytes
+
+# How a forward hands its aux hidden states out of a captured graph; "nested" is what vLLM 0.33 runs.
+RETURN_SHAPES = {
+    "nested": "as V4.1 returns them, (hidden_states, aux_list): vLLM's wrapper keeps every aux block allocated",
+    "flat": (
+        "hypothetical: returned flattened, each aux a top-level output that vLLM's wrapper weak-references, so its "
+        "block is free for later captures"
+    ),
+}
+# The changes to vLLM 0.33 under which an early aux block would be handed out weak, the flat shape's case.
+CHANGES = (
+    "a model whose forward returns its aux hidden states flattened (each a top-level output of the graph, which "
+    "BreakableCUDAGraphWrapper._capture weak-references)",
+    "a weak_ref_tensors (vllm/utils/torch_utils.py) that recursed into the lists and tuples of an output",
+)
+DEFENSIVE, NEEDED = "defensive", "needed"
+
+
+def pick(summaries: dict[str, dict], policy: str, shape: str) -> tuple[str, dict] | None:
+    """The recorded run with early aux under `policy` (`pr` or `share`) whose aux left in `shape`; None if none."""
+    for name, s in summaries.items():
+        if s.get("has_early_aux") and s.get("policy") == policy and s.get("aux_return") == shape:
+            return name, s
+    return None
+
+
+def checks(s: dict) -> dict:
+    """A run's safety checks: graphs against eager, the obligation's and the pairings' counts; whether shown safe.
+
+    `shown_safe` is True when every check the recording holds passed (graphs against eager always among them),
+    False when any failed, None when graphs against eager is missing.
+    """
+    running = [r for r in s.get("readwrite") or [] if r.get("can_run")]
+    pairings = [p for p in s.get("pairings") or [] if p.get("dispatchable", True)]
+    found = {
+        "bit_exact": s.get("bit_exact"),
+        "max_abs_diff": s.get("max_abs_diff"),
+        "obligation_pairings": len(running) if s.get("readwrite") is not None else None,
+        "obligation_holds_on": sum(bool(r.get("holds")) for r in running) if s.get("readwrite") is not None else None,
+        "pairings": len(pairings) if s.get("pairings") is not None else None,
+        "pairings_bit_exact": sum(bool(p.get("bit_exact")) for p in pairings) if s.get("pairings") is not None else None,
+    }
+    passed = [found["bit_exact"]]
+    if found["obligation_pairings"]:
+        passed.append(found["obligation_holds_on"] == found["obligation_pairings"])
+    if found["pairings"]:
+        passed.append(found["pairings_bit_exact"] == found["pairings"])
+    found["shown_safe"] = None if found["bit_exact"] is None else all(bool(p) for p in passed)
+    return found
+
+
+def shape_result(summaries: dict[str, dict], shape: str) -> dict:
+    """One return shape: its forced-share run's checks and graph pool, the PR's run's graph pool, the difference.
+
+    Where the PR's run of this shape is not recorded, the other shape's is used and `pr_shape` says so.
+    """
+    shared, pr = pick(summaries, "share", shape), pick(summaries, "pr", shape)
+    pr_shape = shape
+    if pr is None:
+        pr_shape = next(other for other in RETURN_SHAPES if other != shape)
+        pr = pick(summaries, "pr", pr_shape)
+        pr_shape = pr_shape if pr is not None else None
+    result = {"shape": shape, "about": RETURN_SHAPES[shape], "shared": None, "pr": None, "pr_shape": pr_shape}
+    if shared is not None:
+        name, s = shared
+        result.update(shared=name, shared_source=s.get("source"), graph_pool_shared=s["graph_pool_bytes"], **checks(s))
+    if pr is not None:
+        name, s = pr
+        result.update(pr=name, pr_source=s.get("source"), graph_pool_pr=s["graph_pool_bytes"])
+    if shared is not None and pr is not None:
+        result["exception_costs"] = result["graph_pool_pr"] - result["graph_pool_shared"]
+    return result
+
+
+def verdict(summaries: dict[str, dict]) -> dict:
+    """The early-aux verdict from vLLM-path summaries (`kit.experiments.summary.summarize` of each recording).
+
+    `shapes`: `shape_result` per return shape. `on_vllm_0_33`: `"defensive"` when
+    forced sharing with V4.1's nested return was shown safe, `"needed"` when it
+    was shown unsafe, None when not recorded. `exception_costs`: the graph pool the
+    exception keeps on vLLM 0.33 (PR minus forced sharing, nested shape).
+    `necessary_under`: the changes to vLLM (`CHANGES`) under which the exception
+    would be needed, when the flat shape was shown unsafe; empty when it was shown
+    safe too; None when not recorded.
+    """
+    nested, flat = (shape_result(summaries, shape) for shape in RETURN_SHAPES)
+    safe_nested, safe_flat = nested.get("shown_safe"), flat.get("shown_safe")
+    return {
+        "shapes": {"nested": nested, "flat": flat},
+        "on_vllm_0_33": None if safe_nested is None else (DEFENSIVE if safe_nested else NEEDED),
+        "exception_costs": nested.get("exception_costs"),
+        "necessary_under": None if safe_flat is None else ([] if safe_flat else list(CHANGES)),
+    }
+
+
+def check_words(r: dict) -> str:
+    """A shape's forced-share checks in a few words."""
+    if r.get("shared") is None:
+        return "not recorded"
+    said = ["graphs equal eager bit for bit" if r["bit_exact"] else f"graphs DIFFER from eager (largest difference "
+            f"{r['max_abs_diff']:.4g})"]  # fmt: skip
+    if r.get("obligation_pairings"):
+        holds, n = r["obligation_holds_on"], r["obligation_pairings"]
+        said.append(f"the obligation holds on {holds} of {n} dispatchable pairings" if holds == n else
+                    f"the obligation VIOLATED on {n - holds} of {n} dispatchable pairings")  # fmt: skip
+    if r.get("pairings"):
+        same, n = r["pairings_bit_exact"], r["pairings"]
+        said.append(f"{same} of {n} pairings bit-exact")
+    return ", ".join(said)
+
+
+def cost_words(r: dict) -> str:
+    """What the PR's exception keeps in graph pool for one shape, and from which runs."""
+    if r.get("exception_costs") is None:
+        return "graph pool under the PR against forced sharing: not recorded"
+    other = "" if r["pr_shape"] == r["shape"] else f", whose aux left {r['pr_shape']}: {r['shape']} not recorded"
+    return (
+        f"the exception costs {format_bytes(r['exception_costs'])} of graph pool ({r['pr']} "
+        f"{format_bytes(r['graph_pool_pr'])}{other}, against {r['shared']} {format_bytes(r['graph_pool_shared'])})"
+    )
+
+
+def verdict_lines(v: dict) -> list[str]:
+    """The verdict for a terminal: each shape's forced-share checks and cost, the verdict on 0.33, what would need it."""
+    lines = [
+        "early aux on vLLM 0.33's own path (PR 63155 keeps the replay graphs on their own stream when an aux hidden "
+        "state is made before the replay layers; forced to share, in both return shapes):"
+    ]
+    for shape, r in v["shapes"].items():
+        where = f"{r['shared']}, {r['shared_source']}" if r.get("shared") else "no recording"
+        lines.append(f"  {shape} ({r['about']}) [{where}]: {check_words(r)}; {cost_words(r)}")
+    on = v["on_vllm_0_33"]
+    nested = v["shapes"]["nested"]
+    if on is None:
+        lines.append("  on vLLM 0.33: not shown (no recording forced to share with V4.1's return shape)")
+    elif on == DEFENSIVE:
+        cost = format_bytes(v["exception_costs"]) if v["exception_costs"] is not None else "an unrecorded amount"
+        lines.append(
+            f"  on vLLM 0.33 the exception is DEFENSIVE, not needed: with V4.1's nested aux list vLLM's wrapper keeps "
+            f"the early aux block allocated (weak_ref_tensors weak-references top-level tensors only), so no replay "
+            f"capture takes it ({nested['shared']}: safe); it costs {cost} of graph pool"
+        )
+    else:
+        lines.append(
+            f"  on vLLM 0.33 the exception is NEEDED: forced to share with V4.1's own return shape, {nested['shared']} "
+            f"is not safe ({check_words(nested)})"
+        )
+    need = v["necessary_under"]
+    flat = v["shapes"]["flat"]
+    if need is None:
+        lines.append("  the flattened case: not recorded, so no change to vLLM is shown to need the exception")
+    elif need:
+        lines.append(
+            f"  it would become necessary under a change that hands the early aux out weak: {'; or '.join(need)} "
+            f"(shown by {flat['shared']}: {check_words(flat)})"
+        )
+    else:
+        lines.append(f"  the flattened case is safe too ({flat['shared']}): no recorded change to vLLM needs it")
+    return lines
