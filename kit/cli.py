@@ -288,14 +288,19 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_safety(args: argparse.Namespace) -> None:
+    from kit.experiments.early_aux import replica_shape_lines, replica_shapes, verdict_lines
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
+    from kit.experiments.vllm_capture import recorded_early_aux_verdict
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
+    early = recorded_early_aux_verdict()  # vLLM's path, from its recordings, live or not
     if args.json:
-        json.dump(safety_json(data), sys.stdout, indent=1)
+        shapes = replica_shapes(data.get("policies") or {})
+        json.dump({**safety_json(data), "early_aux_shapes": shapes, "early_aux_vllm": early}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    print("\n".join(safety_lines(data)))
+    lines = [*safety_lines(data), *replica_shape_lines(data.get("policies") or {}), "", *verdict_lines(early)]
+    print("\n".join(lines))
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:

@@ -62,13 +62,14 @@ def checks(s: dict) -> dict:
     """
     running = [r for r in s.get("readwrite") or [] if r.get("can_run")]
     pairings = [p for p in s.get("pairings") or [] if p.get("dispatchable", True)]
+    has_rows, has_pairings = s.get("readwrite") is not None, s.get("pairings") is not None
     found = {
         "bit_exact": s.get("bit_exact"),
         "max_abs_diff": s.get("max_abs_diff"),
-        "obligation_pairings": len(running) if s.get("readwrite") is not None else None,
-        "obligation_holds_on": sum(bool(r.get("holds")) for r in running) if s.get("readwrite") is not None else None,
-        "pairings": len(pairings) if s.get("pairings") is not None else None,
-        "pairings_bit_exact": sum(bool(p.get("bit_exact")) for p in pairings) if s.get("pairings") is not None else None,
+        "obligation_pairings": len(running) if has_rows else None,
+        "obligation_holds_on": sum(bool(r.get("holds")) for r in running) if has_rows else None,
+        "pairings": len(pairings) if has_pairings else None,
+        "pairings_bit_exact": sum(bool(p.get("bit_exact")) for p in pairings) if has_pairings else None,
     }
     passed = [found["bit_exact"]]
     if found["obligation_pairings"]:
@@ -143,24 +144,26 @@ def cost_words(r: dict) -> str:
     """What the PR's exception keeps in graph pool for one shape, and from which runs."""
     if r.get("exception_costs") is None:
         return "graph pool under the PR against forced sharing: not recorded"
-    other = "" if r["pr_shape"] == r["shape"] else f", whose aux left {r['pr_shape']}: {r['shape']} not recorded"
+    other = "" if r["pr_shape"] == r["shape"] else f", aux {r['pr_shape']}: no {r['shape']} run under the PR recorded"
     return (
-        f"the exception costs {format_bytes(r['exception_costs'])} of graph pool ({r['pr']} "
-        f"{format_bytes(r['graph_pool_pr'])}{other}, against {r['shared']} {format_bytes(r['graph_pool_shared'])})"
+        f"graph pool {format_bytes(r['graph_pool_pr'])} under the PR ({r['pr']}{other}) against "
+        f"{format_bytes(r['graph_pool_shared'])} forced to share: the exception costs "
+        f"{format_bytes(r['exception_costs'])}"
     )
 
 
 def verdict_lines(v: dict) -> list[str]:
-    """The verdict for a terminal: each shape's forced-share checks and cost, the verdict on 0.33, what would need it."""
+    """The verdict as terminal lines: per shape the forced-share checks and cost; the verdict on 0.33; what needs it."""
     lines = [
-        "early aux on vLLM 0.33's own path (PR 63155 keeps the replay graphs on their own stream when an aux hidden "
-        "state is made before the replay layers; forced to share, in both return shapes):"
+        "early aux on vLLM 0.33's own path: PR 63155 keeps the replay graphs on their own stream when an aux hidden "
+        "state is made before the replay layers; forced to share, in both return shapes:"
     ]
     for shape, r in v["shapes"].items():
-        where = f"{r['shared']}, {r['shared_source']}" if r.get("shared") else "no recording"
-        lines.append(f"  {shape} ({r['about']}) [{where}]: {check_words(r)}; {cost_words(r)}")
-    on = v["on_vllm_0_33"]
-    nested = v["shapes"]["nested"]
+        lines.append(f"  {shape}, {r['about']}: {r['shared'] or 'no recording'}")
+        if r.get("shared"):
+            lines.append(f"    {r['shared_source']}")
+        lines += [f"    forced to share: {check_words(r)}", f"    {cost_words(r)}"]
+    on, nested = v["on_vllm_0_33"], v["shapes"]["nested"]
     if on is None:
         lines.append("  on vLLM 0.33: not shown (no recording forced to share with V4.1's return shape)")
     elif on == DEFENSIVE:
@@ -168,22 +171,45 @@ def verdict_lines(v: dict) -> list[str]:
         lines.append(
             f"  on vLLM 0.33 the exception is DEFENSIVE, not needed: with V4.1's nested aux list vLLM's wrapper keeps "
             f"the early aux block allocated (weak_ref_tensors weak-references top-level tensors only), so no replay "
-            f"capture takes it ({nested['shared']}: safe); it costs {cost} of graph pool"
+            f"capture takes it ({nested['shared']} shown safe); it costs {cost} of graph pool"
         )
     else:
         lines.append(
             f"  on vLLM 0.33 the exception is NEEDED: forced to share with V4.1's own return shape, {nested['shared']} "
             f"is not safe ({check_words(nested)})"
         )
-    need = v["necessary_under"]
-    flat = v["shapes"]["flat"]
+    need, flat = v["necessary_under"], v["shapes"]["flat"]
     if need is None:
-        lines.append("  the flattened case: not recorded, so no change to vLLM is shown to need the exception")
+        lines.append("  the flat case: not recorded, so no change to vLLM is shown to need the exception")
     elif need:
         lines.append(
-            f"  it would become necessary under a change that hands the early aux out weak: {'; or '.join(need)} "
-            f"(shown by {flat['shared']}: {check_words(flat)})"
+            f"  it becomes NECESSARY under a change that hands the early aux out weak ({flat['shared']} shows it "
+            f"fail): {'; or '.join(need)}"
         )
     else:
-        lines.append(f"  the flattened case is safe too ({flat['shared']}): no recorded change to vLLM needs it")
+        lines.append(f"  the flat case is safe too ({flat['shared']}): no recorded change to vLLM needs the exception")
+    return lines
+
+
+def replica_shapes(policies: dict[str, dict]) -> dict[str, str]:
+    """How each early-aux scenario of a replica recording (`kit safety`'s `policies`) handed its aux out: its
+    `aux_return`, or `"flat"` where its config predates it (the replica's weak references then recursed)."""
+    from kit.experiments.summary import aux_return_of
+
+    return {
+        name: aux_return_of({"scenario": {"config": about.get("config") or {}}})
+        for name, about in policies.items()
+        if about.get("has_early_aux")
+    }
+
+
+def replica_shape_lines(policies: dict[str, dict]) -> list[str]:
+    """One line per early-aux scenario of a replica recording: the return shape its rows ran, and whether vLLM 0.33
+    runs that shape."""
+    lines = []
+    for name, shape in replica_shapes(policies).items():
+        recorded = (policies[name].get("config") or {}).get("aux_return") is not None
+        how = "" if recorded else ", recorded when the replica's weak references recursed into nested outputs"
+        on = "vLLM 0.33's own" if shape == "nested" else "hypothetical on vLLM 0.33"
+        lines.append(f"replica's {name} rows: aux handed out {shape}{how} ({on})")
     return lines

@@ -54,7 +54,7 @@ SCENARIOS = {
     "patched": ("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
     "early_aux_pr": ("pr", True, "early aux under PR 63155: replay graphs keep their own stream"),
     "early_aux_shared": (
-        "share", True, "early aux forced onto the model graphs' stream, returned as V4.1 does: (hidden_states, aux_list)"
+        "share", True, "early aux forced onto the model graphs' stream, returned as V4.1 does (hidden_states, aux_list)"
     ),
     "early_aux_shared_flat": (
         "share", True, "hypothetical: early aux forced to share, returned flattened (each aux a top-level output)"

@@ -148,7 +148,7 @@ VLLM_SCENARIOS = {
         "pr", True, "early aux returned as V4.1 does, under PR 63155: the replay graphs keep their own stream"
     ),
     "early_aux_pr_flat": VllmScenario(
-        "pr", True, "hypothetical: early aux returned flattened, under PR 63155: the replay graphs keep their own stream",
+        "pr", True, "hypothetical: early aux returned flattened, under PR 63155: replay graphs keep their own stream",
         "flat",
     ),
     "early_aux_shared": VllmScenario(
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="folder for the snapshots and PROVENANCE.json")
     parser.add_argument(
-        "--scenario", "--variant", choices=sorted([*VLLM_SCENARIOS, *OLD_NAMES]), help="run only this one, in this process"
+        "--scenario", "--variant", choices=sorted([*VLLM_SCENARIOS, *OLD_NAMES]), help="run only this one, here"
     )  # --variant: the name the recordings' provenance commands use; OLD_NAMES: the names older recordings name
     parser.add_argument("--path", choices=PATHS, default="runner")
     parser.add_argument("--probe", action="store_true", help="import each capture module and say what stopped it")

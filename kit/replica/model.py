@@ -47,7 +47,6 @@ from kit.replica.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 
-
 # The shapes a forward may return its aux hidden states in (ReplicaConfig.aux_return): V4.1's, and a hypothetical one.
 AUX_RETURNS = {
     "nested": "as V4.1 returns them, (hidden_states, aux_list): vLLM's wrapper keeps every aux block allocated",
