@@ -288,7 +288,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_safety(args: argparse.Namespace) -> None:
-    from kit.experiments.early_aux import replica_shape_lines, replica_shapes, verdict_lines
+    from kit.experiments.early_aux import early_aux_lines, replica_shape_lines, replica_shapes
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
     from kit.experiments.vllm_capture import recorded_early_aux_verdict
 
@@ -299,7 +299,7 @@ def cmd_safety(args: argparse.Namespace) -> None:
         json.dump({**safety_json(data), "early_aux_shapes": shapes, "early_aux_vllm": early}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    lines = [*safety_lines(data), *replica_shape_lines(data.get("policies") or {}), "", *verdict_lines(early)]
+    lines = [*safety_lines(data), *replica_shape_lines(data.get("policies") or {}), "", *early_aux_lines(early)]
     print("\n".join(lines))
 
 

@@ -16,13 +16,13 @@ wrapper's stored output keeps every aux tensor, and its block, allocated.
 So the kit records early aux in both return shapes (`RETURN_SHAPES`) on
 vLLM's path (`kit.experiments.vllm_capture`): `nested`, V4.1's, and `flat`,
 hypothetical (each aux weak, as a model returning its aux flattened or a
-recursing `weak_ref_tensors` would hand it out). `verdict(summaries)` reads
+recursing `weak_ref_tensors` would hand it out). `early_aux_verdict(summaries)` reads
 from those recordings' summaries, never from a constant: per shape, the run
 forced to share (graphs against eager, the read/write obligation's rows, the
 pairings) and the graph pool under the PR against forced sharing; then
 whether on vLLM 0.33 (the nested shape) the exception is needed or
 defensive, what it costs, and under which change to vLLM it would become
-necessary (the flat shape). `verdict_lines` says it for a terminal.
+necessary (the flat shape). `early_aux_lines` says it for a terminal.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ CHANGES = (
 DEFENSIVE, NEEDED = "defensive", "needed"
 
 
-def pick(summaries: dict[str, dict], policy: str, shape: str) -> tuple[str, dict] | None:
+def recorded_run(summaries: dict[str, dict], policy: str, shape: str) -> tuple[str, dict] | None:
     """The recorded run with early aux under `policy` (`pr` or `share`) whose aux left in `shape`; None if none."""
     for name, s in summaries.items():
         if s.get("has_early_aux") and s.get("policy") == policy and s.get("aux_return") == shape:
@@ -54,7 +54,7 @@ def pick(summaries: dict[str, dict], policy: str, shape: str) -> tuple[str, dict
     return None
 
 
-def checks(s: dict) -> dict:
+def share_checks(s: dict) -> dict:
     """A run's safety checks: graphs against eager, the obligation's and the pairings' counts; whether shown safe.
 
     `shown_safe` is True when every check the recording holds passed (graphs against eager always among them),
@@ -85,16 +85,17 @@ def shape_result(summaries: dict[str, dict], shape: str) -> dict:
 
     Where the PR's run of this shape is not recorded, the other shape's is used and `pr_shape` says so.
     """
-    shared, pr = pick(summaries, "share", shape), pick(summaries, "pr", shape)
+    shared, pr = recorded_run(summaries, "share", shape), recorded_run(summaries, "pr", shape)
     pr_shape = shape
     if pr is None:
         pr_shape = next(other for other in RETURN_SHAPES if other != shape)
-        pr = pick(summaries, "pr", pr_shape)
+        pr = recorded_run(summaries, "pr", pr_shape)
         pr_shape = pr_shape if pr is not None else None
     result = {"shape": shape, "about": RETURN_SHAPES[shape], "shared": None, "pr": None, "pr_shape": pr_shape}
     if shared is not None:
         name, s = shared
-        result.update(shared=name, shared_source=s.get("source"), graph_pool_shared=s["graph_pool_bytes"], **checks(s))
+        result.update(shared=name, shared_source=s.get("source"), graph_pool_shared=s["graph_pool_bytes"])
+        result.update(share_checks(s))
     if pr is not None:
         name, s = pr
         result.update(pr=name, pr_source=s.get("source"), graph_pool_pr=s["graph_pool_bytes"])
@@ -103,7 +104,7 @@ def shape_result(summaries: dict[str, dict], shape: str) -> dict:
     return result
 
 
-def verdict(summaries: dict[str, dict]) -> dict:
+def early_aux_verdict(summaries: dict[str, dict]) -> dict:
     """The early-aux verdict from vLLM-path summaries (`kit.experiments.summary.summarize` of each recording).
 
     `shapes`: `shape_result` per return shape. `on_vllm_0_33`: `"defensive"` when
@@ -152,7 +153,7 @@ def cost_words(r: dict) -> str:
     )
 
 
-def verdict_lines(v: dict) -> list[str]:
+def early_aux_lines(v: dict) -> list[str]:
     """The verdict as terminal lines: per shape the forced-share checks and cost; the verdict on 0.33; what needs it."""
     lines = [
         "early aux on vLLM 0.33's own path: PR 63155 keeps the replay graphs on their own stream when an aux hidden "

@@ -392,15 +392,16 @@ def recorded_as(stem: str, variant: dict) -> str:
     return base + FLAT_SUFFIX if aux_return_of({"variant": variant}) == "flat" else base
 
 
-def load_recordings() -> dict:
-    """The shipped H200 recordings of every scenario, as snapshots, in `VLLM_SCENARIOS` order; KitError naming how to
-    make them if none. Each is keyed by the scenario it ran (`recorded_as`); of two that ran one, the file named so."""
+def load_recordings(folder: str | Path | None = None) -> dict:
+    """The shipped H200 recordings of every scenario (or those in `folder`), as snapshots, in `VLLM_SCENARIOS` order;
+    KitError naming how to make them if none. Each is keyed by the scenario it ran (`recorded_as`); of two that ran
+    one, the file named so."""
     from kit.experiments.recorded import repo_path
     from kit.load.snapshot import load_snapshot
 
     found = {}
     for stem in (*VLLM_SCENARIOS, *OLD_NAMES):
-        path = recording_path(stem)
+        path = Path(folder) / f"{stem}.pickle" if folder is not None else recording_path(stem)
         if not path.is_file():
             continue
         snap = load_snapshot(path, label=repo_path(path))
@@ -425,7 +426,7 @@ def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
         "has_early_aux", "early_aux_pinned", "aux_return", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
         "readwrite_verdict", "readwrite_verdicts", "readwrite_holds",
     )  # fmt: skip
-    early = early_aux.verdict(summaries)  # in each early-aux scenario's entry, so every entry stays a scenario's
+    early = early_aux.early_aux_verdict(summaries)  # in each early-aux scenario's entry: every entry is a scenario's
     return {
         name: {
             **{k: summary.get(k) for k in keys},
@@ -465,7 +466,7 @@ def demo_lines(summaries: dict) -> list[str]:
     if any(s.get("readwrite") is not None for s in summaries.values()):
         lines.append(f"the obligation: {OBLIGATION}")
     if any(s.get("has_early_aux") for s in summaries.values()):
-        lines += early_aux.verdict_lines(early_aux.verdict(summaries))
+        lines += early_aux.early_aux_lines(early_aux.early_aux_verdict(summaries))
     return lines
 
 
@@ -490,13 +491,14 @@ def recorded_summaries() -> dict[str, dict]:
 
 
 def recorded_early_aux_verdict() -> dict:
-    """`kit.experiments.early_aux.verdict` of the shipped recordings, with `source` naming them; every figure None
-    where there are none."""
+    """`early_aux.early_aux_verdict` of the shipped recordings, with `source` naming them; every figure None where
+    there are none."""
     try:
         summaries = recorded_summaries()
     except KitError as e:
-        return {**early_aux.verdict({}), "source": str(e)}
-    return {**early_aux.verdict(summaries), "source": "vLLM 0.33's own capture path, recorded (kit/recordings/vllm)"}
+        return {**early_aux.early_aux_verdict({}), "source": str(e)}
+    source = "vLLM 0.33's own capture path, recorded (kit/recordings/vllm)"
+    return {**early_aux.early_aux_verdict(summaries), "source": source}
 
 
 # --- every scenario, each in a fresh process ---------------------------------------------------
