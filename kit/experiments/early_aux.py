@@ -33,8 +33,8 @@ from kit.analysis.tables import format_bytes
 RETURN_SHAPES = {
     "nested": "as V4.1 returns them, (hidden_states, aux_list): vLLM's wrapper keeps every aux block allocated",
     "flat": (
-        "hypothetical: returned flattened, each aux a top-level output that vLLM's wrapper weak-references, so its "
-        "block is free for later captures"
+        "hypothetical: each aux handed out weak, as from a model returning them flattened or a weak_ref_tensors "
+        "that recursed, its block free for later captures"
     ),
 }
 # The changes to vLLM 0.33 under which an early aux block would be handed out weak, the flat shape's case.

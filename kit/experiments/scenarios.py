@@ -41,6 +41,7 @@ from kit import progress
 from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes
 from kit.errors import KitError, check_one_of
+from kit.experiments.early_aux import RETURN_SHAPES
 from kit.experiments.recorded import child_error
 from kit.experiments.summary import summarize
 from kit.fileio import atomic_write
@@ -193,6 +194,8 @@ def scenario_lines(summary: dict) -> list[str]:
     lines.append(f"  graph pool reserved in all: {format_bytes(summary['graph_pool_bytes'])}")
     verdict = "bit-exact" if summary["bit_exact"] else f"DIFFERS, largest difference {summary['max_abs_diff']:.4g}"
     lines.append(f"  graphs vs eager: {verdict}")
+    if summary.get("has_early_aux") and summary.get("aux_return") in RETURN_SHAPES:
+        lines.append(f"  early aux handed out {summary['aux_return']}: {RETURN_SHAPES[summary['aux_return']]}")
     return lines
 
 
