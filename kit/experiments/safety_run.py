@@ -63,8 +63,10 @@ from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
 # The safety and read/write experiments' scenarios -> the replica scenario of
-# kit.experiments.scenarios that captures it (the PR's run is `patched` there).
-SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+# kit.experiments.scenarios that captures it (the PR's run is `patched` there). Their early-aux scenario is the
+# hypothetical flat return (each aux weak, its block free for R), the case the checks exist to catch: with V4.1's
+# nested return vLLM's wrapper keeps the block (`kit.experiments.early_aux`); its recorded config says which ran.
+SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared_flat"}
 SAFETY_SCENARIOS = tuple(SCENARIO_OF)
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
