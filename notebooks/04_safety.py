@@ -105,10 +105,10 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # `pr` (PR 63155), `unpatched` (vLLM 0.33) and `early_aux_shared` (an aux hidden state at
 # layer 1, the replay graphs forced onto the shared stream anyway). The break gets V4.1's
 # several inputs: the hidden states and the hyper-connection state `residual`, `post_mix` and
-# `res_mix`. How the early aux left each capture matters (the last section): the cell below
-# says, from each recording's config, whether its rows ran V4.1's nested aux list or the
-# hypothetical flat one, which the shipped recordings did (the replica's weak references then
-# recursed into nested outputs, unlike vLLM's).
+# `res_mix`. How the early aux leaves each capture matters (the last section): here it is
+# handed out weak, the hypothetical flat return (`early_aux_shared_flat`), so its block is free
+# for a replay capture, the case these checks exist to catch. The cell below says, from each
+# recording's config, which shape its rows ran.
 #
 # **Which replay graph can run in which break** is vLLM 0.33's rule (`kit.experiments.dispatch`
 # prints it below). `_prepare_replay_batch` (`vllm/models/deepseek_v41/nvidia/model_state.py`)
