@@ -288,19 +288,29 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_safety(args: argparse.Namespace) -> None:
+    from kit.experiments.early_aux import early_aux_lines, replica_shape_lines, replica_shapes
     from kit.experiments.readwrite_run import recorded_if_any
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
-    from kit.experiments.vllm_capture import shipped_invariants
+    from kit.experiments.vllm_capture import recorded_early_aux_verdict, shipped_invariants
     from kit.experiments.vllm_safety import vllm_invariant_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
     readwrite = None if args.live else recorded_if_any(args.preset)  # the invariant's recording, beside the pairings
     vllm = shipped_invariants()
+    early = recorded_early_aux_verdict()  # vLLM's path, from its recordings, live or not
     if args.json:
-        json.dump({**safety_json(data, readwrite), "vllm_invariant": vllm}, sys.stdout, indent=1)
+        shapes = replica_shapes(data.get("policies") or {})
+        early_json = {"early_aux_shapes": shapes, "early_aux_vllm": early}
+        json.dump({**safety_json(data, readwrite), "vllm_invariant": vllm, **early_json}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    print("\n".join(safety_lines(data, readwrite, vllm_invariant_lines(vllm))))
+    lines = [
+        *safety_lines(data, readwrite, vllm_invariant_lines(vllm)),
+        *replica_shape_lines(data.get("policies") or {}),
+        "",
+        *early_aux_lines(early),
+    ]
+    print("\n".join(lines))
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:

@@ -36,7 +36,8 @@
 # 3. *lifetimes*: the analysis a plain allocator trace allows, beside check 2.
 #
 # **Where it is shown.** Every check in this notebook runs on the **replica**, not on vLLM's
-# own code. **vLLM's own code** (`kit.experiments.vllm_capture`: vLLM 0.33's
+# own code, except the early-aux verdict at the end, read from vLLM's own path's recordings.
+# **vLLM's own code** (`kit.experiments.vllm_capture`: vLLM 0.33's
 # `GPUModelRunner.capture_model`, `DecoderReplayLayers` and `DecoderReplayCudaGraphManager`
 # around a stand-in model, on the H200) is notebook 06's: there it shows which stream the
 # replay graphs capture on, the graph pool, graphs against eager, and the early-aux case,
@@ -62,8 +63,10 @@ import kit.patch.replica
 from kit.analysis.readwrite import OBLIGATION
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import default_step_replay_graph
+from kit.experiments.early_aux import early_aux_lines, replica_shape_lines
 from kit.experiments.safety_run import pair_verdicts
 from kit.experiments.scenarios import replica_runs
+from kit.experiments.vllm_capture import recorded_early_aux_verdict
 from kit.recordings import default_source
 from kit.replica.model import PRESETS
 from kit.show.safety import (
@@ -102,7 +105,10 @@ print(inspect.getsource(kit.patch.replica.has_early_aux))
 # `pr` (PR 63155), `unpatched` (vLLM 0.33) and `early_aux_shared` (an aux hidden state at
 # layer 1, the replay graphs forced onto the shared stream anyway). The break gets V4.1's
 # several inputs: the hidden states and the hyper-connection state `residual`, `post_mix` and
-# `res_mix`.
+# `res_mix`. How the early aux leaves each capture matters (the last section): here it is
+# handed out weak, the hypothetical flat return (`early_aux_shared_flat`), so its block is free
+# for a replay capture, the case these checks exist to catch. The cell below says, from each
+# recording's config, which shape its rows ran.
 #
 # **Which replay graph can run in which break** is vLLM 0.33's rule (`kit.experiments.dispatch`
 # prints it below). `_prepare_replay_batch` (`vllm/models/deepseek_v41/nvidia/model_state.py`)
@@ -150,6 +156,8 @@ print(f"dispatchable: {DISPATCH_RULE}")
 print(f"data source: {SOURCE}: {records.pairs.attrs['source']}")
 for line in pair_verdicts(records.pairs):
     print(line)
+for line in replica_shape_lines(records.readwrite["policies"]):
+    print(line)
 pairings_table(records.pairs)
 
 # %% [markdown]
@@ -188,9 +196,10 @@ for policy, run in records.readwrite["policies"].items():
     print(f"obligation under {policy}: {run['obligation'][cut:].strip()}")
 for wording in stated - {OBLIGATION}:
     print(f"  (recorded against an earlier wording of the obligation: {wording})")
-for line in records.readwrite["policies"]["early_aux_shared"]["verdicts"]:
-    if "VIOLATED" in line:
-        print(f"  {line}")
+for policy, run in records.readwrite["policies"].items():
+    for line in run["verdicts"]:
+        if "VIOLATED" in line:
+            print(f"  {policy}: {line}")
 
 # %% [markdown]
 # Where it fails, the lines name the bytes and who reads them. The value at stake with early
@@ -279,6 +288,32 @@ print("\n".join(agreement_lines(records)))
 # trace alone, the lifetime analysis can also flag the break's kept-bound inputs, which nothing
 # reads after the break (section 3). All of it on the replica; notebook 06 runs vLLM 0.33's own
 # capture code (the replay graphs' stream, the graph pool, graphs against eager, early aux).
+#
+# ## Early aux on vLLM's semantics: is the exception needed?
+#
+# Where the early aux block can go depends on how it leaves the model graph's capture. vLLM
+# 0.33's `BreakableCUDAGraphWrapper._capture` (`vllm/compilation/breakable_cudagraph.py`) hands
+# its caller `weak_ref_tensors(output)`, and `weak_ref_tensors` (`vllm/utils/torch_utils.py`)
+# weak-references top-level tensors only. DeepSeek-V4.1 returns `(hidden_states, aux_list)`, so
+# the wrapper keeps the early aux block allocated and no replay capture can take it. The
+# failures above, where the replica's early aux rows ran flat, are the hypothetical case in
+# which vLLM handed the early aux out weak.
+#
+# The verdict below is computed from vLLM's own capture path's H200 recordings
+# (`kit/recordings/vllm`, `kit.experiments.early_aux`), forced to share in both return shapes.
+# As recorded: with V4.1's nested aux list (`early_aux_shared_pinned.pickle`) graphs equal eager
+# bit for bit and the obligation holds on 11 of 11 dispatchable pairings, in a 30 MiB graph
+# pool against 56 MiB under the PR (`early_aux_pr.pickle`), so on vLLM 0.33 the exception is
+# defensive and costs 26 MiB there. With the aux handed out flat (`early_aux_shared.pickle`)
+# graphs differ from eager (largest difference 7.89) and the obligation fails on 10 of 11: the
+# exception becomes necessary if a model returned its aux flattened or `weak_ref_tensors`
+# recursed. The replica's 6.64 (`kit demo`) is that flat case too.
+
+# %%
+for line in early_aux_lines(recorded_early_aux_verdict()):
+    print(line)
+
+# %% [markdown]
 #
 # **Next question.** The PR names two alternatives. One is a single `graph_capture()` for
 # every capture, which would put the speculator on the shared stream too. The other is fewer

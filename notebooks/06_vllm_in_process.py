@@ -250,11 +250,14 @@ display(kit.style_table(scenarios))
 # captures add graph-pool segments there while the model graphs' free blocks sit on the other
 # stream. Under the PR they capture on the model graphs' stream and reuse its free blocks (what
 # they still add is printed above). With an aux hidden state made before the replay layers the
-# PR keeps them on their own stream; forced to share (`early_aux_shared`), the replay graphs
-# write over the early aux state, and the read/write obligation and the pairings above say so on
-# vLLM's own code. `early_aux_shared_pinned` hands the early aux out as V4.1 does, inside the
-# output's list, which vLLM's wrapper does not weak-reference: its block stays allocated, so
-# nothing lands on it (docs/vllm.md). The same checks as for the replica:
+# PR keeps them on their own stream. Forced to share with the aux returned as V4.1 returns it
+# (`early_aux_shared`: inside the output's list, which vLLM's `weak_ref_tensors` does not
+# weak-reference), its block stays allocated, nothing lands on it, and graphs equal eager: on
+# vLLM 0.33 the exception is defensive. In the hypothetical `early_aux_shared_flat` (the aux
+# handed out weak, as a model returning it flattened would) the replay graphs write over it, and
+# the read/write obligation and the pairings above say so on vLLM's own code. The verdict with
+# its figures closes `kit demo --vllm` and notebook 04 (docs/vllm.md). The same checks as for the
+# replica:
 
 # %%
 unpatched, patched = vllm_runs["unpatched"], vllm_runs["patched"]

@@ -84,6 +84,11 @@ KEY_LINES = {
         "the pairings that differ from eager and those the lifetime analysis flags with the breaks' reads are "
         "exactly the pairings that fail it",
         "unpatched: the lifetime analysis agrees with the obligation on all 18 pairings",
+        # early aux on vLLM's semantics, from vLLM's path's recordings: which shape the replica's rows ran, the verdict
+        "replica's early_aux_shared rows: aux handed out flat",
+        "    forced to share: graphs equal eager bit for bit, the obligation holds on 11 of 11 dispatchable pairings",
+        "  on vLLM 0.33 the exception is DEFENSIVE, not needed: ",
+        "  it becomes NECESSARY under a change that hands the early aux out weak (early_aux_shared_flat shows it fail)",
     ),
     # The alternatives recording (kit/recordings/alternatives/small.json): (a) and (b), and what the saving buys.
     "05_alternatives": (

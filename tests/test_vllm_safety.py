@@ -116,10 +116,15 @@ def test_the_stand_in_takes_vllms_default_replay_sizes():
     cfg = vc.StandInConfig()
     assert (cfg.window, cfg.trim_threshold, cfg.cudagraph_capture_sizes) == (96, 128, (128, 256, 512))
     assert cfg.decoder_replay_cudagraph_capture_sizes == ()  # DecoderReplayCudaGraphManager.__init__ makes them
-    assert cfg.with_early_aux().aux_hidden_state_layers == (1, 4) and not cfg.with_early_aux().early_aux_pinned
-    assert cfg.with_early_aux(pinned=True).early_aux_pinned
-    shared, pinned = vc.VLLM_SCENARIOS["early_aux_shared"], vc.VLLM_SCENARIOS["early_aux_shared_pinned"]
-    assert shared._replace(description="", pinned=True) == pinned._replace(description="")
+    # V4.1's nested return by default; the flat one is the hypothetical, and the only difference of its scenarios.
+    assert cfg.with_early_aux().aux_hidden_state_layers == (1, 4) and cfg.with_early_aux().aux_return == "nested"
+    assert cfg.with_early_aux(aux_return="flat").aux_return == "flat"
+    with pytest.raises(KitError, match="aux_return must be one of nested, flat"):
+        cfg.with_early_aux(aux_return="recursive")
+    for name in ("early_aux_pr", "early_aux_shared"):
+        nested, flat = vc.VLLM_SCENARIOS[name], vc.VLLM_SCENARIOS[f"{name}_flat"]
+        assert nested.aux_return == "nested" and flat.description.startswith("hypothetical: ")
+        assert nested._replace(description="", aux_return="flat") == flat._replace(description="")
 
 
 def test_every_model_graph_is_tagged_segment_break_replay_after_and_outputs(captured):
@@ -293,18 +298,18 @@ def test_the_pairings_verdict():
     assert vs.pairings_verdict([]).startswith("no pairing can run")
 
 
-def test_the_early_aux_leaves_a_captured_forward_weak_unless_pinned(monkeypatch):
+def test_the_early_aux_leaves_a_captured_forward_weak_only_when_returned_flat(monkeypatch):
     import vllm.utils.torch_utils as torch_utils
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 
     vc.import_vllm()
     monkeypatch.setattr(torch_utils, "weak_ref_tensor", lambda t: ("weak", t))
     device_tensor, cpu_tensor = torch.empty(4, device="meta"), torch.ones(4)
-    assert vc.handed_out([device_tensor], pinned=False)[0] is device_tensor  # eager: no capture
+    assert vc.handed_out([device_tensor], "flat")[0] is device_tensor  # eager: no capture
     monkeypatch.setattr(BreakableCUDAGraphCapture, "current", classmethod(lambda cls: object()))
-    assert vc.handed_out([device_tensor], pinned=False)[0] == ("weak", device_tensor)
-    assert vc.handed_out([device_tensor], pinned=True)[0] is device_tensor
-    assert vc.handed_out([cpu_tensor], pinned=False)[0] is cpu_tensor
+    assert vc.handed_out([device_tensor], "flat")[0] == ("weak", device_tensor)
+    assert vc.handed_out([device_tensor], "nested")[0] is device_tensor  # V4.1's: vLLM's wrapper keeps it
+    assert vc.handed_out([cpu_tensor], "flat")[0] is cpu_tensor
 
 
 def test_provenance_names_every_bypassed_constructor_and_what_is_not_modelled():
@@ -334,13 +339,16 @@ def old_format(name: str) -> dict:
 
 
 def write_recordings(tmp_path: Path, monkeypatch, extra: dict | None = None) -> list[str]:
-    names = [name for name in vc.VLLM_SCENARIOS if (SHIPPED / f"{name}.pickle").is_file()]
-    for name in names:
-        raw = old_format(name)
+    """The shipped recordings, old-format, in `tmp_path`; the scenarios they ran (`recorded_as`), in demo's order."""
+    stems = [name for name in (*vc.VLLM_SCENARIOS, *vc.OLD_NAMES) if (SHIPPED / f"{name}.pickle").is_file()]
+    ran = set()
+    for stem in stems:
+        raw = old_format(stem)
         raw["kit"].update(extra or {})
-        (tmp_path / f"{name}.pickle").write_bytes(pickle.dumps(raw))
+        (tmp_path / f"{stem}.pickle").write_bytes(pickle.dumps(raw))
+        ran.add(vc.recorded_as(stem, raw["kit"]["variant"]))
     monkeypatch.setattr(vc, "recording_path", lambda name: tmp_path / f"{name}.pickle")
-    return names
+    return [name for name in vc.VLLM_SCENARIOS if name in ran]
 
 
 def test_demo_vllm_json_carries_the_pairings_and_the_obligation(readwrite, pairings, tmp_path, monkeypatch, capsys):

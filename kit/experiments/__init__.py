@@ -27,6 +27,9 @@
   compiled parts stood in, with the stubs of `kit/experiments/vllm_stubs/`)
   and `vllm_standin` (the stand-in model and vLLM's runner around it), with
   `vllm_safety`: the read/write obligation and the pairings on that path;
+- `early_aux`: the PR's early-aux exception on vLLM's semantics, read from the
+  vLLM-path recordings in both return shapes (V4.1's nested aux list, and the
+  hypothetical flat one): needed or defensive, its cost, what would need it;
 - `summary`: one experiment's figures from its snapshot, the replica's and
   vLLM's alike, and what a change saved in the graph pool;
 - `recorded`: what the JSON experiments share: their recordings read and

@@ -100,8 +100,10 @@ from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
 
 # The safety and read/write experiments' scenarios -> the replica scenario of
-# kit.experiments.scenarios that captures it (the PR's run is `patched` there).
-SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared"}
+# kit.experiments.scenarios that captures it (the PR's run is `patched` there). Their early-aux scenario is the
+# hypothetical flat return (each aux weak, its block free for R), the case the checks exist to catch: with V4.1's
+# nested return vLLM's wrapper keeps the block (`kit.experiments.early_aux`); its recorded config says which ran.
+SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared_flat"}
 # PLANTED scenarios: the PR's capture (its replica scenario above) of a model with a bug put in on purpose
 # (`ReplicaConfig.planted_cross_break_read`: a graph-pool intermediate read after the replay break), to show the
 # structural invariant (kit.analysis.invariant) and graphs-vs-eager failing.

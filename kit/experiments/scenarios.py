@@ -1,11 +1,21 @@
-"""The replica's four experiments, each in a fresh process, and their figures.
+"""The replica's five experiments, each in a fresh process, and their figures.
 
 - `unpatched`: vLLM 0.33, the replay graphs on a stream of their own;
 - `patched`: PR 63155, the replay graphs on the model graphs' stream;
 - `early_aux_pr`: an aux hidden state before the replay layers, under the PR
   (which then keeps the replay graphs on their own stream);
 - `early_aux_shared`: the same model with the replay graphs forced to share,
-  the case the PR's exception exists for.
+  the case the PR's exception exists for, its aux returned as V4.1 returns
+  them, `(hidden_states, aux_list)`: vLLM's wrapper weak-references only
+  top-level outputs, so it keeps the early aux block allocated;
+- `early_aux_shared_flat`: hypothetical, the same with each aux a top-level
+  output (`ReplicaConfig.aux_return="flat"`): weak, its block free for the
+  replay captures, as under a vLLM whose model returned its aux flattened or
+  whose `weak_ref_tensors` recursed.
+
+The replica's weak references recursed into nested outputs before
+`aux_return` existed: a recording without it in its config handed every aux
+out weak, the flat case (`aux_return_of` in `kit.experiments.summary`).
 
 `run_scenario` captures with the capture recorder and checks the graphs
 against eager execution; the snapshot it returns carries the scenario, the
@@ -31,6 +41,7 @@ from kit import progress
 from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes
 from kit.errors import KitError, check_one_of
+from kit.experiments.early_aux import RETURN_SHAPES
 from kit.experiments.recorded import child_error
 from kit.experiments.summary import summarize
 from kit.fileio import atomic_write
@@ -43,8 +54,15 @@ SCENARIOS = {
     "unpatched": (None, False, "vLLM 0.33: replay graphs on a new stream"),
     "patched": ("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
     "early_aux_pr": ("pr", True, "early aux under PR 63155: replay graphs keep their own stream"),
-    "early_aux_shared": ("share", True, "early aux forced onto the model graphs' stream"),
-}
+    "early_aux_shared": (
+        "share", True, "early aux forced onto the model graphs' stream, returned as V4.1 does (hidden_states, aux_list)"
+    ),
+    "early_aux_shared_flat": (
+        "share", True, "hypothetical: early aux forced to share, returned flattened (each aux a top-level output)"
+    ),
+}  # fmt: skip
+# Scenarios whose forward returns its aux flattened (ReplicaConfig.aux_return); every other returns V4.1's shape.
+FLAT_AUX_SCENARIOS = ("early_aux_shared_flat",)
 EARLY_AUX_LAYER = 1
 
 
@@ -68,6 +86,8 @@ def scenario_config(name: str, preset: str):
     config = PRESETS[preset]
     if SCENARIOS[name][1]:
         config = dataclasses.replace(config, aux_hidden_state_layers=(EARLY_AUX_LAYER, *config.aux_hidden_state_layers))
+    if name in FLAT_AUX_SCENARIOS:
+        config = dataclasses.replace(config, aux_return="flat")
     return config
 
 
@@ -174,6 +194,8 @@ def scenario_lines(summary: dict) -> list[str]:
     lines.append(f"  graph pool reserved in all: {format_bytes(summary['graph_pool_bytes'])}")
     verdict = "bit-exact" if summary["bit_exact"] else f"DIFFERS, largest difference {summary['max_abs_diff']:.4g}"
     lines.append(f"  graphs vs eager: {verdict}")
+    if summary.get("has_early_aux") and summary.get("aux_return") in RETURN_SHAPES:
+        lines.append(f"  early aux handed out {summary['aux_return']}: {RETURN_SHAPES[summary['aux_return']]}")
     return lines
 
 

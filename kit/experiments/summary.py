@@ -86,6 +86,7 @@ def summarize(snapshot: Any, *, segments: bool = False) -> dict:
         "equivalence_error": next((r["error"] for r in equivalence if "error" in r), None),
         "has_early_aux": scenario.get("has_early_aux", vllm_run.get("has_early_aux")),
         "early_aux_pinned": vllm_run.get("early_aux_pinned"),
+        "aux_return": aux_return_of(meta),
         "replay_sizes": vllm_run.get("replay_sizes"),
         **safety_figures(meta),
     }
@@ -95,6 +96,26 @@ def summarize(snapshot: Any, *, segments: bool = False) -> dict:
     if scenario:
         figures.update({old: figures[new] for old, new in OLD_NAMES.items()})
     return figures
+
+
+def aux_return_of(meta: dict) -> str | None:
+    """How a recording's forward handed out its aux hidden states under capture: `"nested"` or `"flat"`.
+
+    `"nested"` is V4.1's `(hidden_states, aux_list)`: vLLM 0.33's `weak_ref_tensors`
+    (`vllm/utils/torch_utils.py`) weak-references top-level tensors only, so the
+    wrapper keeps every aux block allocated. `"flat"`: each aux weak, its block
+    free for later captures (a hypothetical vLLM). Read from the recorded config's
+    `aux_return`; before it, a vLLM recording said `early_aux_pinned` (True: nested;
+    None: no early aux, so None), and the replica's weak references recursed (flat).
+    """
+    scenario, vllm_run = meta.get("scenario") or {}, meta.get("variant") or {}
+    config = scenario.get("config") or vllm_run.get("config") or {}
+    if config.get("aux_return") in ("nested", "flat"):
+        return config["aux_return"]
+    if vllm_run:
+        pinned = vllm_run.get("early_aux_pinned")
+        return None if pinned is None else ("nested" if pinned else "flat")
+    return "flat" if scenario else None
 
 
 def safety_figures(meta: dict) -> dict:

@@ -24,10 +24,10 @@ What is stood in, and why (each is also in every recording's provenance:
   (`hidden_states, positions, input_ids, pre_mix, post_mix, res_mix,
   residual`, at V4.1's shapes and dtypes) and which return
   `hidden_states, pre_mix, *late_aux`; its layers are MLPs, not attention.
-  Its early aux states leave a captured forward as weak references, as
-  vLLM's wrapper hands out its top-level outputs (V4.1's nested aux list
-  would keep their blocks allocated: `_define_model` says why), except in
-  `early_aux_shared_pinned`;
+  It returns its aux states as V4.1 does, `(hidden_states, aux_list)`, which
+  vLLM's wrapper keeps allocated; in the hypothetical `*_flat` scenarios its
+  early aux states leave a captured forward as weak references, as vLLM's
+  wrapper hands out top-level outputs (`_define_model` says why);
 - what needs a checkpoint or kernels: the model config
   (`model_config.hf_config`'s `hidden_size`, `hc_mult`, and the dtype: a
   namespace), the model state's attention metadata (`prepare_attn`) and its
@@ -56,10 +56,14 @@ The replay capture sizes are vLLM's default (`DecoderReplayCudaGraphManager.__in
 makes them from the window, 96 here: 96, 192, ..., 480, 512), read back from
 the manager. Scenarios, each in a fresh process (the graph pool and the patch
 are per process): `unpatched` (vLLM 0.33), `patched` (PR 63155),
-`early_aux_pr` (an aux id before the replay layers, under the PR: the replay
-graphs keep their own stream), `early_aux_shared` (the same forced to share),
-`early_aux_shared_pinned` (forced to share, the early aux handed out as V4.1
-does). Each writes a snapshot (`<scenario>.pickle`) whose `kit` key holds the
+`early_aux_pr` (an aux id before the replay layers, returned as V4.1 does,
+under the PR: the replay graphs keep their own stream), `early_aux_shared`
+(the same forced to share), and the hypothetical `early_aux_pr_flat` and
+`early_aux_shared_flat` (the same with the early aux handed out weak, as a
+model returning its aux flattened would). Recordings made before the return
+shapes were named keep their file names (`early_aux_pr`, `early_aux_shared`:
+flat; `early_aux_shared_pinned`: nested) and are read as the scenario they
+ran (`recorded_as`). Each writes a snapshot (`<scenario>.pickle`) whose `kit` key holds the
 scenario, the path that ran, the streams `graph_capture` made, the
 graphs-versus-eager check, the read/write obligation over the dispatchable
 pairings (`readwrite`, recorded during the capture by vLLM's phases), the
@@ -92,6 +96,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kit.errors import KitError, check_one_of
+from kit.experiments import early_aux
 from kit.experiments.recorded import child_error
 from kit.experiments.summary import saved_by_the_patch, summarize
 from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry point's names
@@ -127,29 +132,43 @@ from kit.record.provenance import add_entry, provenance, require_cuda
 
 class VllmScenario(NamedTuple):
     """A scenario: the patch policy (None: unpatched), whether an aux id comes before the replay layers, what it
-    shows, whether that early aux is handed out as V4.1 does (`pinned`: vLLM's wrapper then keeps it), and whether
-    the stand-in carries the planted cross-break read (`StandInConfig.planted_cross_break_read`)."""
+    shows, how the aux leaves the forward (`aux_return`: "nested" as V4.1 does, vLLM's wrapper then keeps it;
+    "flat", hypothetical, weak), and whether the stand-in carries the planted cross-break read
+    (`StandInConfig.planted_cross_break_read`)."""
 
     policy: str | None
     early_aux: bool
     description: str
-    pinned: bool = False
+    aux_return: str = "nested"
     planted: bool = False
 
 
 VLLM_SCENARIOS = {
     "unpatched": VllmScenario(None, False, "vLLM 0.33: replay graphs on a stream graph_capture() makes for them"),
     "patched": VllmScenario("pr", False, "PR 63155: replay graphs on the model graphs' stream"),
-    "early_aux_pr": VllmScenario("pr", True, "early aux under PR 63155: the replay graphs keep their own stream"),
-    "early_aux_shared": VllmScenario("share", True, "early aux forced onto the model graphs' stream"),
-    "early_aux_shared_pinned": VllmScenario(
-        "share", True, "early aux forced to share, handed out as V4.1 does: vLLM's wrapper keeps its block", True
+    "early_aux_pr": VllmScenario(
+        "pr", True, "early aux returned as V4.1 does, under PR 63155: the replay graphs keep their own stream"
+    ),
+    "early_aux_pr_flat": VllmScenario(
+        "pr", True, "hypothetical: early aux returned flattened, under PR 63155: replay graphs keep their own stream",
+        "flat",
+    ),
+    "early_aux_shared": VllmScenario(
+        "share", True, "early aux forced to share, returned as V4.1 does, (hidden_states, aux_list): vLLM's wrapper "
+        "keeps its block",
+    ),
+    "early_aux_shared_flat": VllmScenario(
+        "share", True, "hypothetical: a vLLM whose model returned aux flattened: early aux forced to share, its block "
+        "weak", "flat",
     ),
     "planted_cross_break_read": VllmScenario(
         "pr", False, "PLANTED: PR 63155 on a stand-in that reads a graph-pool intermediate after the replay break",
         planted=True,
     ),
-}
+}  # fmt: skip
+# Scenario names recordings were written under before the return shapes were named: old name -> scenario.
+OLD_NAMES = {"early_aux_shared_pinned": "early_aux_shared"}
+FLAT_SUFFIX = "_flat"
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
 SCENARIO_TIMEOUT_S = 240.0  # capture with both recorders, the check, 11 pairings
 STAGE_MARK = "KIT_STAGE "
@@ -280,7 +299,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     scenario = VLLM_SCENARIOS[name]
     policy = scenario.policy
     cfg = StandInConfig()
-    cfg = cfg.with_early_aux(pinned=scenario.pinned) if scenario.early_aux else cfg
+    cfg = cfg.with_early_aux(aux_return=scenario.aux_return) if scenario.early_aux else cfg
     cfg = dataclasses.replace(cfg, planted_cross_break_read=True) if scenario.planted else cfg
     weak_ref = install_weak_ref_op()
     stage(f"apply the patch ({policy})" if policy else "no patch")
@@ -312,7 +331,8 @@ def run_scenario(name: str, path: str = "runner") -> dict:
         "description": scenario.description,
         "path": path,
         "config": dataclasses.asdict(cfg),
-        "early_aux_pinned": scenario.pinned if scenario.early_aux else None,
+        "early_aux_pinned": scenario.aux_return == "nested" if scenario.early_aux else None,  # as before aux_return
+        "aux_return": scenario.aux_return if scenario.early_aux else None,
         "replay_sizes": vllm_safety.replay_sizes(runner),
         "trim_threshold": vllm_safety.trim_threshold(runner),
         "has_early_aux": has_early_aux(runner.model_state),
@@ -368,16 +388,39 @@ def recording_path(name: str) -> Path:
     return RECORDINGS / "vllm" / f"{name}.pickle"
 
 
-def load_recordings() -> dict:
-    """The shipped H200 recordings of every scenario, as snapshots; KitError naming how to make them if none."""
+def recorded_as(stem: str, variant: dict) -> str:
+    """The scenario a recording named `stem` ran, from what its `kit["variant"]` says it handed out.
+
+    A recording made before the return shapes were named ran `early_aux_pr` and
+    `early_aux_shared` with the early aux weak (`early_aux_pinned` False: the flat
+    case), and `early_aux_shared_pinned` as V4.1 does (nested).
+    """
+    from kit.experiments.summary import aux_return_of
+
+    name = OLD_NAMES.get(stem, stem)
+    if not variant.get("has_early_aux"):
+        return name
+    base = name.removesuffix(FLAT_SUFFIX)
+    return base + FLAT_SUFFIX if aux_return_of({"variant": variant}) == "flat" else base
+
+
+def load_recordings(folder: str | Path | None = None) -> dict:
+    """The shipped H200 recordings of every scenario (or those in `folder`), as snapshots, in `VLLM_SCENARIOS` order;
+    KitError naming how to make them if none. Each is keyed by the scenario it ran (`recorded_as`); of two that ran
+    one, the file named so."""
     from kit.experiments.recorded import repo_path
     from kit.load.snapshot import load_snapshot
 
-    runs = {
-        name: load_snapshot(recording_path(name), label=repo_path(recording_path(name)))
-        for name in VLLM_SCENARIOS
-        if recording_path(name).is_file()
-    }
+    found = {}
+    for stem in (*VLLM_SCENARIOS, *OLD_NAMES):
+        path = Path(folder) / f"{stem}.pickle" if folder is not None else recording_path(stem)
+        if not path.is_file():
+            continue
+        snap = load_snapshot(path, label=repo_path(path))
+        name = recorded_as(stem, snap.kit.get("variant") or {})
+        if name in VLLM_SCENARIOS and (name not in found or stem == name):
+            found[name] = snap
+    runs = {name: found[name] for name in VLLM_SCENARIOS if name in found}
     if not runs:
         raise KitError(
             "no vLLM recordings in kit/recordings/vllm: record them on the H200 with "
@@ -387,19 +430,24 @@ def load_recordings() -> dict:
 
 
 def shipped_invariants() -> dict[str, dict]:
-    """Per shipped vLLM recording: the structural invariant (`vllm_safety.invariant_of_snapshot`: as recorded, or
-    computed from the recording), or `{"holds": None, "summary": "... not recorded ..."}` (`kit safety` shows it)."""
+    """Per shipped vLLM recording, keyed by the scenario it ran: the structural invariant
+    (`vllm_safety.invariant_of_snapshot`: as recorded, or computed from the recording), or
+    `{"holds": None, "summary": "... not recorded ..."}` (`kit safety` shows it)."""
     from kit.analysis.invariant import INVARIANT, NOT_RECORDED
     from kit.experiments.vllm_safety import invariant_of_snapshot
 
     out = {}
-    for name in VLLM_SCENARIOS:
-        path = recording_path(name)
+    for stem in (*VLLM_SCENARIOS, *OLD_NAMES):  # each file read as the scenario it ran (`recorded_as`)
+        path = recording_path(stem)
         if not path.is_file():
             continue
-        found = invariant_of_snapshot(pickle.loads(path.read_bytes()))
+        raw = pickle.loads(path.read_bytes())
+        name = recorded_as(stem, (raw.get("kit") or {}).get("variant") or {})
+        if name not in VLLM_SCENARIOS or (name in out and stem != name):
+            continue
+        found = invariant_of_snapshot(raw)
         out[name] = found or {"holds": None, "summary": f"{INVARIANT} {NOT_RECORDED}", "verdicts": [], "rows": []}
-    return out
+    return {name: out[name] for name in VLLM_SCENARIOS if name in out}
 
 
 def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
@@ -410,11 +458,16 @@ def demo_json(summaries: dict, provenance_by_name: dict) -> dict:
         "replay_added_bytes", "replay_added_segments", "replay_added_by_cause", "graph_pool_bytes",
         "graph_pool_segments", "replay_on_model_stream",
         "replay_streams_from_graph_capture", "replay_stream_names", "bit_exact", "max_abs_diff", "path", "source",
-        "has_early_aux", "early_aux_pinned", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
+        "has_early_aux", "early_aux_pinned", "aux_return", "replay_sizes", "pairings", "pairings_verdict", "readwrite",
         "readwrite_verdict", "readwrite_verdicts", "readwrite_holds",
     )  # fmt: skip
+    early = early_aux.early_aux_verdict(summaries)  # in each early-aux scenario's entry: every entry is a scenario's
     return {
-        name: {**{k: summary.get(k) for k in keys}, "provenance": provenance_by_name[name]}
+        name: {
+            **{k: summary.get(k) for k in keys},
+            "early_aux_verdict": early if summary.get("has_early_aux") else None,
+            "provenance": provenance_by_name[name],
+        }
         for name, summary in summaries.items()
     }
 
@@ -449,6 +502,8 @@ def demo_lines(summaries: dict) -> list[str]:
         lines.append(f"graph pool saved by the patch on vLLM's own code: {format_bytes(saved)} ({saved} bytes)")
     if any(s.get("readwrite") is not None for s in summaries.values()):
         lines.append(f"the obligation: {OBLIGATION}")
+    if any(s.get("has_early_aux") for s in summaries.values()):
+        lines += early_aux.early_aux_lines(early_aux.early_aux_verdict(summaries))
     return lines
 
 
@@ -465,6 +520,22 @@ def demo(*, live: bool = False, as_json: bool = False, vllm: bool = True) -> Non
         print(json.dumps(demo_json(summaries, provenance_by_name), indent=1, default=str))
         return
     print("\n".join(demo_lines(summaries)))
+
+
+def recorded_summaries() -> dict[str, dict]:
+    """`summarize` of every shipped recording, by the scenario it ran (`load_recordings`)."""
+    return {name: summarize(snap) for name, snap in load_recordings().items()}
+
+
+def recorded_early_aux_verdict() -> dict:
+    """`early_aux.early_aux_verdict` of the shipped recordings, with `source` naming them; every figure None where
+    there are none."""
+    try:
+        summaries = recorded_summaries()
+    except KitError as e:
+        return {**early_aux.early_aux_verdict({}), "source": str(e)}
+    source = "vLLM 0.33's own capture path, recorded (kit/recordings/vllm)"
+    return {**early_aux.early_aux_verdict(summaries), "source": source}
 
 
 # --- every scenario, each in a fresh process ---------------------------------------------------
@@ -542,8 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="folder for the snapshots and PROVENANCE.json")
     parser.add_argument(
-        "--scenario", "--variant", choices=sorted(VLLM_SCENARIOS), help="run only this one, in this process"
-    )  # --variant: the name the recordings' provenance commands use
+        "--scenario", "--variant", choices=sorted([*VLLM_SCENARIOS, *OLD_NAMES]), help="run only this one, here"
+    )  # --variant: the name the recordings' provenance commands use; OLD_NAMES: the names older recordings name
     parser.add_argument("--path", choices=PATHS, default="runner")
     parser.add_argument("--probe", action="store_true", help="import each capture module and say what stopped it")
     parser.add_argument("--probe-modules", help=argparse.SUPPRESS)  # one process of --probe: these, in order
@@ -572,8 +643,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.out:
             raise KitError("--out DIR is required")
         if args.scenario:
-            raw = run_scenario(args.scenario, args.path)
-            with atomic_write(Path(args.out) / f"{args.scenario}.pickle", "wb") as f:
+            name = OLD_NAMES.get(args.scenario, args.scenario)
+            raw = run_scenario(name, args.path)
+            with atomic_write(Path(args.out) / f"{name}.pickle", "wb") as f:
                 pickle.dump(raw, f)
             print(json.dumps(summarize(raw)))
             return 0

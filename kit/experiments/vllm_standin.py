@@ -19,6 +19,7 @@ from kit.errors import KitError
 from kit.record.provenance import require_cuda
 
 EARLY_AUX_LAYER = 1
+AUX_RETURNS = ("nested", "flat")  # V4.1's (hidden_states, aux_list), and the hypothetical flattened return
 CAPTURE_NEEDS_CUDA = "capturing vLLM's graphs needs CUDA, and this process has none; read kit/recordings/vllm instead"
 
 # What this experiment stands in for, beside the stub modules (provenance of every recording).
@@ -117,18 +118,21 @@ class StandInConfig:
     vocab_size: int = 4096
     dtype: str = "bfloat16"
     seed: int = 0
-    # How the early aux states leave the forward under capture (see _define_model): False hands them out as
-    # weak references, as vLLM's wrapper does its top-level outputs; True as V4.1 does (vLLM then keeps them).
-    early_aux_pinned: bool = False
+    # How the early aux states leave the forward under capture (see _define_model): "nested" as V4.1 returns them,
+    # (hidden_states, aux_list), which vLLM's wrapper keeps allocated; "flat" (hypothetical) as weak references, what
+    # vLLM's wrapper does to top-level outputs, so a model returning its aux flattened.
+    aux_return: str = "nested"
     # PLANTED, a bug on purpose (scenario `planted_cross_break_read`): the backbone keeps a float32 copy of the
     # pre-break hidden states in a graph-pool block of its own and adds it back after the replay break, as the
     # replica's `ReplicaConfig.planted_cross_break_read` does (`kit.replica.model.planted_kept_block` says why a
     # replay graph captured on the same stream takes that block). It shows the invariant and graphs-vs-eager failing.
     planted_cross_break_read: bool = False
 
-    def with_early_aux(self, pinned: bool = False) -> StandInConfig:
+    def with_early_aux(self, aux_return: str = "nested") -> StandInConfig:
+        if aux_return not in AUX_RETURNS:
+            raise KitError(f"aux_return must be one of {', '.join(AUX_RETURNS)}, not {aux_return!r}")
         return dataclasses.replace(
-            self, aux_hidden_state_layers=(EARLY_AUX_LAYER, *self.aux_hidden_state_layers), early_aux_pinned=pinned
+            self, aux_hidden_state_layers=(EARLY_AUX_LAYER, *self.aux_hidden_state_layers), aux_return=aux_return
         )
 
 
@@ -184,26 +188,29 @@ def _define_model():
     """`StandInDeepseekV41`, with vLLM's own `DecoderReplayLayers` inside.
 
     How its early aux states leave the forward under capture, and why
-    (`StandInConfig.early_aux_pinned`). vLLM's `BreakableCUDAGraphWrapper._capture`
+    (`StandInConfig.aux_return`). vLLM's `BreakableCUDAGraphWrapper._capture`
     hands the caller `weak_ref_tensors(output)`, so that "the cudagraph pool
     [can] reclaim/reuse that memory immediately for the next batch descriptor's
     capture" (its comment): the caller reads the graph's outputs at their pool
     addresses, and later captures may allocate over them. But
-    `weak_ref_tensors` weak-refs only a tensor, or the tensors of a flat list or
-    tuple; V4.1 returns `(hidden_states, [aux, ...])`, so the aux list passes
-    through as it is and the wrapper's `entry.output` keeps every aux tensor,
-    and with it its graph-pool block, allocated for the life of the graph. An
-    early aux state is then never a free block that a replay capture could take,
-    whatever the stream: on the H200 (before issue 28) early aux forced to share
-    was bit-exact for that reason alone. So by default the stand-in hands its
-    early aux states out under capture as vLLM's own `weak_ref_tensor`, what the
-    wrapper does to its top-level outputs: their blocks go back to the pool
-    when the capture ends, as the final hidden state's do, and a replay graph
-    captured on the same stream may take them, the case PR 63155's early-aux
-    exception is for. `early_aux_pinned=True` hands them out as V4.1 does
-    (scenario `early_aux_shared_pinned`). Late aux states are views of the
-    replay layers' break buffers, outside the graph pool, either way; eager
-    forwards (no capture) always return the tensors themselves.
+    `weak_ref_tensors` (`vllm/utils/torch_utils.py`) weak-refs only a tensor, or
+    the tensors of a flat list or tuple; V4.1 returns `(hidden_states, [aux, ...])`,
+    so the aux list passes through as it is and the wrapper's `entry.output`
+    keeps every aux tensor, and with it its graph-pool block, allocated for the
+    life of the graph. An early aux state is then never a free block that a
+    replay capture could take, whatever the stream. By default (`"nested"`) the
+    stand-in returns them so, as V4.1 does (scenarios `early_aux_pr`,
+    `early_aux_shared`). `"flat"` is hypothetical (`early_aux_pr_flat`,
+    `early_aux_shared_flat`): a model that returned its aux flattened, each a
+    top-level output, or a `weak_ref_tensors` that recursed. The stand-in keeps
+    V4.1's shape, which vLLM's runner unpacks, and hands its early aux states
+    out under capture as vLLM's own `weak_ref_tensor`, what the wrapper would
+    do to them as top-level outputs: their blocks go back to the pool when the
+    capture ends, as the final hidden state's do, and a replay graph captured
+    on the same stream may take them, the case PR 63155's early-aux exception
+    is for. Late aux states are views of the replay layers' break buffers,
+    outside the graph pool, either way; eager forwards (no capture) always
+    return the tensors themselves.
     """
     import torch
     import torch.nn.functional as F
@@ -288,7 +295,7 @@ def _define_model():
             hidden_states = planted_read(hidden_states, kept)
             hidden_states = self.norm(hidden_states) * (1 + pre_mix.mean(-1, keepdim=True)).to(hidden_states.dtype)
             early_aux = [early[i] for i in self.aux_hidden_state_layers if i in early]
-            return hidden_states, handed_out(early_aux, self.cfg.early_aux_pinned) + late_aux
+            return hidden_states, handed_out(early_aux, self.cfg.aux_return) + late_aux
 
     class StandInDeepseekV41(nn.Module):
         """`DeepseekV41ForCausalLM` as the runner sees it: `.model` is the backbone; returns hidden and aux states."""
@@ -307,21 +314,21 @@ def _define_model():
     return StandInDeepseekV41
 
 
-def handed_out(early_aux: list, pinned: bool) -> list:
+def handed_out(early_aux: list, aux_return: str) -> list:
     """The stand-in's early aux states as its forward returns them (`_define_model` says why).
 
     Under vLLM's breakable capture (`BreakableCUDAGraphCapture.current()`),
-    unless `pinned`: each as vLLM's own `weak_ref_tensor`, what
+    with `aux_return="flat"`: each as vLLM's own `weak_ref_tensor`, what
     `BreakableCUDAGraphWrapper._capture` does to a top-level output, so its
     block goes back to the graph pool when the capture ends. Otherwise (eager,
-    warm-up, pinned) the tensors themselves. CPU tensors (the kit's tests,
+    warm-up, V4.1's nested return) the tensors themselves. CPU tensors (the kit's tests,
     where CUDA is stood in and nothing is captured) are never weak: their
     memory would go back to the system.
     """
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
     from vllm.utils.torch_utils import weak_ref_tensor
 
-    if pinned or BreakableCUDAGraphCapture.current() is None:
+    if aux_return != "flat" or BreakableCUDAGraphCapture.current() is None:
         return list(early_aux)
     return [a if a.device.type == "cpu" else weak_ref_tensor(a) for a in early_aux]
 

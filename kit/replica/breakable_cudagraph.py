@@ -10,7 +10,10 @@ segments and breaks in order.
 Outputs are handed back as weak references (`weak_ref_tensors`), as vLLM does:
 the allocator sees every capture's blocks as free once it ends, so the next,
 smaller capture into the same pool reuses them. The graphs still write there
-when replayed, which is what makes a shared stream a lifetime question.
+when replayed, which is what makes a shared stream a lifetime question. As in
+vLLM 0.33, only top-level tensors are weak: tensors in a nested list or tuple
+(V4.1's aux list) stay owned by the wrapper's stored output, their blocks
+allocated for the life of the graph.
 """
 
 from __future__ import annotations
@@ -37,8 +40,16 @@ def weak_ref_tensor(t: Any) -> Any:
 
 
 def weak_ref_tensors(x: Any) -> Any:
-    if isinstance(x, tuple | list):
-        return type(x)(weak_ref_tensors(v) for v in x)
+    """vLLM 0.33's `weak_ref_tensors` (`vllm/utils/torch_utils.py`): a tensor, or the tensors of a list or tuple.
+
+    It does not recurse: a list or tuple inside the list or tuple passes through as it
+    is, its tensors still owning their memory. V4.1 returns `(hidden_states, aux_list)`,
+    so vLLM's wrapper keeps every aux tensor, and its graph-pool block, allocated.
+    """
+    if isinstance(x, list):
+        return [weak_ref_tensor(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(weak_ref_tensor(v) for v in x)
     return weak_ref_tensor(x)
 
 

@@ -1,27 +1,24 @@
 """The decoder: real layers, aux hidden states, replay layers; its config and presets.
 
-`Decoder` is N pre-norm MLP layers (RMSNorm, up projection, SiLU, down
-projection, residual) over an embedding. Layers from `decoder_replay_start`
-on are its `decoder_replay_layers`: in a PIECEWISE graph of at least
-`decoder_replay_trim_threshold` tokens they run in an eager break on the
-replay rows, which the model state (`model_state.py`) picks for each step
-(by default the last half of the batch, `replay_rows`, standing in for each
-request's last `window` rows) and pads to a replay graph of vLLM's default
-sizes (`default_replay_capture_sizes`). With `attention_breaks` each layer's
-attention is an eager break of its own (`Attention`), as in V4.1. Aux hidden states (the input of each
-layer in `aux_hidden_state_layers`) are returned with the output, as for an
-EAGLE-style speculator: aux id `i` is recorded while layer `i` runs, so ids
-below `decoder_replay_start` are made before the break and held across it
-(as vLLM's V4.1 records aux id `idx` while running layer `idx`). Like V4.1's
-forward, the decoder hands the break several tensors, the hidden states and
-its hyper-connection state (`residual`, `post_mix`, `res_mix`), and keeps the
-latter bound across the break without reading them after it (with
-`hyper_connections`, which the safety experiments set). The decoder
-carries `decoder_replay_layers`, `decoder_replay_start` and
-`aux_hidden_state_layers` as vLLM's DeepSeek-V4.1 backbone does, which is
-where `kit.patch.policy.has_early_aux` reads them. Under tensor parallelism
-(`parallel_state.init_distributed_environment`) each layer's FFN is split
-over the ranks and its output all-reduced, inside the graphs.
+`Decoder` is N pre-norm MLP layers (RMSNorm, up projection, SiLU, down projection, residual) over an
+embedding. Layers from `decoder_replay_start` on are its `decoder_replay_layers`: in a PIECEWISE graph of at
+least `decoder_replay_trim_threshold` tokens they run in an eager break on the replay rows, which the model
+state (`model_state.py`) picks for each step (by default the last half of the batch, `replay_rows`, standing
+in for each request's last `window` rows) and pads to a replay graph of vLLM's default sizes
+(`default_replay_capture_sizes`). With `attention_breaks` each layer's attention is an eager break of its
+own (`Attention`), as in V4.1. Aux hidden states (the input of each layer in `aux_hidden_state_layers`) are
+returned with the output, as for an EAGLE-style speculator: aux id `i` is recorded while layer `i` runs, so
+ids below `decoder_replay_start` are made before the break and held across it (as vLLM's V4.1 records aux id
+`idx` while running layer `idx`). The forward returns them as V4.1 does, `(hidden_states, aux_list)`, so the
+breakable wrapper's top-level weak references leave every aux block allocated; with `aux_return="flat"`
+(hypothetical) each aux is a top-level output instead, weak, its block free for later captures once the
+capture ends. Like V4.1's forward, the decoder hands the break several tensors, the hidden states and its
+hyper-connection state (`residual`, `post_mix`, `res_mix`), and keeps the latter bound across the break
+without reading them after it (with `hyper_connections`, which the safety experiments set). The decoder
+carries `decoder_replay_layers`, `decoder_replay_start` and `aux_hidden_state_layers` as vLLM's
+DeepSeek-V4.1 backbone does, which is where `kit.patch.policy.has_early_aux` reads them. Under tensor
+parallelism (`parallel_state.init_distributed_environment`) each layer's FFN is split over the ranks and its
+output all-reduced, inside the graphs.
 """
 
 from __future__ import annotations
@@ -69,6 +66,7 @@ class ReplicaConfig:
     # V4.1 breaks its PIECEWISE graphs at every attention: each layer ends in an eager break (model and replay graphs).
     attention_breaks: bool = False
     planted_cross_break_read: bool = False  # PLANTED, a bug on purpose: see `planted_kept_block`
+    aux_return: str = "nested"  # AUX_RETURNS: V4.1's (hidden_states, aux_list), or the hypothetical "flat" one
 
     def __post_init__(self) -> None:
         if not 0 < self.decoder_replay_start < self.num_layers:
@@ -80,6 +78,8 @@ class ReplicaConfig:
             raise KitError("cudagraph_capture_sizes must be sizes of at least 1 (even, 2 or more, under sizing 'half')")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise KitError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
+        if self.aux_return not in ("nested", "flat"):  # AUX_RETURNS, at the end of this module
+            raise KitError(f"aux_return must be one of nested, flat, not {self.aux_return!r}")
         if self.replay_sizing not in ("vllm", "half"):
             raise KitError(f"replay_sizing must be 'vllm' or 'half', not {self.replay_sizing!r}")
         if self.decoder_replay_trim_threshold <= self.window:
@@ -264,7 +264,8 @@ class Decoder(nn.Module):
             return None
         return planted_kept_block(num_tokens, self.config.hidden_size, like.device)
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def forward(self, input_ids: torch.Tensor) -> tuple:
+        """`(hidden_states, aux_list)` as V4.1 returns them, or with `aux_return="flat"` `(hidden_states, *aux)`."""
         kept = self._planted_keep(input_ids.shape[0], input_ids)
         hidden_states = self.embed_tokens(input_ids)
         # Early aux states stay referenced across the replay layers' break, and are read after it.
@@ -275,7 +276,25 @@ class Decoder(nn.Module):
         planted_keep(kept, hidden_states)  # PLANTED: written before the break, read after it
         hidden_states, *replay_aux = self.decoder_replay_layers(hidden_states, *state)
         hidden_states = planted_read(hidden_states, kept)
-        return self.norm(hidden_states), (*early_aux, *replay_aux)
+        aux = [*early_aux, *replay_aux]
+        if self.config.aux_return == "flat":
+            return (self.norm(hidden_states), *aux)
+        return self.norm(hidden_states), aux
+
+
+def split_output(output: tuple, aux_return: str) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The final hidden states and the aux hidden states of a forward's output, in either of `AUX_RETURNS`."""
+    if aux_return == "flat":
+        return output[0], tuple(output[1:])
+    hidden_states, aux = output
+    return hidden_states, tuple(aux)
+
+
+# The shapes a forward may return its aux hidden states in (ReplicaConfig.aux_return): V4.1's, and a hypothetical one.
+AUX_RETURNS = {
+    "nested": "as V4.1 returns them, (hidden_states, aux_list): vLLM's wrapper keeps every aux block allocated",
+    "flat": "hypothetical: (hidden_states, *aux), each aux a top-level output that vLLM's wrapper weak-references",
+}
 
 
 PLANTED_BYTES = 12 << 20  # the planted block: a large-pool segment of its own (see `planted_kept_block`)

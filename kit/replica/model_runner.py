@@ -31,7 +31,7 @@ from kit.replica import cudagraph_utils
 from kit.replica.breakable_cudagraph import BreakableCUDAGraphWrapper
 from kit.replica.cudagraph_utils import CudaGraphManager
 from kit.replica.forward_context import CUDAGraphMode, set_forward_context
-from kit.replica.model import Decoder, ReplicaConfig
+from kit.replica.model import Decoder, ReplicaConfig, split_output
 from kit.replica.model_state import DeepseekV41ModelState
 from kit.replica.speculator import DSparkSpeculator
 
@@ -116,8 +116,8 @@ class GPUModelRunner:
         )
         mode = CUDAGraphMode.PIECEWISE if use_cudagraph else CUDAGraphMode.NONE
         with set_forward_context(num_tokens, mode):
-            hidden_states, aux = self.model_runnable(self.input_ids[:num_tokens])
-        return hidden_states, tuple(aux)
+            output = self.model_runnable(self.input_ids[:num_tokens])
+        return split_output(output, self.config.aux_return)
 
     @torch.inference_mode()
     def run(
