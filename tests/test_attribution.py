@@ -26,6 +26,15 @@ MODEL, OTHER = 7, 9  # streams
 EAGER, POOL_1, POOL_2 = 0x1000_0000, 0x2000_0000, 0x3000_0000  # segments: default pool, graph pools (0, 1), (0, 2)
 
 
+def two_pools_and_eager() -> list[dict]:
+    """The hand-built traces' segments: one eager, one in graph pool (0, 1) on MODEL, one in (0, 2) on OTHER."""
+    return [
+        segment(EAGER, [(2 * MIB, "inactive")], stream=MODEL),
+        segment(POOL_1, [(2 * MIB, "inactive")], stream=MODEL, pool=(0, 1)),
+        segment(POOL_2, [(2 * MIB, "inactive")], stream=OTHER, pool=(0, 2)),
+    ]
+
+
 def _snapshot(other_between: bool) -> Snapshot:
     """MODEL captures two graphs into pool (0, 1) around an eager break; OTHER allocates once into pool (0, 2),
     right after MODEL's first graph (`other_between`) or after both."""
@@ -54,11 +63,7 @@ def _snapshot(other_between: bool) -> Snapshot:
         entry("free_completed", addr, 64 * KIB, stream)
     entry("free_requested", POOL_2, 64 * KIB, OTHER)
     entry("free_completed", POOL_2, 64 * KIB, OTHER)
-    segments = [
-        segment(EAGER, [(2 * MIB, "inactive")], stream=MODEL),
-        segment(POOL_1, [(2 * MIB, "inactive")], stream=MODEL, pool=(0, 1)),
-        segment(POOL_2, [(2 * MIB, "inactive")], stream=OTHER, pool=(0, 2)),
-    ]
+    segments = two_pools_and_eager()
     return Snapshot({"segments": segments, "device_traces": [trace]}, origin="hand-built")
 
 
@@ -128,11 +133,7 @@ def _parted_snapshot(what: str, where: str) -> Snapshot:
     if what == "other" and where != "nowhere":
         entry("free_requested", POOL_2, 64 * KIB, OTHER)
         entry("free_completed", POOL_2, 64 * KIB, OTHER)
-    segments = [
-        segment(EAGER, [(2 * MIB, "inactive")], stream=MODEL),
-        segment(POOL_1, [(2 * MIB, "inactive")], stream=MODEL, pool=(0, 1)),
-        segment(POOL_2, [(2 * MIB, "inactive")], stream=OTHER, pool=(0, 2)),
-    ]
+    segments = two_pools_and_eager()
     if what == "other" or where == "nowhere":
         segments.append(segment(EAGER_2, [(2 * MIB, "inactive")], stream=MODEL))  # not released
     return Snapshot({"segments": segments, "device_traces": [trace]}, origin="hand-built")

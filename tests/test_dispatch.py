@@ -105,14 +105,20 @@ class LoggingReplayGraphs:
         return (hidden.index_select(0, rows) * 0,)
 
 
-def test_the_replica_pads_replay_rows_to_the_dispatched_graph_and_keeps_small_graphs_whole():
+def tiny_runner(replay_sizes: list[int]):
+    """A CPU replica (model graphs 8 and 16, threshold 16, window 2) whose replay graphs log what they run."""
     config = ReplicaConfig(
         hidden_size=16, num_layers=2, decoder_replay_start=1, aux_hidden_state_layers=(),
         cudagraph_capture_sizes=(8, 16), window=2, decoder_replay_trim_threshold=16, vocab_size=11,
     )  # fmt: skip
     runner = GPUModelRunner(config, device="cpu")
+    runner.model_state.replay_cudagraphs = graphs = LoggingReplayGraphs(replay_sizes)
+    return runner, graphs
+
+
+def test_the_replica_pads_replay_rows_to_the_dispatched_graph_and_keeps_small_graphs_whole():
+    runner, graphs = tiny_runner([6, 10])
     state = runner.model_state
-    state.replay_cudagraphs = graphs = LoggingReplayGraphs([6, 10])
     state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=7)
     batch = state.decoder_replay_layers.replay_batch
     assert (batch.forward_context.num_tokens, batch.rows.tolist()) == (10, list(range(9, 16)))
@@ -194,13 +200,8 @@ def test_dispatchable_under_reports_each_pcp_size_and_the_smallest_that_reaches_
 
 
 def test_the_replica_runs_more_replay_rows_than_tokens_as_a_pcp_steps_global_count():
-    config = ReplicaConfig(
-        hidden_size=16, num_layers=2, decoder_replay_start=1, aux_hidden_state_layers=(),
-        cudagraph_capture_sizes=(8, 16), window=2, decoder_replay_trim_threshold=16, vocab_size=11,
-    )  # fmt: skip
-    runner = GPUModelRunner(config, device="cpu")
+    runner, graphs = tiny_runner([6, 10, 24])
     state = runner.model_state
-    state.replay_cudagraphs = graphs = LoggingReplayGraphs([6, 10, 24])
     state.prepare_replay_batch(16, use_replay_graphs=True, piecewise=True, num_rows=20)  # pcp 2: up to 32 rows
     batch = state.decoder_replay_layers.replay_batch
     assert (batch.forward_context.num_tokens, batch.rows.tolist()) == (24, list(range(16)))
