@@ -21,6 +21,7 @@
 #    PROVENANCE.json, written after every scenario. About 3.5 minutes on the H200 in all.
 # Ship: copy DIR's PROVENANCE.json and <scenario>.pickle files to kit/recordings/vllm/ (not probe.json,
 # run.txt); KIT_VLLM_RECORDINGS=DIR pytest tests/test_vllm_recording.py checks them first.
+# KIT_VLLM_SCENARIOS=a,b records only those scenarios (a run under the GPU machine's 10-minute limit).
 # Exits 0 only if every scenario was recorded; whatever was had is under DIR either way.
 set -u
 DIR=${1:?usage: bash scripts/vllm_on_device.sh OUT_DIR}
@@ -75,7 +76,7 @@ probe=$?
 [ "$probe" -eq 0 ] || echo "the probe says which module stopped; the capture is tried anyway"
 
 echo "== capture, every scenario"
-"$PY" -m kit.experiments.vllm_capture --out "$DIR"
+"$PY" -m kit.experiments.vllm_capture --out "$DIR" ${KIT_VLLM_SCENARIOS:+--scenarios "$KIT_VLLM_SCENARIOS"}
 status=$?
 echo "== done (exit $status); files:"
 ls -la "$DIR"

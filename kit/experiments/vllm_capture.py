@@ -60,7 +60,11 @@ are per process): `unpatched` (vLLM 0.33), `patched` (PR 63155),
 under the PR: the replay graphs keep their own stream), `early_aux_shared`
 (the same forced to share), and the hypothetical `early_aux_pr_flat` and
 `early_aux_shared_flat` (the same with the early aux handed out weak, as a
-model returning its aux flattened would). Recordings made before the return
+model returning its aux flattened would), `planted_cross_break_read` (a bug on
+purpose, for the invariant to catch), and `h200_default` and `gb200_default`
+(PR 63155 at vLLM's default capture sizes on those GPUs, `preset_config`: on
+the H200 no model graph breaks out; on the GB200 most break out to a replay
+graph larger than themselves). Recordings made before the return
 shapes were named keep their file names (`early_aux_pr`, `early_aux_shared`:
 flat; `early_aux_shared_pinned`: nested) and are read as the scenario they
 ran (`recorded_as`). Each writes a snapshot (`<scenario>.pickle`) whose `kit` key holds the
@@ -124,6 +128,7 @@ from kit.experiments.vllm_standin import (  # noqa: F401 - re-exported: the entr
     build_model,
     build_runner,
     handed_out,
+    preset_config,
     vllm_config,
 )
 from kit.fileio import atomic_write
@@ -141,6 +146,7 @@ class VllmScenario(NamedTuple):
     description: str
     aux_return: str = "nested"
     planted: bool = False
+    preset: str | None = None  # one of vLLM's default presets (`vllm_standin.preset_config`); None: StandInConfig()
 
 
 VLLM_SCENARIOS = {
@@ -165,12 +171,21 @@ VLLM_SCENARIOS = {
         "pr", False, "PLANTED: PR 63155 on a stand-in that reads a graph-pool intermediate after the replay break",
         planted=True,
     ),
+    "h200_default": VllmScenario(
+        "pr", False, "PR 63155 at vLLM's H200 defaults: model graphs up to 512, below the trim threshold of 768",
+        preset="h200-default",
+    ),
+    "gb200_default": VllmScenario(
+        "pr", False, "PR 63155 at vLLM's GB200 defaults: model graphs 768..1024 (step 16) break out, most to a replay "
+        "graph larger than themselves", preset="gb200-default",
+    ),
 }  # fmt: skip
 # Scenario names recordings were written under before the return shapes were named: old name -> scenario.
 OLD_NAMES = {"early_aux_shared_pinned": "early_aux_shared"}
 FLAT_SUFFIX = "_flat"
 PATHS = ("runner", "managers")  # GPUModelRunner.capture_model, else the two managers' captures called by hand
 SCENARIO_TIMEOUT_S = 240.0  # capture with both recorders, the check, 11 pairings
+PRESET_TIMEOUT_S = 540.0  # a preset captures up to 83 model graphs and runs every dispatchable pairing
 STAGE_MARK = "KIT_STAGE "
 
 
@@ -298,7 +313,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
 
     scenario = VLLM_SCENARIOS[name]
     policy = scenario.policy
-    cfg = StandInConfig()
+    cfg = preset_config(scenario.preset) if scenario.preset else StandInConfig()
     cfg = cfg.with_early_aux(aux_return=scenario.aux_return) if scenario.early_aux else cfg
     cfg = dataclasses.replace(cfg, planted_cross_break_read=True) if scenario.planted else cfg
     weak_ref = install_weak_ref_op()
@@ -550,6 +565,8 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
     that fails both ways is listed with both errors. Nothing raises for a
     failed scenario: the lead gets every figure that could be had.
     """
+    for name in names:
+        check_one_of(name, VLLM_SCENARIOS, "scenario")
     require_cuda(CAPTURE_NEEDS_CUDA)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -557,7 +574,8 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
     for name in names:
         errors = []
         for path in PATHS:
-            done = run_process([sys.executable, "-m", MODULE, "--scenario", name, "--path", path, "--out", str(out)])
+            argv = [sys.executable, "-m", MODULE, "--scenario", name, "--path", path, "--out", str(out)]
+            done = run_process(argv, PRESET_TIMEOUT_S if VLLM_SCENARIOS[name].preset else SCENARIO_TIMEOUT_S)
             if done.returncode == 0:
                 break
             errors.append(failure(path, done))
@@ -616,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         "--scenario", "--variant", choices=sorted([*VLLM_SCENARIOS, *OLD_NAMES]), help="run only this one, here"
     )  # --variant: the name the recordings' provenance commands use; OLD_NAMES: the names older recordings name
     parser.add_argument("--path", choices=PATHS, default="runner")
+    parser.add_argument("--scenarios", help="comma-separated: record only these, each in a fresh process")
     parser.add_argument("--probe", action="store_true", help="import each capture module and say what stopped it")
     parser.add_argument("--probe-modules", help=argparse.SUPPRESS)  # one process of --probe: these, in order
     args = parser.parse_args(argv)
@@ -649,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
                 pickle.dump(raw, f)
             print(json.dumps(summarize(raw)))
             return 0
-        results = record(args.out)
+        results = record(args.out, tuple(args.scenarios.split(",")) if args.scenarios else tuple(VLLM_SCENARIOS))
         print(json.dumps(results, indent=1, default=str))
         return 0 if all("failed" not in r for r in results.values()) else 1
     except KitError as e:

@@ -15,7 +15,7 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
-from kit.errors import KitError
+from kit.errors import KitError, check_one_of
 from kit.record.provenance import require_cuda
 
 EARLY_AUX_LAYER = 1
@@ -115,6 +115,7 @@ class StandInConfig:
     decoder_replay_cudagraph_capture_sizes: tuple[int, ...] = ()  # empty: vLLM's default sizing
     window: int = 96  # V4.1's sliding window: the replay layers' unit
     trim_threshold: int = 128  # PIECEWISE model graphs this large break out to the replay batch
+    max_num_seqs: int | None = None  # the scheduler's (None: VllmConfig's default); bounds vLLM's replay sizes
     vocab_size: int = 4096
     dtype: str = "bfloat16"
     seed: int = 0
@@ -136,6 +137,24 @@ class StandInConfig:
         )
 
 
+def preset_config(name: str) -> StandInConfig:
+    """The stand-in at one of vLLM's default presets (`kit.replica.model.vllm_default_presets`: `h200-default`,
+    `gb200-default`): vLLM's default model capture sizes, window, threshold and `max_num_seqs`, the replay sizes
+    left to vLLM's own manager; hidden size 256, as the replica's presets, so that every pairing runs quickly."""
+    from kit.replica.model import vllm_default_presets
+
+    presets = vllm_default_presets()
+    check_one_of(name, presets, "preset")
+    numbers = presets[name]
+    return StandInConfig(
+        hidden_size=256,
+        cudagraph_capture_sizes=tuple(numbers["cudagraph_capture_sizes"]),
+        window=numbers["window"],
+        trim_threshold=numbers["decoder_replay_trim_threshold"],
+        max_num_seqs=numbers["max_num_seqs"],
+    )
+
+
 def vllm_config(cfg: StandInConfig, device: str = "cuda"):
     """The smallest real `VllmConfig` the capture path reads, and its stood-in `model_config`."""
     import torch
@@ -153,6 +172,8 @@ def vllm_config(cfg: StandInConfig, device: str = "cuda"):
     # Without a model, VllmConfig turns CUDA graphs off (under the CUDA platform it also empties the
     # capture sizes); the runner would not.
     config.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    if cfg.max_num_seqs is not None:
+        config.scheduler_config.max_num_seqs = cfg.max_num_seqs
     config.compilation_config.cudagraph_capture_sizes = sorted(cfg.cudagraph_capture_sizes)
     config.compilation_config.max_cudagraph_capture_size = max(cfg.cudagraph_capture_sizes)
     hf_config = SimpleNamespace(hidden_size=cfg.hidden_size, hc_mult=cfg.hc_mult, num_hidden_layers=cfg.num_layers)
