@@ -188,7 +188,9 @@ def test_a_vllm_recording_is_read_as_the_scenario_it_ran(stem, variant, scenario
 def test_the_shipped_vllm_recordings_are_read_by_the_scenario_they_ran():
     runs = vc.load_recordings()
     files = {name: snap.source_label.rsplit("/", 1)[-1].rstrip(")") for name, snap in runs.items()}
-    assert files["early_aux_shared"] in ("early_aux_shared.pickle", "early_aux_shared_pinned.pickle")
+    assert files["early_aux_shared"] == "early_aux_shared.pickle" and files["early_aux_shared_flat"] == (
+        "early_aux_shared_flat.pickle"
+    )
     for name, snap in runs.items():
         shape = aux_return_of(snap.kit)
         if snap.kit["variant"]["has_early_aux"]:

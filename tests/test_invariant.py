@@ -157,9 +157,9 @@ def test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_po
 
     for name in ("unpatched", "patched"):
         found = invariant_of_snapshot(_vllm(name))
-        assert found["holds"] is True and found["computed"] is True, name
+        assert found["holds"] is True, name
         assert all(r["graph_pool_carried_bytes"] == r["early_aux_carried_bytes"] == 0 for r in found["rows"]), name
-    for name in ("early_aux_pr", "early_aux_shared", "early_aux_shared_pinned"):
+    for name in ("early_aux_pr", "early_aux_pr_flat", "early_aux_shared", "early_aux_shared_flat"):
         found = invariant_of_snapshot(_vllm(name))
         assert found["holds"] is True, name
         # the early aux (N x hidden, bf16) is the one graph-pool value read after the break: allowed
@@ -168,8 +168,42 @@ def test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_po
         }, name
     # The early aux told apart is what the invariant rests on: without it, early aux forced to share violates it.
     raw = _vllm("early_aux_shared")
-    raw["kit"]["variant"]["config"]["aux_hidden_state_layers"] = (4,)  # as if every aux came after the break
+    del raw["kit"]["readwrite"]["invariant"]  # computed again from the accesses, with every aux after the break
+    raw["kit"]["variant"]["config"]["aux_hidden_state_layers"] = (4,)
     assert invariant_of_snapshot(raw)["holds"] is False
+
+
+def test_on_vllms_path_the_planted_cross_break_read_violates_the_invariant_by_its_kept_block():
+    """The recorded planted run (PR 63155 on a stand-in that keeps a float32 (N, 4, hidden) copy in the graph pool
+    across the replay break): the invariant fails on every model graph by exactly that block, not early aux."""
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    found = invariant_of_snapshot(_vllm("planted_cross_break_read"))
+    assert found["holds"] is False
+    assert {(r["model_size"], r["graph_pool_carried_bytes"], r["early_aux_carried_bytes"]) for r in found["rows"]} == {
+        (n, n * 4 * 1024 * 4, 0) for n in (128, 256, 512)
+    }
+
+
+@pytest.mark.parametrize("name", ["patched", "early_aux_shared", "planted_cross_break_read"])
+def test_the_invariant_recorded_on_the_gpu_is_what_the_recordings_accesses_give_again(name):
+    """What the run recorded (`kit["readwrite"]["invariant"]`) is computed again, here, from the same recording's
+    reads, writes and segments: the two agree on every pairing."""
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    raw = _vllm(name)
+    recorded = invariant_of_snapshot(raw)
+    del raw["kit"]["readwrite"]["invariant"]
+    computed = invariant_of_snapshot(raw)
+    assert not recorded["computed"] and computed["computed"] and recorded["holds"] == computed["holds"]
+
+    def key(found):
+        return sorted(
+            (r["model_size"], r["replay_size"], r["graph_pool_carried_bytes"], r["early_aux_carried_bytes"])
+            for r in found["rows"] if r["can_run"]
+        )  # fmt: skip
+
+    assert key(recorded) == key(computed) and key(recorded)
 
 
 def test_a_vllm_recording_without_accesses_is_not_recorded_never_a_pass():
@@ -225,7 +259,7 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
     for scenario in safety_run.UNPLANTED:
         assert f"{scenario}: invariant {NOT_RECORDED}" in out
     assert out.count("  beside it, the byte-overlap obligation: ") == len(safety_run.UNPLANTED)
-    assert "patched: invariant holds (computed from the recording's reads, writes and segments)" in out
+    assert "patched: invariant holds: " in out and "planted_cross_break_read: invariant VIOLATED: " in out
     lines = safety_run.safety_lines(safety_run.load_recording("small"), _readwrite_with_invariant(True))
     assert "pr: invariant holds: Summary of pr." in lines and "  model graph 128 break 3: pr" in lines
 

@@ -669,6 +669,12 @@ def safety_json(data: dict, readwrite: dict | None = None) -> dict:
     }
 
 
+def scenario_said(name: str, result: dict) -> str:
+    """What one scenario's process prints: its verdict line, or that its preset has no pairing at all."""
+    lines = pair_verdicts(pairs_frame(result))
+    return lines[0] if lines else f"{name}: no pairing: no model graph reaches the trim threshold, none breaks out"
+
+
 def main(argv: list[str] | None = None) -> int:
     return recorded.recording_main(
         argv,
@@ -676,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         old_flag="--policy",
         names=", ".join(SAFETY_SCENARIOS),
         run_one=run_scenario,
-        said=lambda name, result: pair_verdicts(pairs_frame(result))[0],
+        said=scenario_said,
         record=record,
         summary=lambda preset, path: pair_verdicts(load_pairs(preset, path)),
     )

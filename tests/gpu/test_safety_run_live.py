@@ -57,9 +57,15 @@ def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
     assert verdicts[1].startswith(f"unpatched: all {n} pairings bit-exact ({dispatchable} dispatchable); ")
 
 
-def test_stress_pairings_are_forced_into_r(small):
+def test_stress_pairings_are_forced_into_r_and_pcp_pairings_dispatched_with_more_rows_than_n(small):
+    """A pairing no pcp_size dispatches is forced into R; one only prefill context parallelism dispatches runs as
+    vLLM runs it, its rows (counted over the global batch) more than N and dispatched to R."""
     df = pairs_frame(small)
-    assert set(df.loc[~df["dispatchable"], "how"]) == {"forced"}
+    stress = df[~df["dispatchable"]]
+    pcp = stress["dispatch_pcp"].notna()
+    assert set(stress.loc[~pcp, "how"]) == {"forced"}
+    assert set(stress.loc[pcp, "how"]) <= {"dispatched"}
+    assert (stress.loc[pcp, "replay_rows"] > stress.loc[pcp, "model_size"]).all()
 
 
 def test_power_where_the_early_aux_is_read_after_r_and_none_where_nothing_is(small):
