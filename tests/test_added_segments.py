@@ -138,7 +138,8 @@ def vllm_rows() -> dict:
 
 
 def test_the_patched_replay_captures_two_mib_is_one_small_pool_segment_for_a_hidden_state(vllm_rows):
-    # What the 2 MiB is (recorded 2026-12-04 and again 2026-12-05, the same): replay graph 512's 1 MiB hidden state (512 rows x 1024 x bf16, the residual
+    # What the 2 MiB is (recorded 2026-12-04 and again 2026-12-05, the same):
+    # replay graph 512's 1 MiB hidden state (512 rows x 1024 x bf16, the residual
     # add of the stand-in's layer), a small-pool request; the pool's small blocks on its stream were too small,
     # its large ones of the other size class, and no block sat on another stream: no stream made it.
     s = vllm_rows["patched"]

@@ -41,7 +41,10 @@ from kit.analysis.readwrite import (
     replay_graph,
 )
 from kit.experiments import readwrite_run, safety_run
+PLANTED = "planted_cross_break_read"
 from kit.recordings import RECORDINGS
+
+MIB = 1 << 20
 
 POOL = (0x10000, 0x20000)  # a graph-pool segment
 DEFAULT = (0x40000, 0x50000)  # a default-pool segment
@@ -241,8 +244,17 @@ def test_kit_safety_json_carries_the_invariant_per_pairing_and_says_not_recorded
     assert main(["safety", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["invariant"] == INVARIANT
-    assert all(p["invariant_holds"] is None and p["graph_pool_carried_bytes"] is None for p in out["pairs"])
-    assert all(not s["invariant_recorded"] and NOT_RECORDED in s["invariant"] for s in out["scenarios"].values())
+    # The shipped small recordings (2026-12-05): the invariant holds but for the planted scenario, on every pairing.
+    holds = {(p["policy"], p["invariant_holds"]) for p in out["pairs"]}
+    assert holds == {("pr", True), ("unpatched", True), ("early_aux_shared", True), (PLANTED, False)}
+    planted = [p for p in out["pairs"] if p["policy"] == PLANTED]
+    assert {(p["model_size"], p["graph_pool_carried_bytes"]) for p in planted} == {
+        (128, 2 * MIB),
+        (256, 4 * MIB),
+        (512, 8 * MIB),
+    }
+    assert all(s["invariant_recorded"] for s in out["scenarios"].values())
+    assert [s["invariant_holds"] for s in out["scenarios"].values()] == [True, True, True, False]
     assert all(s["obligation"] for s in out["scenarios"].values())  # the obligation beside it
     assert out["vllm_invariant"]["patched"]["holds"] is True
     with_it = safety_run.safety_json(safety_run.load_recording("small"), _readwrite_with_invariant(False))
@@ -257,8 +269,9 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
     out = capsys.readouterr().out
     assert "the structural invariant (" in out and INVARIANT in out
     for scenario in safety_run.UNPLANTED:
-        assert f"{scenario}: invariant {NOT_RECORDED}" in out
-    assert out.count("  beside it, the byte-overlap obligation: ") == len(safety_run.UNPLANTED)
+        assert f"\n{scenario}: invariant holds: " in out
+    assert f"\n{PLANTED}: invariant VIOLATED on 11 of 11 pairings" in out or f"\n{PLANTED}: invariant VIOLATED: " in out
+    assert out.count("  beside it, the byte-overlap obligation: ") == len(safety_run.SAFETY_SCENARIOS)
     assert "patched: invariant holds: " in out and "planted_cross_break_read: invariant VIOLATED: " in out
     lines = safety_run.safety_lines(safety_run.load_recording("small"), _readwrite_with_invariant(True))
     assert "pr: invariant holds: Summary of pr." in lines and "  model graph 128 break 3: pr" in lines
@@ -298,7 +311,7 @@ def test_the_planted_decoder_reads_its_kept_block_after_the_break_and_it_changes
         assert not torch.equal(plain(ids)[0], planted(ids)[0])
 
 
-@pytest.mark.parametrize("preset", ["small", "large"])
+@pytest.mark.parametrize("preset", ["large"])  # recorded before the invariant was (small has it since 2026-12-05)
 def test_the_shipped_readwrite_recordings_say_not_recorded(preset):
     data = readwrite_run.load_recording(preset)
     lines = readwrite_run.invariant_lines(data)

@@ -40,7 +40,7 @@ from tests.test_safety_run import fake_recording
 def check_safety_recording(path: Path, preset: str = "small") -> None:
     data = load_recording(preset, path)  # the schema, or a KitError
     prov = data["provenance"]
-    assert "H200" in prov["gpu"] and prov["torch"] and prov["date"] and prov["command"]
+    assert prov["gpu"].startswith(("NVIDIA H200", "NVIDIA H100")) and prov["torch"] and prov["date"] and prov["command"]
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     df = pairs_frame(data)
@@ -248,7 +248,7 @@ def test_the_shipped_h200_default_recording_has_no_pairing_and_every_model_graph
     data = load_recording("h200-default", path)
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
-    assert "H200" in data["provenance"]["gpu"] and data["pairs"] == []
+    assert data["provenance"]["gpu"].startswith(("NVIDIA H200", "NVIDIA H100")) and data["pairs"] == []
     for policy in SAFETY_SCENARIOS:
         config = safety_config(SCENARIO_OF[policy], "h200-default")
         assert data["policies"][policy]["no_break"] == sorted(config.cudagraph_capture_sizes)

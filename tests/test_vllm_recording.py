@@ -43,7 +43,8 @@ DISPATCHABLE = {
 SAFE = ("unpatched", "patched", "early_aux_pr", "early_aux_pr_flat", "early_aux_shared")
 UNSAFE = "early_aux_shared_flat"  # hypothetical: early aux forced to share, handed out weak
 PLANTED = "planted_cross_break_read"  # a bug on purpose: the invariant and graphs-vs-eager must fail
-STEMS = sorted(p.stem for p in FOLDER.glob("*.pickle"))  # the files, as named when recorded
+COMPRESSED = sorted(p.name.removesuffix(".pickle.gz") for p in FOLDER.glob("*.pickle.gz"))  # shipped as .gz
+STEMS = sorted([*(p.stem for p in FOLDER.glob("*.pickle")), *COMPRESSED])  # the files, as named when recorded
 
 
 @pytest.fixture(autouse=True)
@@ -60,14 +61,19 @@ def manifest() -> dict:
 
 
 @pytest.fixture(scope="module")
-def recorded(manifest) -> dict:
-
-    return {name: summarize(snap) for name, snap in vc.load_recordings(FOLDER).items()}
+def every_recording(manifest) -> dict:
+    return vc.load_recordings(FOLDER)
 
 
 @pytest.fixture(scope="module")
-def snapshots(manifest) -> dict:
-    return vc.load_recordings(FOLDER)
+def snapshots(every_recording) -> dict:
+    """The scenarios at the stand-in's own sizes (vLLM's default presets are checked on their own, below)."""
+    return {name: snap for name, snap in every_recording.items() if not VLLM_SCENARIOS[name].preset}
+
+
+@pytest.fixture(scope="module")
+def recorded(snapshots) -> dict:
+    return {name: summarize(snap) for name, snap in snapshots.items()}
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +82,11 @@ def safe(recorded) -> list[str]:
     return [name for name in SAFE if name in recorded]
 
 
-def test_every_scenario_is_recorded_and_nothing_else(manifest, snapshots):
+def test_every_scenario_is_recorded_and_nothing_else(manifest, every_recording):
+    snapshots = every_recording
     files = sorted(p.name for p in FOLDER.iterdir() if p.is_file() and p.name not in ("probe.json", "run.txt"))
-    assert files == sorted(["PROVENANCE.json", *(f"{stem}.pickle" for stem in STEMS)])  # what the script wrote
+    shipped = sorted(f"{stem}.pickle{'.gz' if stem in COMPRESSED else ''}" for stem in STEMS)
+    assert files == sorted(["PROVENANCE.json", *shipped])  # what the script wrote, the largest compressed
     assert sorted(manifest) == sorted(f"{stem}.pickle" for stem in STEMS)
     assert set(STEMS) <= set(VLLM_SCENARIOS) | set(vc.OLD_NAMES) and len(snapshots) == len(STEMS)  # one scenario each
     # Every scenario is recorded but those tests/helpers.py still lists as owed (vLLM's default presets); in the
@@ -91,8 +99,10 @@ def test_every_scenario_is_recorded_and_nothing_else(manifest, snapshots):
 
 @pytest.mark.parametrize("name", STEMS)
 def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
+    from kit.recordings import shipped_bytes
+
     entry = manifest[f"{name}.pickle"]
-    data = (FOLDER / f"{name}.pickle").read_bytes()
+    data = shipped_bytes(FOLDER / f"{name}.pickle")  # the file as recorded (a .gz decompressed)
     assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["bytes"] == len(data)
     assert entry["gpu"].startswith(("NVIDIA H200", "NVIDIA H100")) and entry["torch"].startswith("2.11")
     assert entry["vllm"]["version"] == "0.33.0"
@@ -277,8 +287,9 @@ def test_demo_vllm_json_has_each_scenarios_figures_and_provenance(recorded, caps
 
     assert main(["demo", "--vllm", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert list(data) == list(recorded)
-    for name, figures in data.items():
+    assert [name for name in data if not VLLM_SCENARIOS[name].preset] == list(recorded)
+    assert [name for name in data if VLLM_SCENARIOS[name].preset] == ["h200_default", "gb200_default"]
+    for name, figures in ((name, data[name]) for name in recorded):
         assert figures["replay_added_bytes"] == recorded[name]["replay_added_bytes"]
         assert figures["graph_pool_bytes"] == recorded[name]["graph_pool_bytes"]
         assert figures["provenance"]["vllm"]["version"] == "0.33.0"
@@ -308,6 +319,43 @@ def test_demo_vllm_prints_the_figures(recorded, safe, capsys):
     assert out.count("  read/write obligation: holds on all 11 dispatchable pairings") == len(safe)
     assert "  read/write obligation: VIOLATED on " in out
     for stem in STEMS:  # each source line names the recording as the repository does, on any machine
-        assert f"({repo_path(FOLDER / f'{stem}.pickle')})" in out
+        assert (
+            f"({repo_path(FOLDER / f'{stem}.pickle')})" in out or f"({repo_path(FOLDER / f'{stem}.pickle.gz')})" in out
+        )
     assert "  on vLLM 0.33 the exception is DEFENSIVE, not needed: " in out
     assert "  it becomes NECESSARY under a change that hands the early aux out weak (early_aux_shared_flat " in out
+
+
+# --- vLLM's default presets on vLLM's path ------------------------------------------------------------------------
+
+
+def test_vllms_h200_defaults_on_vllms_path_break_out_nowhere(every_recording):
+    """At vLLM's H200 defaults (model graphs up to 512, threshold 768) vLLM's own replay layers run inside every
+    model graph: each is one segment, no pairing can run, and nothing is claimed of the obligation."""
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    snap = every_recording["h200_default"]
+    variant = snap.kit["variant"]
+    assert variant["replay_sizes"] == [128, 256, 384, 512] and variant["trim_threshold"] == 768
+    figures = summarize(snap)
+    assert figures["bit_exact"] and figures["readwrite_holds"] is None
+    assert snap.kit["pairings"]["pairs"] == [] and snap.kit["pcp_pairings"]["pairs"] == []
+    assert invariant_of_snapshot(snap.raw)["holds"] is None
+    phases = snap.kit["readwrite"]["phases"]["model_graphs"]
+    assert len(phases) == 51 and all(list(seen) == ["segment 0", "output 0"] for seen in phases.values())
+
+
+def test_vllms_gb200_defaults_on_vllms_path_run_r_over_n_and_hold(every_recording):
+    """At vLLM's GB200 defaults the 17 model graphs 768..1024 break out; vLLM's dispatch runs 126 (N, R), 14 of
+    them R > N, and 10 more under PCP: all bit-exact against eager, the obligation and the invariant hold."""
+    from kit.experiments.vllm_safety import invariant_of_snapshot
+
+    snap = every_recording["gb200_default"]
+    assert snap.kit["variant"]["replay_sizes"] == list(range(128, 1025, 128))
+    pairs = snap.kit["pairings"]["pairs"]
+    assert len(pairs) == 126 and sum(p["replay_size"] > p["model_size"] for p in pairs) == 14
+    assert {p["model_size"] for p in pairs} == set(range(768, 1025, 16))
+    assert all(p["bit_exact"] and p["replayed"] == [p["replay_size"]] for p in pairs)
+    pcp = snap.kit["pcp_pairings"]["pairs"]
+    assert len(pcp) == 10 and all(p["bit_exact"] and p["rows"] > p["model_size"] for p in pcp)
+    assert summarize(snap)["readwrite_holds"] is True and invariant_of_snapshot(snap.raw)["holds"] is True

@@ -63,10 +63,12 @@ def read_recording(
     where: Callable[[Path], str] = repo_path,
 ) -> dict:
     """The JSON at `path`, checked: KitError `missing` without a file, `<where(path)>: not <what> (...)` else."""
-    if not path.is_file():
+    from kit.recordings import shipped, shipped_bytes
+
+    if shipped(path) is None:
         raise KitError(missing)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(shipped_bytes(path).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise KitError(f"{where(path)}: not {what} (not JSON: {e})") from None
     problem = schema_problem(data)

@@ -423,15 +423,12 @@ def load_recordings(folder: str | Path | None = None) -> dict:
     """The shipped H200 recordings of every scenario (or those in `folder`), as snapshots, in `VLLM_SCENARIOS` order;
     KitError naming how to make them if none. Each is keyed by the scenario it ran (`recorded_as`); of two that ran
     one, the file named so."""
-    from kit.experiments.recorded import repo_path
-    from kit.load.snapshot import load_snapshot
-
     found = {}
     for stem in (*VLLM_SCENARIOS, *OLD_NAMES):
         path = Path(folder) / f"{stem}.pickle" if folder is not None else recording_path(stem)
-        if not path.is_file():
+        snap = load_shipped_snapshot(path)
+        if snap is None:
             continue
-        snap = load_snapshot(path, label=repo_path(path))
         name = recorded_as(stem, snap.kit.get("variant") or {})
         if name in VLLM_SCENARIOS and (name not in found or stem == name):
             found[name] = snap
@@ -444,6 +441,21 @@ def load_recordings(folder: str | Path | None = None) -> dict:
     return runs
 
 
+def load_shipped_snapshot(path: Path):
+    """The snapshot at `path`, or at `path.gz` (shipped compressed: `kit.recordings.shipped_bytes`), read as any
+    snapshot is (no code runs); None if neither is there."""
+    from kit.experiments.recorded import repo_path
+    from kit.load.snapshot import load_snapshot, snapshot_from_bytes
+    from kit.recordings import shipped, shipped_bytes
+
+    found = shipped(path)
+    if found is None:
+        return None
+    if found == Path(path):
+        return load_snapshot(found, label=repo_path(found))
+    return snapshot_from_bytes(shipped_bytes(path), origin=repo_path(found))
+
+
 def shipped_invariants() -> dict[str, dict]:
     """Per shipped vLLM recording, keyed by the scenario it ran: the structural invariant
     (`vllm_safety.invariant_of_snapshot`: as recorded, or computed from the recording), or
@@ -453,10 +465,10 @@ def shipped_invariants() -> dict[str, dict]:
 
     out = {}
     for stem in (*VLLM_SCENARIOS, *OLD_NAMES):  # each file read as the scenario it ran (`recorded_as`)
-        path = recording_path(stem)
-        if not path.is_file():
+        snap = load_shipped_snapshot(recording_path(stem))
+        if snap is None:
             continue
-        raw = pickle.loads(path.read_bytes())
+        raw = snap.raw
         name = recorded_as(stem, (raw.get("kit") or {}).get("variant") or {})
         if name not in VLLM_SCENARIOS or (name in out and stem != name):
             continue
