@@ -283,6 +283,37 @@ print(f"data source: {SOURCE}")
 print("\n".join(agreement_lines(records)))
 
 # %% [markdown]
+# ## 4. The invariant, and a check that can fail
+#
+# Checks 1 and 2 can only fail if something after the break reads a graph-pool value from
+# before it: under the PR nothing does, so every pairing passes whatever R wrote (the `†`
+# marks above: no power). The PR's safety argument is that structural fact, so the kit states
+# it as an invariant and lists, per model graph, the graph-pool bytes read after the replay
+# break that were written before it (early aux told apart, the PR's exception). A planted bug
+# shows the list is not vacuous: `planted_cross_break_read` keeps a float32 copy of the
+# pre-break hidden states in the graph pool and reads it after the break. It must violate the
+# invariant by exactly that block and differ from eager (its rows in the tables above).
+
+# %%
+from kit.experiments.readwrite_run import invariant_lines
+from kit.experiments.vllm_capture import shipped_invariants
+from kit.experiments.vllm_safety import vllm_invariant_lines
+
+print(f"data source: {SOURCE}: {records.readwrite['source']}")
+for line in invariant_lines(records.readwrite):
+    print(line)
+print("\ndata source: recorded, vLLM 0.33's own capture path (kit/recordings/vllm)")
+for line in vllm_invariant_lines(shipped_invariants()):
+    if not line.startswith("  "):  # the verdicts, without each model graph's line
+        print(line)
+
+# %% [markdown]
+# As recorded (H100, 2026-12-05): the invariant holds under the PR and unpatched on every
+# pairing, on the replica and on vLLM's path; with early aux the only bytes carried are the
+# early aux (the exception); the planted bug violates it (2, 4 and 8 MiB for model graphs 128,
+# 256 and 512 on vLLM's path) and differs from eager on 8 of the 11 dispatchable pairings, on
+# both. So the pairing check has power exactly where something crosses the break.
+#
 # The PR's `has_early_aux()` (printed at the top) keeps an aux hidden state made before the
 # replay layers, the case `early_aux_shared` forces onto the shared stream, off it. From the
 # trace alone, the lifetime analysis can also flag the break's kept-bound inputs, which nothing
@@ -299,15 +330,15 @@ print("\n".join(agreement_lines(records)))
 # failures above, where the replica's early aux rows ran flat, are the hypothetical case in
 # which vLLM handed the early aux out weak.
 #
-# The verdict below is computed from vLLM's own capture path's H200 recordings
+# The verdict below is computed from vLLM's own capture path's recordings
 # (`kit/recordings/vllm`, `kit.experiments.early_aux`), forced to share in both return shapes.
-# As recorded: with V4.1's nested aux list (`early_aux_shared_pinned.pickle`) graphs equal eager
-# bit for bit and the obligation holds on 11 of 11 dispatchable pairings, in a 30 MiB graph
-# pool against 56 MiB under the PR (`early_aux_pr.pickle`), so on vLLM 0.33 the exception is
-# defensive and costs 26 MiB there. With the aux handed out flat (`early_aux_shared.pickle`)
-# graphs differ from eager (largest difference 7.89) and the obligation fails on 10 of 11: the
-# exception becomes necessary if a model returned its aux flattened or `weak_ref_tensors`
-# recursed. The replica's 6.64 (`kit demo`) is that flat case too.
+# As recorded (H100, 2026-12-05): with V4.1's nested aux list (`early_aux_shared`) graphs
+# equal eager bit for bit and the obligation holds on 11 of 11 dispatchable pairings, in a
+# 30 MiB graph pool against 56 MiB under the PR (`early_aux_pr`, the same return shape), so on
+# vLLM 0.33 the exception is defensive and costs 26 MiB there. With the aux handed out flat
+# (`early_aux_shared_flat`) graphs differ from eager (largest difference 7.89) and the
+# obligation fails on 10 of 11: the exception becomes necessary if a model returned its aux
+# flattened or `weak_ref_tensors` recursed. The replica's 6.64 (`kit demo`) is that flat case too.
 
 # %%
 for line in early_aux_lines(recorded_early_aux_verdict()):

@@ -41,9 +41,9 @@ from kit.analysis.readwrite import (
     replay_graph,
 )
 from kit.experiments import readwrite_run, safety_run
-PLANTED = "planted_cross_break_read"
 from kit.recordings import RECORDINGS
 
+PLANTED = "planted_cross_break_read"
 MIB = 1 << 20
 
 POOL = (0x10000, 0x20000)  # a graph-pool segment
