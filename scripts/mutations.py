@@ -1291,6 +1291,46 @@ MUTATIONS = (
         ("tests/test_early_aux.py", "tests/test_vllm_recording.py"),
         "the changes to vLLM that would need the exception are named when the flat shape was shown unsafe",
     ),
+    Mutation(
+        "shipped_gz_bound_off_by_the_whole_bound",
+        "kit/recordings/__init__.py",
+        "    if len(data) > MAX_SHIPPED_BYTES:",
+        "    if len(data) > 2 * MAX_SHIPPED_BYTES:",
+        ("tests/test_shipped_recordings.py",),
+        "a compressed recording that expands past the bound is refused, not read",
+    ),
+    Mutation(
+        "shipped_gz_zlib_error_escapes",
+        "kit/recordings/__init__.py",
+        "    except (OSError, EOFError, zlib.error) as e:",
+        "    except (OSError, EOFError) as e:",
+        ("tests/test_shipped_recordings.py",),
+        "a corrupt compressed recording is a one-line KitError, not a zlib traceback",
+    ),
+    Mutation(
+        "vllm_preset_keeps_the_stand_ins_window",
+        "kit/experiments/vllm_standin.py",
+        '        window=numbers["window"],',
+        "        window=96,",
+        ("tests/test_vllm_presets.py",),
+        "vLLM's path at a default preset takes the preset's window, which sets vLLM's replay sizes",
+    ),
+    Mutation(
+        "vllm_preset_ignores_max_num_seqs",
+        "kit/experiments/vllm_standin.py",
+        "    if cfg.max_num_seqs is not None:\n        config.scheduler_config.max_num_seqs = cfg.max_num_seqs",
+        "    pass",
+        ("tests/test_vllm_presets.py",),
+        "vLLM's path at a default preset runs with the preset's max_num_seqs",
+    ),
+    Mutation(
+        "pairless_readwrite_claims_the_stress_rows",
+        "kit/experiments/readwrite_run.py",
+        '    if not data["pairs"] or not any(p["dispatchable"] for p in data["pairs"]):',
+        '    if not data["pairs"]:',
+        ("tests/test_readwrite_recording.py",),
+        "a preset where vLLM dispatches no pairing claims nothing of the obligation from its stress rows",
+    ),
 )
 
 

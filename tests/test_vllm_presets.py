@@ -74,3 +74,22 @@ def test_h200_default_breaks_no_model_graph_and_gb200_default_dispatches_mostly_
 def test_the_script_check_mode_says_whether_the_json_is_current(capsys):
     assert vllm_presets.main(["--check"]) == 0
     assert "as vLLM computes it" in capsys.readouterr().out
+
+
+def test_vllms_path_at_the_gb200_defaults_dispatches_what_the_kit_says(monkeypatch):
+    """`vllm_standin.preset_config` builds vLLM's own runner at the preset's numbers: vLLM's manager makes the
+    replay sizes, and vLLM's dispatch rule over them gives 126 pairings, 14 with R > N, as recorded."""
+    import torch
+
+    from kit.experiments import vllm_capture as vc
+    from kit.experiments import vllm_safety as vs
+    from tests.test_vllm_safety import stand_in_cuda
+
+    numbers = vllm_default_presets()["gb200-default"]
+    stand_in_cuda(monkeypatch)
+    runner = vc.build_runner(vc.preset_config("gb200-default"), torch.device("cpu"))
+    assert vs.replay_sizes(runner) == numbers["decoder_replay_cudagraph_capture_sizes"]
+    assert vs.trim_threshold(runner) == numbers["decoder_replay_trim_threshold"]
+    assert runner.vllm_config.scheduler_config.max_num_seqs == numbers["max_num_seqs"]
+    pairs = vs.dispatchable_pairs(runner)
+    assert len(pairs) == 126 and sum(r > n for n, r, _ in pairs) == 14 and len(vs.pcp_pairs(runner)) == 10

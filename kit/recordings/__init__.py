@@ -22,6 +22,7 @@ bytes) are of the file the command wrote, before compression
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 from kit.errors import KitError
@@ -52,7 +53,7 @@ def shipped_bytes(path: Path) -> bytes:
     try:
         with gzip.open(found, "rb") as f:
             data = f.read(MAX_SHIPPED_BYTES + 1)
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         raise KitError(f"{found}: not a readable gzip file ({e})") from None
     if len(data) > MAX_SHIPPED_BYTES:
         raise KitError(f"{found}: expands past {MAX_SHIPPED_BYTES >> 20} MiB; not a recording the kit shipped")
