@@ -309,3 +309,12 @@ def invariant_of_pairs(data: dict | None) -> dict[tuple[str, int, int], dict]:
         }
         for p in (data or {}).get("pairs") or []
     }
+
+
+def verdict_line(name: str, holds: bool | None, summary: str) -> str:
+    """`<name>: invariant holds|VIOLATED|not checked: <the summary's figures>`, the verdict said once."""
+    verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[holds]
+    rest = summary.removeprefix(INVARIANT).strip()
+    for word in ("Holds ", "VIOLATED "):
+        rest = rest.removeprefix(word)
+    return f"{name}: invariant {verdict}: {rest}"

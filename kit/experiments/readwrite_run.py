@@ -54,6 +54,7 @@ from kit.analysis.invariant import (
     NOT_RECORDED,
     early_aux_count,
     invariant_result,
+    verdict_line,
 )
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, liveness_table, liveness_verdicts
 from kit.analysis.readwrite import (
@@ -333,8 +334,7 @@ def invariant_lines(data: dict) -> list[str]:
         if not invariant:
             lines.append(f"{scenario}: invariant {NOT_RECORDED}")
             continue
-        verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[invariant["holds"]]
-        lines.append(f"{scenario}: invariant {verdict}: {invariant['summary'].removeprefix(INVARIANT).strip()}")
+        lines.append(verdict_line(scenario, invariant["holds"], invariant["summary"]))
         lines += [f"  {line}" for line in invariant["verdicts"]]
     return lines
 

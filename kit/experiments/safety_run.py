@@ -77,6 +77,7 @@ from kit.analysis.invariant import (
     INVARIANT_PAIR_KEYS,
     invariant_by_scenario,
     invariant_of_pairs,
+    verdict_line,
 )
 from kit.analysis.invariant import (
     NOT_RECORDED as INVARIANT_NOT_RECORDED,
@@ -636,8 +637,7 @@ def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
         if mine is None or not mine["invariant_recorded"]:
             lines.append(f"{scenario}: invariant {INVARIANT_NOT_RECORDED}")
         else:
-            verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[mine["invariant_holds"]]
-            lines.append(f"{scenario}: invariant {verdict}: {mine['invariant'].removeprefix(INVARIANT).strip()}")
+            lines.append(verdict_line(scenario, mine["invariant_holds"], mine["invariant"]))
             lines += [f"  {line}" for line in mine["invariant_verdicts"]]
         if mine is not None and mine["obligation"]:
             obligation = mine["obligation"].removeprefix(OBLIGATION).strip()

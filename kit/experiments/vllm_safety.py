@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kit.analysis.equivalence import compare_forward
-from kit.analysis.invariant import INVARIANT, early_aux_count, invariant_result
+from kit.analysis.invariant import INVARIANT, early_aux_count, invariant_result, verdict_line
 from kit.analysis.readwrite import (
     AFTER_REPLAY,
     BREAK,
@@ -277,9 +277,10 @@ def vllm_invariant_lines(found: dict[str, dict]) -> list[str]:
     """The invariant on vLLM's path, per recorded scenario: verdict, how it was had, its list."""
     lines = [f"the structural invariant on vLLM's path (kit/recordings/vllm): {INVARIANT}"]
     for name, inv in found.items():
-        verdict = {True: "holds", False: "VIOLATED", None: "not checked"}[inv["holds"]]
         how = " (computed from the recording's reads, writes and segments)" if inv.get("computed") else ""
-        lines.append(f"{name}: invariant {verdict}{how}: {inv['summary'].removeprefix(INVARIANT).strip()}")
+        line = verdict_line(name, inv["holds"], inv["summary"])
+        verdict, _, rest = line.partition(": ")[2].partition(": ")
+        lines.append(f"{name}: {verdict}{how}: {rest}")
         lines += [f"  {line}" for line in inv["verdicts"]]
     return lines
 
