@@ -123,7 +123,11 @@ def _zip(**members: bytes) -> bytes:
 def test_a_compressed_file_or_an_archive_is_named_as_such():
     snapshot = RECORDED["two_streams"].read_bytes()
     cases = {
-        "gzip": (gzip.compress(snapshot), "compressed with gzip: gunzip it first"),
+        "gzip, truncated": (
+            gzip.compress(snapshot)[:200],
+            "a damaged gzip file (Compressed file ended before the end-of-stream marker was reached)",
+        ),
+        "gzip inside gzip": (gzip.compress(gzip.compress(snapshot)), "gzip inside gzip; not a snapshot"),
         "bzip2": (bz2.compress(snapshot), "compressed with bzip2: bunzip2 it first"),
         "xz": (lzma.compress(snapshot), "compressed with xz: unxz it first"),
         "zstd": (b"\x28\xb5\x2f\xfd" + snapshot[:100], "compressed with zstd: unzstd it first"),
@@ -142,11 +146,20 @@ def test_a_compressed_file_or_an_archive_is_named_as_such():
         assert str(raised.value) == f"upload: {message}", name
 
 
-def test_the_command_line_names_a_gzip_file_and_a_torch_save_archive(tmp_path):
-    gz, pt = tmp_path / "snap.pickle.gz", tmp_path / "snap.pt"
+def test_the_command_line_reads_a_gzip_snapshot_and_names_a_bomb_and_a_torch_save_archive(tmp_path, monkeypatch):
+    gz, bomb, pt = tmp_path / "snap.pickle.gz", tmp_path / "bomb.pickle.gz", tmp_path / "snap.pt"
     gz.write_bytes(gzip.compress(RECORDED["two_streams"].read_bytes()))
     pt.write_bytes(_torch_save())
-    _refused(_kit("table", str(gz)), f"{gz}: compressed with gzip: gunzip it first")
+    plain = _kit("table", str(RECORDED["two_streams"]))
+    read = _kit("table", str(gz))
+    same = read.stdout.replace(str(gz), str(RECORDED["two_streams"]))  # the source line names the file read
+    assert read.returncode == plain.returncode == 0 and same == plain.stdout  # the same table, compressed
+    bomb.write_bytes(gzip.compress(b"\x80" + b"\x00" * (300 << 20)))  # 300 MiB of nothing in 300 KiB
+    _refused(
+        _kit("table", str(bomb)),
+        f"{bomb}: gzip expands past 256 MiB (100 times its size): not a snapshot "
+        "the kit reads compressed; decompress it yourself if it is one",
+    )
     _refused(_kit("table", str(pt)), f"{pt}: this is a torch.save archive, not a memory snapshot")
 
 

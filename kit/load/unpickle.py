@@ -6,10 +6,13 @@ bool and None, which pickle encodes without naming a single global, so the
 unpickler here refuses every global and every persistent id. It also refuses
 a pickle whose shared references would expand a small file into millions of
 records (torch never writes those). JSON files (the same dict; pool ids as
-lists) are read too. Every failure is a one-line `KitError` naming the file,
-and a file of another kind is named as such from its first bytes: gzip, bzip2,
-xz, zstd or lz4 compression ("gunzip it first"), a `torch.save` archive, or
-another zip archive. Nothing in such a file is decompressed or run.
+lists) are read too, and so is either gzip-compressed (`.pickle.gz`, as
+snapshots are often kept), decompressed in memory up to `GZIP_MAX_RATIO` times
+its size (at least `GZIP_FLOOR_BYTES`), which no real snapshot reaches and a
+decompression bomb does at once. Every failure is a one-line `KitError` naming
+the file, and a file of another kind is named as such from its first bytes:
+bzip2, xz, zstd or lz4 compression ("bunzip2 it first"), a `torch.save`
+archive, or another zip archive. Nothing in such a file is decompressed or run.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from kit.errors import KitError
 FREEZE_ABOVE = 1_000_000  # containers made by one load past which they leave the collector's view
 HEAD_BYTES = 64  # enough of a file's start to tell its kind
 
-# (magic bytes at the start, the format, the command that undoes it)
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAX_RATIO = 100  # a snapshot's pickle compresses 10 to 30 times; gzip's own ceiling is about 1000
+GZIP_FLOOR_BYTES = 256 << 20
+# (magic bytes at the start, the format, the command that undoes it): refused, named
 COMPRESSIONS = (
-    (b"\x1f\x8b", "gzip", "gunzip"),
     (b"\xfd7zXZ\x00", "xz", "unxz"),
     (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
     (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
@@ -168,9 +173,41 @@ def refuse_legacy_torch_save(raw: Any, where: str) -> None:
         raise KitError(f"{where}: this is a torch.save file (its legacy format), not a memory snapshot")
 
 
+def gunzip_bounded(source: bytes | IO[bytes], compressed_bytes: int, where: str) -> bytes:
+    """A gzip file's contents, decompressed in memory; a one-line `KitError` if it is damaged, expands past
+    `GZIP_MAX_RATIO` times its size (at least `GZIP_FLOOR_BYTES`), or holds another gzip inside."""
+    import gzip
+    import zlib
+
+    limit = max(GZIP_FLOOR_BYTES, GZIP_MAX_RATIO * compressed_bytes)
+    chunks, total = [], 0
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(source) if isinstance(source, bytes) else source) as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+                if total > limit:
+                    raise KitError(
+                        f"{where}: gzip expands past {limit >> 20} MiB ({GZIP_MAX_RATIO} times its size): not a "
+                        "snapshot the kit reads compressed; decompress it yourself if it is one"
+                    )
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise KitError(
+            f"{where}: a damaged gzip file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
+    data = b"".join(chunks)
+    if data.startswith(GZIP_MAGIC):
+        raise KitError(f"{where}: gzip inside gzip; not a snapshot")
+    return data
+
+
 def decode_snapshot(data: bytes, where: str) -> dict:
     if not data:
         raise KitError(f"{where}: empty file")
+    if data.startswith(GZIP_MAGIC):
+        data = gunzip_bounded(data, len(data), where)
+        if not data:
+            raise KitError(f"{where}: empty once decompressed")
     refuse_other_formats(data[:HEAD_BYTES], where, data)
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark before JSON
         data = data[3:]
@@ -247,6 +284,9 @@ def load_file(path: Path, on_read: Callable[[int], object] | None = None) -> Any
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
+            if head.startswith(GZIP_MAGIC):  # read compressed: decompressed in memory, bounded
+                f.seek(0)
+                return decode_snapshot(gunzip_bounded(f, os.fstat(f.fileno()).st_size, str(path)) or b"", str(path))
             refuse_other_formats(head, str(path), f)
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return decode_snapshot(head + f.read(), str(path))  # JSON, or not a pickle at all
