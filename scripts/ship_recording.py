@@ -1,6 +1,6 @@
 """Compress a recording of many megabytes for shipping: `NAME` -> `NAME.gz` beside it, the original removed.
 
-    python scripts/ship_recording.py kit/recordings/vllm/gb200_default.pickle
+    python scripts/ship_recording.py kit/recordings/<folder>/<name>
 
 The kit reads `NAME.gz` wherever it would read `NAME` (`kit.recordings.shipped_bytes`).
 The output is deterministic (gzip level 9, no name, mtime 0), so the same recording

@@ -62,7 +62,7 @@ KEY_LINES = {
         "vLLM's path, patched: the replay captures added 2.00 MiB; for the stream's sake (a fitting free block on "
         "another stream): 0 B",
         "  2.00 MiB small-pool segment for a request of 1,048,576 B (rounded 1,048,576 B) on model graphs stream in "
-        "decoder replay graphs 512 graph 0, at forward (vllm_capture.py:630) (trace entry 2317)",
+        "decoder replay graphs 512 graph 0, at forward (vllm_standin.py:254) (trace entry 2317)",
         "small: graph pool predicted 24.00 MiB, measured 24.00 MiB; saved: predicted 25,165,824 bytes, measured "
         "25,165,824 bytes",
         "large: graph pool predicted 1.53 GiB, measured 1.53 GiB; saved: predicted 1,528,823,808 bytes, measured "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.recordings import RECORDINGS
+from kit.recordings import RECORDINGS, shipped, shipped_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted([*RECORDINGS.rglob("PROVENANCE.json"), *(ROOT / "tests" / "fixtures").rglob("PROVENANCE.json")])
@@ -51,8 +51,8 @@ def test_every_recording_folder_has_its_provenance():
 def test_each_file_is_the_one_its_provenance_describes(manifest, name):
     entry = entries(manifest)[name]
     path = manifest.parent / name
-    assert path.is_file(), f"{manifest} names {name}, which is not there"
-    data = path.read_bytes()
+    assert shipped(path) is not None, f"{manifest} names {name}, which is not there"
+    data = shipped_bytes(path)  # as recorded: a file shipped compressed (NAME.gz) is read back decompressed
     assert hashlib.sha256(data).hexdigest() == entry["sha256"], f"{path} is not the file {manifest} describes"
     if "bytes" in entry:
         assert len(data) == entry["bytes"]
@@ -61,7 +61,8 @@ def test_each_file_is_the_one_its_provenance_describes(manifest, name):
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=[str(m.parent.relative_to(ROOT)) for m in MANIFESTS])
 def test_every_recording_in_a_folder_is_named_by_its_provenance(manifest):
-    present = {p.name for p in manifest.parent.iterdir() if p.suffix in RECORDING_SUFFIXES}
+    names = [p.name.removesuffix(".gz") for p in manifest.parent.iterdir()]  # NAME.gz: NAME, shipped compressed
+    present = {name for name in names if Path(name).suffix in RECORDING_SUFFIXES}
     assert present - {"PROVENANCE.json"} <= set(entries(manifest))
 
 

@@ -247,7 +247,8 @@ def test_load_safety_reads_both_h200_recordings_with_their_sources(safety):
     assert safety.readwrite["source"].startswith("recorded on NVIDIA H")
     assert safety.readwrite["source"].endswith("(kit/recordings/readwrite/small.json)")
     checks = safety.checks
-    assert len(checks) == 3 * 18 and list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared"]
+    assert len(checks) == 4 * 18
+    assert list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared", "planted_cross_break_read"]
     with pytest.raises(kit.KitError, match="live safety runs need CUDA"):
         load_safety("small", "live GPU")  # no CUDA here
 
@@ -308,7 +309,7 @@ def test_agreement_lines_leave_out_only_what_is_not_the_replay_graphs_and_say_so
 
 def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_sentence(safety):
     lines = disagreement_lines(safety)
-    assert len(lines) == 3
+    assert len(lines) == 4 and lines[3].startswith("planted_cross_break_read, lifetime analysis from the trace alone")
 
     def trace_only(policy: str) -> int:
         pairs = [p for p in safety.readwrite["pairs"] if p["policy"] == policy]
@@ -346,10 +347,11 @@ def test_pairings_table_puts_every_policy_in_one_table_and_marks_differences(saf
     assert page.count("early_aux_shared") == 3 and f"differs {stress['max_abs_diff']:.4g} *" in page
     assert "stress only" in page
     styled = page.split("<style", 1)[1].split("</style>", 1)[0]
-    alone = safety.pairs[safety.pairs["policy"] == "early_aux_shared"]
-    differing = (~alone["bit_exact"].astype(bool)).sum() + alone.groupby("model_size")["alone_bit_exact"].first().eq(
-        False
-    ).sum()
+    differing = 0
+    for policy in ("early_aux_shared", "planted_cross_break_read"):  # the two scenarios that differ from eager
+        alone = safety.pairs[safety.pairs["policy"] == policy]
+        own = alone.groupby("model_size")["alone_bit_exact"].first().eq(False).sum()
+        differing += (~alone["bit_exact"].astype(bool)).sum() + own
     assert styled.count("#fadbd8") == 1 and styled.count("_col") == differing > 0  # each shaded once
 
 
