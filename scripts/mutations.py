@@ -1140,8 +1140,11 @@ MUTATIONS = (
         "kit/experiments/vllm_safety.py",
         '    early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])',
         "    early = 0",
-        ("tests/test_invariant.py::test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool",),
-        "an older vLLM recording's invariant tells its early aux apart, from the recorded config",
+        (
+            "tests/test_invariant.py::test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool",
+            "tests/test_invariant.py::test_the_invariant_recorded_on_the_gpu_is_what_the_recordings_accesses_give_again",
+        ),
+        "a vLLM recording's invariant computed from its accesses tells its early aux apart, from the recorded config",
     ),
     # --- power on every pairing (kit/experiments/power.py, safety_run, vllm_safety) ---
     Mutation(
