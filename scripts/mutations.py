@@ -115,13 +115,24 @@ MUTATIONS = (
     Mutation(
         "notebook_04_shows_the_safe_capture_for_early_aux_forced_to_share",
         "kit/show/safety.py",
-        'return ("early_aux_shared" if shares else "early_aux_pr"), shares',
-        'return ("early_aux_pr" if shares else "early_aux_shared"), shares',
+        "    if has_early_aux and shares:\n",
+        "    if has_early_aux and not shares:\n",
         (
             "tests/test_notebooks.py::test_notebook_runs_headless_and_shows_its_figures[04_safety]",
             "tests/test_browser.py::test_notebook_renders_and_reacts_in_jupyterlab[04_safety]",
         ),
         "the policy explorer's branches swapped: forced sharing shows the PR's safe capture",
+    ),
+    Mutation(
+        "policy_explorer_ignores_the_aux_return",
+        "kit/show/safety.py",
+        'return ("early_aux_shared_flat" if aux_return == "flat" else "early_aux_shared"), shares',
+        'return "early_aux_shared", shares',
+        (
+            "tests/test_show.py::test_scenario_for_follows_the_prs_rule",
+            "tests/test_show.py::test_safety_view_shows_the_capture_the_rule_picks_and_redraws_in_place",
+        ),
+        "the explorer's aux-return choice picks the capture: flat is the hypothetical that conflicts",
     ),
     # -- the simulator's other rules
     Mutation(
@@ -1158,7 +1169,7 @@ MUTATIONS = (
     Mutation(
         "poison_spares_not_the_replay_graphs_outputs",
         "kit/experiments/power.py",
-        "        for tensor, values in kept:\n            tensor.copy_(values)\n",
+        "            for tensor, values in kept:\n                tensor.copy_(values)\n",
         "",
         ("tests/test_safety_run.py",),
         "R's outputs are the break's input from R, not a value carried across it: poisoning them gives any pairing "

@@ -5,7 +5,8 @@
 The kit reads `NAME.gz` wherever it would read `NAME` (`kit.recordings.shipped_bytes`).
 The output is deterministic (gzip level 9, no name, mtime 0), so the same recording
 gives the same bytes; PROVENANCE.json keeps the sha256 and size of the uncompressed
-file, which `shipped_bytes` gives back.
+file, which `shipped_bytes` gives back, and its entry for the file (where it has one)
+gains `shipped_as`, naming the compressed file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kit.fileio import atomic_write  # noqa: E402
+from kit.record.provenance import read_manifest, write_manifest  # noqa: E402
 from kit.recordings import GZ, shipped_bytes  # noqa: E402
 
 
@@ -33,7 +35,17 @@ def ship(path: Path) -> Path:
     path.unlink()
     if shipped_bytes(path) != data:  # what the kit reads now
         raise SystemExit(f"{out}: the kit does not read {path.name} back from it")
+    note_shipped(path, out)
     return out
+
+
+def note_shipped(path: Path, out: Path) -> None:
+    """`shipped_as` on `path`'s entry in the PROVENANCE.json beside it, if it has one."""
+    manifest = read_manifest(path.parent)
+    if isinstance(manifest.get(path.name), dict):
+        how = f"python scripts/ship_recording.py; sha256 and bytes are of {path.name}, what the command wrote"
+        manifest[path.name]["shipped_as"] = f"{out.name} ({how})"
+        write_manifest(path.parent, manifest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -311,11 +311,28 @@ def test_the_planted_decoder_reads_its_kept_block_after_the_break_and_it_changes
         assert not torch.equal(plain(ids)[0], planted(ids)[0])
 
 
-@pytest.mark.parametrize("preset", ["large"])  # recorded before the invariant was (small has it since 2026-12-05)
-def test_the_shipped_readwrite_recordings_say_not_recorded(preset):
-    data = readwrite_run.load_recording(preset)
+def test_a_readwrite_recording_made_before_the_invariant_says_not_recorded():
+    data = readwrite_run.load_recording("small")
+    for run in data["policies"].values():
+        del run["invariant"]
     lines = readwrite_run.invariant_lines(data)
-    assert lines[0] == INVARIANT and all(NOT_RECORDED in line for line in lines[1:])
+    assert lines[0] == INVARIANT and len(lines) == 1 + len(data["policies"])
+    assert all(NOT_RECORDED in line for line in lines[1:])
+
+
+def test_the_large_recording_holds_the_invariant_but_for_the_planted_read():
+    """Recorded on 2026-12-05: each model graph reads its planted block (the planted scenario's 11.92 MiB) after the
+    break, on all 80 dispatchable pairings; the other scenarios hold on all 80, early aux the only bytes carried."""
+    data = readwrite_run.load_recording("large")
+    runs = {scenario: run["invariant"] for scenario, run in data["policies"].items()}
+    assert {s: inv["holds"] for s, inv in runs.items()} == {
+        "pr": True, "unpatched": True, "early_aux_shared": True, PLANTED: False,
+    }  # fmt: skip
+    planted = [p for p in data["pairs"] if p["policy"] == PLANTED and p["dispatchable"]]
+    assert len(planted) == 80 and not any(p["invariant_holds"] for p in planted)
+    assert {p["graph_pool_carried_bytes"] for p in planted} == {109 * 4 * 7168 * 4}  # planted_kept_block's float32 rows
+    early = [p for p in data["pairs"] if p["policy"] == "early_aux_shared" and p["dispatchable"]]
+    assert all(p["graph_pool_carried_bytes"] == 0 < p["early_aux_carried_bytes"] for p in early)
 
 
 def test_each_pairing_gets_the_invariant_of_its_own_model_graph_and_break():

@@ -13,7 +13,9 @@ from kit.analysis.trace.walk import walk_trace
 
 from .helpers import FIXTURES, KIB, segment
 
-SCENARIOS = ["small_patched", "small_unpatched", "small_early_aux_pr", "small_early_aux_shared"]
+SCENARIOS = [
+    "small_patched", "small_unpatched", "small_early_aux_pr", "small_early_aux_shared", "small_early_aux_shared_flat",
+]  # fmt: skip
 POOL = (0, 1)
 STREAM = 7
 
@@ -35,6 +37,12 @@ def _hidden_state_bytes(snap, tokens: int) -> int:
     return tokens * config["hidden_size"] * 2
 
 
+def _aux_handed_out_weak(snap) -> bool:
+    """The flat return: each aux a top-level output, weak-referenced by the wrapper, its block free after capture.
+    V4.1's nested `(hidden_states, aux_list)` keeps every aux block allocated (vLLM's `weak_ref_tensors`)."""
+    return snap.kit["scenario"]["config"]["aux_return"] == "flat"
+
+
 def _early_aux_layers(snap) -> list[int]:
     config = snap.kit["scenario"]["config"]
     return [i for i in config["aux_hidden_state_layers"] if i < config["decoder_replay_start"]]
@@ -48,7 +56,9 @@ def test_conflict_exactly_when_early_aux_shares_the_model_stream(name):
     snap = _fixture(name)
     liveness = liveness_table(snap)
     table = liveness.rows
-    expected = snap.kit["scenario"]["has_early_aux"] and _replay_shares_the_model_stream(snap)
+    expected = (
+        snap.kit["scenario"]["has_early_aux"] and _replay_shares_the_model_stream(snap) and _aux_handed_out_weak(snap)
+    )
     assert table["conflict"].any() == expected
     verdicts = liveness_verdicts(liveness)
     assert verdicts == liveness.verdicts()
@@ -70,14 +80,17 @@ def test_each_break_holds_its_input_and_the_early_aux_states(name):
         assert released["bytes"].tolist() == [hidden]
         held = rows[rows["class"] == HELD]
         assert held["bytes"].tolist() == [hidden] * len(_early_aux_layers(snap))
-        # produced before the break's input, kept until the capture's end
+        # produced before the break's input, kept until the capture's end (flat), or for good (nested)
         assert (held["alloc_index"] < released["alloc_index"].iloc[0]).all()
-        assert (held["free_index"] > held["break_end"]).all()
+        if _aux_handed_out_weak(snap):
+            assert (held["free_index"] > held["break_end"]).all()
+        else:
+            assert held["free_index"].isna().all()
     assert not (table["class"] == BREAK_INPUT).any()  # the fallback for recordings that keep locals alive
 
 
 def test_the_conflict_is_the_early_aux_state_and_names_its_bytes():
-    snap = _fixture("small_early_aux_shared")
+    snap = _fixture("small_early_aux_shared_flat")
     liveness = liveness_table(snap)
     table = liveness.rows
     bad = table[table["conflict"]]
@@ -93,7 +106,7 @@ def test_pairing_each_break_with_its_replay_graph_predicts_the_sizes_that_differ
     from kit.experiments.dispatch import dispatch_replay_size
     from kit.replica.model import PRESETS, replay_rows
 
-    snap = _fixture("small_early_aux_shared")
+    snap = _fixture("small_early_aux_shared_flat")
     sizes = PRESETS["small"].decoder_replay_cudagraph_capture_sizes
     # the replica's default step: its last N/2 rows, padded to vLLM's replay size
     table = liveness_table(snap, replay_size_for=lambda n: dispatch_replay_size(replay_rows(n), sizes)).rows
@@ -106,7 +119,7 @@ def test_pairing_each_break_with_its_replay_graph_predicts_the_sizes_that_differ
     assert set(liveness_table(snap).rows[lambda t: t["conflict"]]["capture_size"]) == set(table["capture_size"])
 
 
-@pytest.mark.parametrize("name", ["small_patched", "small_unpatched", "small_early_aux_pr"])
+@pytest.mark.parametrize("name", ["small_patched", "small_unpatched", "small_early_aux_pr", "small_early_aux_shared"])
 def test_the_safe_recordings_are_bit_exact(name):
     assert Equivalence(pd.DataFrame(_fixture(name).kit["equivalence"])).bit_exact
 

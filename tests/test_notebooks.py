@@ -148,9 +148,11 @@ SHOWN = {
     ),
     "03_the_fix": ("graph pool: 48.00 MiB before, 24.00 MiB after: 24.00 MiB saved (25,165,824 bytes)",),
     "04_safety": (
-        # the overview: only early aux forced to share puts a replay graph over what is held, and differs from eager
+        # the overview: only early aux forced to share and returned flat puts a replay graph over what is held, and
+        # differs from eager; V4.1's nested return keeps the aux blocks, bit-exact
         "early_aux_pr pr True replay graphs stream 50.00 MiB 1.75 MiB 0 B True bit-exact",
-        "early_aux_shared share True model graphs stream 26.00 MiB 1.75 MiB 1.75 MiB True differ, up to 6.64",
+        "early_aux_shared share True model graphs stream 28.00 MiB 1.75 MiB 0 B True bit-exact",
+        "early_aux_shared_flat share True model graphs stream 26.00 MiB 1.75 MiB 1.75 MiB True differ, up to 6.64",
         "early_aux_shared 18 (128, 384)*, (128, 480)*, (128, 512)*, (256, 96), (256, 192), (256, 288), (256, 384)*, "
         "(256, 480)*, (256, 512)*, (512, 288), (512, 384), (512, 480), (512, 512)",
         # the policy explorer's first view: the PR's rule on a model with early aux keeps the streams apart

@@ -60,12 +60,15 @@ def test_every_shipped_gz_gives_back_the_file_its_provenance_describes():
 def test_ship_recording_replaces_the_file_by_a_gz_that_gives_it_back(tmp_path):
     path = tmp_path / "big.json"
     path.write_text(json.dumps({"pairs": list(range(5000))}))
+    (tmp_path / "PROVENANCE.json").write_text(json.dumps({"big.json": {"sha256": "x"}}))
     before = path.read_bytes()
     done = subprocess.run(
         [sys.executable, "scripts/ship_recording.py", str(path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     assert not path.exists() and (tmp_path / "big.json.gz").is_file() and shipped_bytes(path) == before
+    entry = json.loads((tmp_path / "PROVENANCE.json").read_text())["big.json"]
+    assert entry["sha256"] == "x" and entry["shipped_as"].startswith("big.json.gz ")
     again = tmp_path / "again.json"
     again.write_bytes(before)
     subprocess.run([sys.executable, "scripts/ship_recording.py", str(again)], check=True, capture_output=True)

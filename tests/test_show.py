@@ -4,6 +4,7 @@ and the snapshot explorer, each checked against the analysis it draws, on the sh
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 from datetime import datetime
 
@@ -108,7 +109,7 @@ def _paired(snapshot: kit.Snapshot) -> Liveness:
 
 
 def test_timeline_rows_are_roles_and_bars_run_from_each_blocks_allocation_to_its_free(runs):
-    snap = runs["early_aux_shared"]
+    snap = runs["early_aux_shared_flat"]
     liveness = _paired(snap)
     fig = timeline_figure(snap, liveness, "title", source="the source")
     rows, roles = liveness.rows, block_roles(liveness)
@@ -135,7 +136,7 @@ def test_timeline_rows_are_roles_and_bars_run_from_each_blocks_allocation_to_its
 
 
 def test_replay_allocations_are_each_replay_allocation_over_a_held_block_once_with_its_free(runs):
-    snap = runs["early_aux_shared"]
+    snap = runs["early_aux_shared_flat"]
     liveness = _paired(snap)
     replays = replay_allocations(snap, liveness)
     overlapping = {index for overlaps in liveness.rows["replay_overlaps"] for _, index in overlaps}
@@ -190,7 +191,7 @@ def test_timeline_of_several_break_inputs_names_each_kept_bound_input_once():
 
 
 def test_timeline_marks_split_replay_allocations_by_whether_their_graph_runs_in_the_break(runs):
-    snap = runs["early_aux_shared"]
+    snap = runs["early_aux_shared_flat"]
     liveness = _paired(snap)
     fig = timeline_figure(snap, liveness, "t")
     marks = {t.name: t for t in fig.data if t.type == "scatter"}
@@ -285,26 +286,31 @@ def test_pair_list_marks_the_pairings_vllm_cannot_produce():
 
 
 def test_agreement_lines_leave_out_only_what_is_not_the_replay_graphs_and_say_so():
-    """At the large preset, model graphs 2048 and 4096 differ from eager with their own replay graph alone under
-    early_aux_shared: their adversary pairings are left out of the comparison, counted and named; at small
-    everything agrees over all 18."""
+    """Recorded since 2026-12-05 every pairing runs as vLLM would (dispatched, under PCP where only PCP dispatches
+    it), so all agree over all. A recording made before that ran stress pairings as an adversary (R, then the
+    step's own replay graph): where the model graph differs from eager with its own replay graph alone (2048 and
+    4096 at the large preset), a difference is not R's, and those pairings are left out, counted and named."""
     large = load_safety("large", "recorded")
-    early = large.pairs[large.pairs["policy"] == "early_aux_shared"]
-    # recomputed from the recording's own columns, not through attributable()
-    alone_differs = set(early.loc[~early["alone_bit_exact"].astype(bool), "model_size"])
-    left_out = early[(early["how"] == "adversary") & early["model_size"].isin(alone_differs)]
-    assert alone_differs == {2048, 4096} and len(left_out) == 24
-    assert not attributable(early).loc[left_out.index].any() and attributable(early).drop(left_out.index).all()
-
-    lines = agreement_lines(large)
-    assert lines[0].startswith("pr: of the 80 pairings vLLM's dispatch can produce, the obligation holds on every one")
-    assert "over all 128, " in lines[0] and "are exactly the pairings" in lines[0]
-    assert lines[2].startswith("early_aux_shared: of the 80 pairings vLLM's dispatch can produce, the obligation fails")
-    assert "over 104, " in lines[2]
-    assert "(24 left out: adversary pairings of model graphs 2048, 4096, which differ" in lines[2]
-    assert "are exactly the pairings that fail it" in lines[2]
+    assert set(large.pairs["how"]) == {"dispatched"} and attributable(large.pairs).all()
+    assert all("over all 128, " in line and "are exactly" in line for line in agreement_lines(large))
     small = agreement_lines(load_safety("small", "recorded"))
     assert all("over all 18, " in line and "are exactly" in line and "left out" not in line for line in small)
+
+    pairs = large.pairs.copy()
+    early = pairs["policy"] == "early_aux_shared"
+    alone_differs = set(pairs.loc[early & ~pairs["alone_bit_exact"].astype(bool), "model_size"])
+    assert alone_differs == {2048, 4096}
+    stress = early & ~pairs["dispatchable"] & pairs["model_size"].isin(alone_differs)
+    pairs.loc[stress, "how"] = "adversary"  # as recorded before stress pairings were forced into R
+    own = pairs.index[stress & pairs["bit_exact"].astype(bool)][0]
+    pairs.loc[own, ["bit_exact", "max_abs_diff"]] = (False, 1.0)  # its own replay graph's difference, not R's
+    left_out = pairs[stress]
+    assert not attributable(pairs).loc[left_out.index].any() and attributable(pairs).drop(left_out.index).all()
+    lines = agreement_lines(dataclasses.replace(large, pairs=pairs))
+    assert lines[2].startswith("early_aux_shared: of the 80 pairings vLLM's dispatch can produce, the obligation fails")
+    assert f"over {128 - len(left_out)}, " in lines[2] and "are exactly the pairings that fail it" in lines[2]
+    assert f"({len(left_out)} left out: adversary pairings of model graphs 2048, 4096, which differ" in lines[2]
+    assert lines[3].startswith("planted_cross_break_read: ") and "over all 128, " in lines[3]
 
 
 def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_sentence(safety):
@@ -361,21 +367,23 @@ def test_pairings_table_puts_every_policy_in_one_table_and_marks_differences(saf
         ("pr", False, ("patched", True)),
         ("pr", True, ("early_aux_pr", False)),
         ("share", False, ("patched", True)),
-        ("share", True, ("early_aux_shared", True)),
+        ("share", True, ("early_aux_shared", True)),  # V4.1's nested aux return, the default
         ("separate", False, ("unpatched", False)),
         ("separate", True, ("early_aux_pr", False)),
     ],
 )
 def test_scenario_for_follows_the_prs_rule(policy, early_aux, expected):
     assert scenario_for(policy, early_aux) == expected
+    flat = scenario_for(policy, early_aux, "flat")  # only early aux on the shared stream has a flat capture
+    assert flat == (("early_aux_shared_flat", True) if expected[0] == "early_aux_shared" else expected)
 
 
 def test_overview_table_reads_each_scenarios_three_checks(runs):
     table = overview_table(runs).set_index("scenario")
     assert list(table.index) == list(runs)
-    assert table.loc["early_aux_shared", "graphs vs eager"].startswith("differ")
-    assert table.loc["early_aux_shared", "of it under a replay graph"] != "0 B"
-    for name in ("unpatched", "patched", "early_aux_pr"):
+    assert table.loc["early_aux_shared_flat", "graphs vs eager"].startswith("differ")
+    assert table.loc["early_aux_shared_flat", "of it under a replay graph"] != "0 B"
+    for name in ("unpatched", "patched", "early_aux_pr", "early_aux_shared"):
         assert table.loc[name, "graphs vs eager"] == "bit-exact"
         assert table.loc[name, "of it under a replay graph"] == "0 B"
     assert table["breaks allocate outside the pool"].all()
@@ -392,7 +400,7 @@ def test_a_run_captured_just_now_in_another_process_names_its_gpu_and_run(runs):
 
 
 def test_liveness_view_shows_roles_bytes_and_replay_graphs_in_few_columns(runs):
-    liveness = _paired(runs["early_aux_shared"])
+    liveness = _paired(runs["early_aux_shared_flat"])
     view = liveness_view(liveness)
     assert len(view.data.columns) <= 7 and "addr" not in view.data.columns
     assert list(view.data["role"]) == block_roles(liveness)
@@ -408,15 +416,19 @@ def test_safety_view_shows_the_capture_the_rule_picks_and_redraws_in_place(runs)
     widget = view.timeline
     assert (view.policy.value, view.early_aux.value, view.scenario) == ("pr", True, "early_aux_pr")
     assert "keep a stream of their own" in view.status.value and "CONFLICT" not in view.status.value
-    view.policy.value = "share"  # observed: the view updates
+    view.policy.value = "share"  # observed: the view updates; V4.1's nested aux return keeps the aux block
     assert view.scenario == "early_aux_shared" and view.timeline is widget
+    assert "CONFLICT" not in view.status.value and "graphs equal eager" in view.status.value
+    view.aux_return.value = "flat"  # the hypothetical: the aux block free for the replay captures
+    assert view.scenario == "early_aux_shared_flat" and view.timeline is widget
     assert "CONFLICT" in view.status.value and "graphs differ from eager" in view.status.value
-    assert "policy share, early aux True" in widget.layout.title.text
-    expected = timeline_figure(runs["early_aux_shared"], _paired(runs["early_aux_shared"]), "t")
+    assert "policy share, early aux True, aux returned flat" in widget.layout.title.text
+    expected = timeline_figure(runs["early_aux_shared_flat"], _paired(runs["early_aux_shared_flat"]), "t")
     assert [len(t.x) for t in widget.data] == [len(t.x) for t in expected.data]
     assert "overflow-x: auto" in view.blocks_html.value and "aux hidden state" in view.blocks_html.value
     view.early_aux.value = False
     assert view.scenario == "patched" and "share the model graphs' stream" in view.status.value
+    assert view.aux_return.disabled and "aux returned" not in widget.layout.title.text
     assert "kit-main-control" in view.policy._dom_classes
 
 
@@ -782,7 +794,7 @@ def test_step_view_shows_the_snapshots_pool_name_as_text_and_outlines_its_rows()
 
 
 def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
-    raw = copy.deepcopy(runs["early_aux_shared"].raw)
+    raw = copy.deepcopy(runs["early_aux_shared_flat"].raw)
     for entry in raw["device_traces"][0]:
         for frame in entry.get("frames") or ():
             if frame["name"] == "forward":  # the replica's model: the frame every held block was allocated in
@@ -790,7 +802,7 @@ def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
     raw["kit"]["provenance"]["gpu"] = GPU
     for output in raw["kit"]["equivalence"]:
         output["output"] = f"{SCRIPT_NAME}{output['output']}"
-    hostile = kit.Snapshot(raw, origin=runs["early_aux_shared"].origin)
+    hostile = kit.Snapshot(raw, origin=runs["early_aux_shared_flat"].origin)
     figure = timeline_figure(hostile, _paired(hostile), "title", source=hostile.source_label)
     texts = " ".join(figure_texts(figure))
     assert not raw_markup(texts), raw_markup(texts)
@@ -800,9 +812,9 @@ def test_timeline_and_safety_view_show_the_snapshots_markup_as_text(runs):
         window.update(size=None, capture=SCRIPT_NAME + window.get("capture", window["graph"]))
     ticks = capture_ticks(kit.Snapshot(unsized, origin="unsized"))[1]
     assert ticks and all(t.startswith(html_text(SCRIPT_NAME)) for t in ticks), ticks
-    view = SafetyView({**runs, "early_aux_shared": hostile}, replay_size_for=replay_graph_of)
-    view.policy.value = "share"
-    assert view.scenario == "early_aux_shared" and "CONFLICT" in view.status.value
+    view = SafetyView({**runs, "early_aux_shared_flat": hostile}, replay_size_for=replay_graph_of)
+    view.policy.value, view.aux_return.value = "share", "flat"
+    assert view.scenario == "early_aux_shared_flat" and "CONFLICT" in view.status.value
     assert not raw_markup(view.status.value) and f"allocated at {html_text(SCRIPT_NAME)}" in view.status.value
     assert f"({html_text(SCRIPT_NAME)}aux_hidden_state[1] at size " in view.status.value  # graphs vs eager
     assert not raw_markup(view.blocks_html.value) and html_text(GPU) in view.blocks_html.value

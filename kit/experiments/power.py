@@ -113,21 +113,28 @@ class PoolPoison:
     def __call__(self, keep: Any) -> None:
         """Every pool byte to `POISON`, but the bytes of the tensors in `keep` (R's outputs): they keep their values.
 
-        The pool as it was is saved first, for `restore`.
+        The pool as it was is saved first, for `restore`. Runs under inference mode: R's outputs are inference
+        tensors when the forward ran under it, as vLLM's do, and only inference mode may write them in place.
         """
-        kept = [(t, t.clone()) for t in _tensors(keep)]
-        self.saved = [s.clone() for s in self.segments]
-        for segment in self.segments:
-            segment.fill_(POISON)
-        for tensor, values in kept:
-            tensor.copy_(values)
+        import torch
+
+        with torch.inference_mode():
+            kept = [(t, t.clone()) for t in _tensors(keep)]
+            self.saved = [s.clone() for s in self.segments]
+            for segment in self.segments:
+                segment.fill_(POISON)
+            for tensor, values in kept:
+                tensor.copy_(values)
         self.calls += 1
 
     def restore(self) -> None:
         """The pool's bytes as they were when poisoned (nothing if it was not)."""
+        import torch
+
         if self.saved is not None:
-            for segment, saved in zip(self.segments, self.saved, strict=True):
-                segment.copy_(saved)
+            with torch.inference_mode():
+                for segment, saved in zip(self.segments, self.saved, strict=True):
+                    segment.copy_(saved)
         self.saved = None
 
 

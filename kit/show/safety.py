@@ -336,11 +336,17 @@ def liveness_view(liveness: Liveness, source: str | None = None) -> Styler:
     return style_table(view).format({"bytes": format_bytes})
 
 
-def scenario_for(policy: str, has_early_aux: bool) -> tuple[str, bool]:
-    """The scenario whose capture shows `policy` on this model, and whether the replay graphs share the stream."""
+def scenario_for(policy: str, has_early_aux: bool, aux_return: str = "nested") -> tuple[str, bool]:
+    """The scenario whose capture shows `policy` on this model, and whether the replay graphs share the stream.
+
+    `aux_return` matters only where early aux shares the stream: `nested` is V4.1's `(hidden_states, aux_list)`,
+    which vLLM's wrapper keeps allocated; `flat` the hypothetical whose aux blocks later captures may take.
+    """
     shares = replay_stream(policy, has_early_aux, MODEL_STREAM_LABEL) is not None
+    if has_early_aux and shares:
+        return ("early_aux_shared_flat" if aux_return == "flat" else "early_aux_shared"), shares
     if has_early_aux:
-        return ("early_aux_shared" if shares else "early_aux_pr"), shares
+        return "early_aux_pr", shares
     return ("patched" if shares else "unpatched"), shares
 
 
@@ -365,27 +371,37 @@ class SafetyView:
             indent=False,
             layout={"width": "auto"},
         )
+        self.aux_return = widgets.ToggleButtons(
+            options=[("nested, as V4.1", "nested"), ("flat (hypothetical)", "flat")], description="aux returned"
+        )
         self.status, self.blocks_html = widgets.HTML(), widgets.HTML()
-        self.scenario = scenario_for(self.policy.value, self.early_aux.value)[0]
+        self.scenario = self.choice()[0]
         self.timeline = FigureWidget(self.figure())  # the first view, also in a saved page
-        self.policy.observe(self.update, names="value")
-        self.early_aux.observe(self.update, names="value")
+        for control in (self.policy, self.early_aux, self.aux_return):
+            control.observe(self.update, names="value")
         self.update()
+
+    def choice(self) -> tuple[str, bool]:
+        """`scenario_for` the controls as they are."""
+        return scenario_for(self.policy.value, self.early_aux.value, self.aux_return.value)
 
     @property
     def widget(self) -> widgets.VBox:
-        controls = widgets.HBox([self.policy, self.early_aux])
+        controls = widgets.HBox([self.policy, self.early_aux, self.aux_return])
         return widgets.VBox([controls, self.status, self.timeline, self.blocks_html])
 
     def figure(self) -> go.Figure:
         """The shown scenario's timeline, titled with the choice that picked it."""
         title = f"Held across the eager breaks: policy {self.policy.value}, early aux {self.early_aux.value}"
+        if self.early_aux.value:
+            title += f", aux returned {self.aux_return.value}"
         snapshot = self.snapshots[self.scenario]
         return timeline_figure(snapshot, self.liveness[self.scenario], title, source=snapshot.source_label)
 
     def update(self, change=None) -> None:
         """Show the scenario the PR's rule picks for the current policy and early-aux choice."""
-        self.scenario, shares = scenario_for(self.policy.value, self.early_aux.value)
+        self.scenario, shares = self.choice()
+        self.aux_return.disabled = not self.early_aux.value
         snapshot, liveness = self.snapshots[self.scenario], self.liveness[self.scenario]
         show_in(self.timeline, self.figure())
         decision = "share the model graphs' stream" if shares else "keep a stream of their own"

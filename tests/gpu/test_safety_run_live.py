@@ -63,8 +63,8 @@ def test_stress_pairings_are_forced_into_r_and_pcp_pairings_dispatched_with_more
     df = pairs_frame(small)
     stress = df[~df["dispatchable"]]
     pcp = stress["dispatch_pcp"].notna()
-    assert set(stress.loc[~pcp, "how"]) == {"forced"}
-    assert set(stress.loc[pcp, "how"]) <= {"dispatched"}
+    assert len(stress) > 0
+    assert (stress["how"] == pcp.map({True: "dispatched", False: "forced"})).all()
     assert (stress.loc[pcp, "replay_rows"] > stress.loc[pcp, "model_size"]).all()
 
 
