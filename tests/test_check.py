@@ -163,9 +163,11 @@ def test_bad_input_exits_2(tmp_path):
     no_trace = tmp_path / "no_trace.pickle"
     no_trace.write_bytes(pickle.dumps(raw))
     done = run_kit("check", str(no_trace))
-    assert done.returncode == 2 and "needs a trace" in done.stderr
+    assert done.returncode == 2 and "no trace recorded (memory history was off)" in done.stderr
+    for other in ("reuse", "what-if"):  # one wording for the same refusal, whichever command meets it
+        assert run_kit(other, str(no_trace), *(["--map", "a=b"] if other == "what-if" else [])).stderr == done.stderr
     raw["device_traces"] = [[]]
-    with pytest.raises(kit.KitError, match="needs a trace"):
+    with pytest.raises(kit.KitError, match="no trace recorded"):
         kit.check_snapshot(raw)
     assert run_kit("check", str(tmp_path / "missing.pickle")).returncode == 2
     assert run_kit("check", str(REPLICA["small_patched"]), "--pools", "default").returncode == 2

@@ -744,7 +744,7 @@ def test_explorer_check_line_and_capture_attribution_say_what_they_read():
     assert "as the capture recorder wrote them" in explorer.attribution_html.value
     no_trace = {**kit.load_snapshot(RECORDED["two_streams"]).raw, "device_traces": [[]]}
     explorer.show(kit.Snapshot(no_trace, origin="no history"))  # every section says why, in one line
-    assert "`check` needs a trace" in explorer.check_html.value
+    assert "no trace recorded" in explorer.check_html.value
     assert "no trace recorded" in explorer.whatif_html.value and "no trace recorded" in explorer.attribution_html.value
     assert explorer.whatif is None
     # Without a trace the pair still follows the graph pool's streams (by id): replay onto model graphs.

@@ -128,7 +128,15 @@ def test_a_compressed_file_or_an_archive_is_named_as_such():
             "a damaged gzip file (Compressed file ended before the end-of-stream marker was reached)",
         ),
         "gzip inside gzip": (gzip.compress(gzip.compress(snapshot)), "gzip inside gzip; not a snapshot"),
-        "bzip2": (bz2.compress(snapshot), "compressed with bzip2: bunzip2 it first"),
+        "gzip bomb": (
+            gzip.compress(b"\x80" + b"\x00" * (300 << 20)),  # 300 MiB of nothing in 300 KiB
+            "gzip expands past 256 MiB (100 times its size): not a snapshot the kit reads compressed; decompress it "
+            "yourself if it is one",
+        ),
+        "bzip2, truncated": (bz2.compress(snapshot)[:200], "a damaged bzip2 file (Compressed file ended before the "
+                             "end-of-stream marker was reached)"),
+        "bzip2 inside gzip": (gzip.compress(bz2.compress(snapshot)), "bzip2 inside gzip; not a snapshot"),
+        "xz inside bzip2": (bz2.compress(lzma.compress(snapshot)), "xz inside bzip2; not a snapshot"),
         "xz": (lzma.compress(snapshot), "compressed with xz: unxz it first"),
         "zstd": (b"\x28\xb5\x2f\xfd" + snapshot[:100], "compressed with zstd: unzstd it first"),
         "torch.save": (_torch_save(), "this is a torch.save archive, not a memory snapshot"),
@@ -144,20 +152,26 @@ def test_a_compressed_file_or_an_archive_is_named_as_such():
         with pytest.raises(KitError) as raised:
             snapshot_from_bytes(data, origin="upload")
         assert str(raised.value) == f"upload: {message}", name
+    plain = snapshot_from_bytes(snapshot, origin="upload").raw
+    for compress in (gzip.compress, bz2.compress):  # the two compressions snapshots are kept in, read as they are
+        assert snapshot_from_bytes(compress(snapshot), origin="upload").raw == plain
 
 
 def test_the_command_line_reads_a_gzip_snapshot_and_names_a_bomb_and_a_torch_save_archive(tmp_path, monkeypatch):
-    gz, bomb, pt = tmp_path / "snap.pickle.gz", tmp_path / "bomb.pickle.gz", tmp_path / "snap.pt"
+    gz, bomb, pt = tmp_path / "snap.pickle.gz", tmp_path / "bomb.pickle.bz2", tmp_path / "snap.pt"
+    bz = tmp_path / "snap.pickle.bz2"
     gz.write_bytes(gzip.compress(RECORDED["two_streams"].read_bytes()))
+    bz.write_bytes(bz2.compress(RECORDED["two_streams"].read_bytes()))
     pt.write_bytes(_torch_save())
     plain = _kit("table", str(RECORDED["two_streams"]))
-    read = _kit("table", str(gz))
-    same = read.stdout.replace(str(gz), str(RECORDED["two_streams"]))  # the source line names the file read
-    assert read.returncode == plain.returncode == 0 and same == plain.stdout  # the same table, compressed
-    bomb.write_bytes(gzip.compress(b"\x80" + b"\x00" * (300 << 20)))  # 300 MiB of nothing in 300 KiB
+    for compressed in (gz, bz):
+        read = _kit("table", str(compressed))
+        same = read.stdout.replace(str(compressed), str(RECORDED["two_streams"]))  # the source line names the file
+        assert read.returncode == plain.returncode == 0 and same == plain.stdout  # the same table, compressed
+    bomb.write_bytes(bz2.compress(b"\x80" + b"\x00" * (300 << 20)))  # 300 MiB of nothing in a few hundred bytes
     _refused(
         _kit("table", str(bomb)),
-        f"{bomb}: gzip expands past 256 MiB (100 times its size): not a snapshot "
+        f"{bomb}: bzip2 expands past 256 MiB (100 times its size): not a snapshot "
         "the kit reads compressed; decompress it yourself if it is one",
     )
     _refused(_kit("table", str(pt)), f"{pt}: this is a torch.save archive, not a memory snapshot")

@@ -207,10 +207,7 @@ def check_snapshot(
     snap = load_snapshot(snapshot)
     devices = [d for d, columns in sorted(snap.trace_columns.items()) if len(columns) >= 2]
     if not snap.has_trace or not devices:
-        raise KitError(
-            f"{snap.origin}: `check` needs a trace, and this snapshot has none: record it with "
-            "torch.cuda.memory._record_memory_history() on before the graphs are captured"
-        )
+        snap.require_trace(0)  # raises, in the words every command uses for a snapshot without a trace
     windows = checked_capture_windows(snap)
     offending, allowed = [], []
     for device in devices:

@@ -6,13 +6,14 @@ bool and None, which pickle encodes without naming a single global, so the
 unpickler here refuses every global and every persistent id. It also refuses
 a pickle whose shared references would expand a small file into millions of
 records (torch never writes those). JSON files (the same dict; pool ids as
-lists) are read too, and so is either gzip-compressed (`.pickle.gz`, as
-snapshots are often kept), decompressed in memory up to `GZIP_MAX_RATIO` times
-its size (at least `GZIP_FLOOR_BYTES`), which no real snapshot reaches and a
-decompression bomb does at once. Every failure is a one-line `KitError` naming
-the file, and a file of another kind is named as such from its first bytes:
-bzip2, xz, zstd or lz4 compression ("bunzip2 it first"), a `torch.save`
-archive, or another zip archive. Nothing in such a file is decompressed or run.
+lists) are read too, and so is either compressed with gzip (`.pickle.gz`, as
+snapshots are often kept) or bzip2 (`.pickle.bz2`), decompressed in memory up
+to `GZIP_MAX_RATIO` times its size (at least `GZIP_FLOOR_BYTES`), which no real
+snapshot reaches and a decompression bomb does at once. Every failure is a
+one-line `KitError` naming the file, and a file of another kind is named as
+such from its first bytes: xz, zstd or lz4 compression ("unxz it first"), a
+`torch.save` archive, or another zip archive. Nothing in such a file is
+decompressed or run.
 """
 
 from __future__ import annotations
@@ -134,13 +135,20 @@ def read_file(path: Path) -> bytes:
 
 
 def _compression(head: bytes) -> tuple[str, str] | None:
-    """The compression a file's first bytes announce, and the command that undoes it; None for none."""
+    """The compression the kit refuses that a file's first bytes announce, and the command that undoes it."""
     for magic, name, command in COMPRESSIONS:
         if head.startswith(magic):
             return name, command
+    return None
+
+
+def readable_compression(head: bytes) -> str | None:
+    """`gzip` or `bzip2` where a file's first bytes announce one the kit reads (decompressed, bounded); else None."""
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
     # bzip2: "BZh", a block size digit, then a block's or the end's magic
     if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
-        return "bzip2", "bunzip2"
+        return "bzip2"
     return None
 
 
@@ -174,38 +182,47 @@ def refuse_legacy_torch_save(raw: Any, where: str) -> None:
 
 
 def gunzip_bounded(source: bytes | IO[bytes], compressed_bytes: int, where: str) -> bytes:
-    """A gzip file's contents, decompressed in memory; a one-line `KitError` if it is damaged, expands past
-    `GZIP_MAX_RATIO` times its size (at least `GZIP_FLOOR_BYTES`), or holds another gzip inside."""
+    """A gzip file's contents, decompressed in memory (`decompress_bounded`)."""
+    return decompress_bounded(source, compressed_bytes, where, "gzip")
+
+
+def decompress_bounded(source: bytes | IO[bytes], compressed_bytes: int, where: str, kind: str) -> bytes:
+    """A `gzip` or `bzip2` file's contents, decompressed in memory; a one-line `KitError` if it is damaged,
+    expands past `GZIP_MAX_RATIO` times its size (at least `GZIP_FLOOR_BYTES`), or holds a compressed file."""
+    import bz2
     import gzip
     import zlib
 
+    opener = {"gzip": lambda f: gzip.GzipFile(fileobj=f), "bzip2": bz2.BZ2File}[kind]
     limit = max(GZIP_FLOOR_BYTES, GZIP_MAX_RATIO * compressed_bytes)
     chunks, total = [], 0
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(source) if isinstance(source, bytes) else source) as f:
+        with opener(io.BytesIO(source) if isinstance(source, bytes) else source) as f:
             while chunk := f.read(1 << 20):
                 total += len(chunk)
                 if total > limit:
                     raise KitError(
-                        f"{where}: gzip expands past {limit >> 20} MiB ({GZIP_MAX_RATIO} times its size): not a "
+                        f"{where}: {kind} expands past {limit >> 20} MiB ({GZIP_MAX_RATIO} times its size): not a "
                         "snapshot the kit reads compressed; decompress it yourself if it is one"
                     )
                 chunks.append(chunk)
-    except (OSError, EOFError, zlib.error) as e:
+    except (OSError, EOFError, ValueError, zlib.error) as e:
         raise KitError(
-            f"{where}: a damaged gzip file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            f"{where}: a damaged {kind} file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         ) from None
     data = b"".join(chunks)
-    if data.startswith(GZIP_MAGIC):
-        raise KitError(f"{where}: gzip inside gzip; not a snapshot")
+    inner = readable_compression(data[:HEAD_BYTES]) or (_compression(data[:HEAD_BYTES]) or (None,))[0]
+    if inner:
+        raise KitError(f"{where}: {inner} inside {kind}; not a snapshot")
     return data
 
 
 def decode_snapshot(data: bytes, where: str) -> dict:
     if not data:
         raise KitError(f"{where}: empty file")
-    if data.startswith(GZIP_MAGIC):
-        data = gunzip_bounded(data, len(data), where)
+    kind = readable_compression(data[:HEAD_BYTES])
+    if kind:
+        data = decompress_bounded(data, len(data), where, kind)
         if not data:
             raise KitError(f"{where}: empty once decompressed")
     refuse_other_formats(data[:HEAD_BYTES], where, data)
@@ -284,9 +301,13 @@ def load_file(path: Path, on_read: Callable[[int], object] | None = None) -> Any
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
-            if head.startswith(GZIP_MAGIC):  # read compressed: decompressed in memory, bounded
+            kind = readable_compression(head)
+            if kind:  # read compressed: decompressed in memory, bounded
                 f.seek(0)
-                return decode_snapshot(gunzip_bounded(f, os.fstat(f.fileno()).st_size, str(path)) or b"", str(path))
+                data = decompress_bounded(f, os.fstat(f.fileno()).st_size, str(path), kind)
+                if not data:
+                    raise KitError(f"{path}: empty once decompressed")
+                return decode_snapshot(data, str(path))
             refuse_other_formats(head, str(path), f)
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return decode_snapshot(head + f.read(), str(path))  # JSON, or not a pickle at all
