@@ -1345,6 +1345,31 @@ MUTATIONS = (
         ("tests/test_readwrite_recording.py",),
         "a preset where vLLM dispatches no pairing claims nothing of the obligation from its stress rows",
     ),
+    # --- --own-stream by what the kit prints (kit/analysis/check.py) ---
+    Mutation(
+        "own_stream_ignores_stream_ids",
+        "kit/analysis/check.py",
+        "    ids = {str(stream), hex(stream)}",
+        "    ids = set()",
+        ("tests/test_check.py::test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob",),
+        "a stream id names its stream",
+    ),
+    Mutation(
+        "own_stream_matches_part_of_a_made_up_label",
+        "kit/analysis/check.py",
+        "_matches(p, printed, whole=True)",
+        "_matches(p, printed, whole=False)",
+        ("tests/test_check.py::test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob",),
+        "a part of a made-up label (\"stream\") names no stream",
+    ),
+    Mutation(
+        "own_stream_pattern_naming_nothing_passes_silently",
+        "kit/analysis/check.py",
+        "    if unmatched:\n        raise KitError(_no_such_stream(snap, unmatched))",
+        "    if False:\n        raise KitError(_no_such_stream(snap, unmatched))",
+        ("tests/test_check.py::test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob",),
+        "a pattern that names no stream is an error naming the streams",
+    ),
 )
 
 

@@ -240,3 +240,37 @@ def test_every_device_with_a_trace_is_checked(tmp_path):
     clean["device_traces"][1] = list(reversed(clean["device_traces"][1]))  # device 1's walk fails: so does check
     with pytest.raises(kit.KitError, match="device 1's trace does not replay"):
         kit.check_snapshot(clean)
+
+
+# --- --own-stream by what the kit prints: labels, ids, globs; and a pattern that names nothing ------------------
+
+
+def test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob():
+    """A plain snapshot names no stream; the kit's own label (in full), the id, or a glob over them allows the
+    stranded group, and nothing else moves. A part of a made-up label ("stream") names no stream: an error."""
+    path = RECORDINGS / "plain" / "two_captures_separate.pickle"
+    failed = kit.check_snapshot(str(path), own_stream=())
+    (group,) = failed.offending
+    label, stream = group["stream_label"], group["stream"]
+    assert label.startswith("stream of capture_second (")
+    for pattern in (label, label.upper(), str(stream), hex(stream), "stream of capture_second*"):
+        result = kit.check_snapshot(str(path), own_stream=(pattern,))
+        assert result.ok and not result.offending, pattern
+        assert [a["matched"] for a in result.allowed] == [[f"stream {label!r} ({stream})"]], pattern
+    for pattern in ("stream", "capture_second", "nope"):
+        with pytest.raises(kit.KitError) as raised:
+            kit.check_snapshot(str(path), own_stream=(pattern,))
+        message = str(raised.value)
+        assert f"--own-stream {pattern!r} matches no stream of this snapshot; its streams: " in message
+        assert f"{label} ({stream})" in message and "\n" not in message
+
+
+def test_the_default_patterns_need_not_match_and_a_named_stream_still_counts_its_manager():
+    """The default (the speculator's words) matches nothing on most snapshots and is no error; on the kit's own
+    recording a stream label and a manager still match by a part of them."""
+    path = RECORDINGS / "plain" / "two_captures_separate.pickle"
+    assert not kit.check_snapshot(str(path)).ok  # default: no error, nothing allowed
+    drafter = recording("replica/small_patched_drafter.pickle")
+    assert kit.check_snapshot(str(drafter), own_stream=("DFlash",)).ok
+    done = run_kit("check", str(path), "--own-stream", "nope")
+    assert done.returncode == 2 and "matches no stream of this snapshot" in done.stderr

@@ -37,25 +37,29 @@ speculator graphs") or of the label the snapshot itself gives the capture's
 stream (`kit["streams"]`: the recorder's "DFlash speculator graphs stream", a
 workload's stream name). A graph-pool (pool, stream) group whose captures in
 that pool are all matched (or, with no recorded window of that group, whose
-stream's given label is matched) is not offending: it is listed in
-`allowed`, with the patterns that allowed it and what they matched, and
-printed on a line of its own, so nothing is hidden. The default,
-`DEFAULT_OWN_STREAM`, is what the PR argues: the speculator's captures, by
+stream is matched) is not offending: it is listed in `allowed`, with the
+patterns that allowed it and what they matched, and printed on a line of its
+own, so nothing is hidden. A stream is also matched by what the kit prints for
+it: its label in full ("stream A", "stream of f (x.py:3)", case aside; a
+made-up label is never matched by a part of it, so `stream` does not allow
+every stream) or its id (`140234567`, or `0x...`). A pattern with `*`, `?` or
+`[` is a glob over the same names. The default, `DEFAULT_OWN_STREAM`, is what
+the PR argues: the speculator's captures, by
 `kit.analysis.liveness.is_drafter_capture`'s words ("speculator",
 "drafter"), in a manager or a given stream label. An empty tuple (`--own-stream
-none`) allows nothing. Labels the kit makes up for streams a snapshot does
-not name ("stream of f (x.py:3)", "stream A") are never matched, and the
-default pool is never allowed: a plain torch snapshot (no `kit` key, so no
-capture metadata) is judged exactly as without an allowlist, whatever its
-functions are called.
+none`) allows nothing. A pattern given other than the default that matches no
+stream of the snapshot is a one-line error naming the streams there are. The
+default pool is never allowed.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.attribution import checked_capture_windows
+from kit.analysis.names import stream_labels
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.reports import stranding_report
 from kit.analysis.trace.walk import walk_trace
@@ -140,12 +144,62 @@ def own_stream_patterns(own_stream: tuple[str, ...] | list[str] | str) -> tuple[
     return tuple(dict.fromkeys(p.strip() for p in own_stream))
 
 
-def _matching(patterns: tuple[str, ...], name: str | None) -> str | None:
-    """The first pattern that is a case-insensitive substring of `name`."""
+GLOB = frozenset("*?[")
+
+
+def _matches(pattern: str, name: str | None, *, whole: bool = False) -> bool:
+    """Whether `pattern` names `name`: a glob over it, or a case-insensitive substring (all of it if `whole`)."""
     if not name:
-        return None
-    folded = name.casefold()
-    return next((p for p in patterns if p.casefold() in folded), None)
+        return False
+    folded, wanted = name.casefold(), pattern.casefold()
+    if GLOB & set(pattern):
+        return fnmatch.fnmatchcase(folded, wanted)
+    return folded == wanted if whole else wanted in folded
+
+
+def _matching(patterns: tuple[str, ...], name: str | None) -> str | None:
+    """The first pattern that names `name` (a case-insensitive substring, or a glob)."""
+    return next((p for p in patterns if _matches(p, name)), None)
+
+
+def _naming_stream(patterns: tuple[str, ...], stream: int, printed: str | None) -> str | None:
+    """The first pattern that names a stream by what the kit prints for it: its label in full, or its id."""
+    ids = {str(stream), hex(stream)}
+    return next((p for p in patterns if p.strip().casefold() in ids or _matches(p, printed, whole=True)), None)
+
+
+def _stream_matches(patterns, stream: int, given: str | None, printed: str | None) -> tuple[str, str] | None:
+    """`(pattern, what it matched)` for a stream named by its given label, its printed label or its id."""
+    pattern = _matching(patterns, given)
+    if pattern is not None:
+        return pattern, f"stream label {given!r}"
+    pattern = _naming_stream(patterns, stream, printed)
+    if pattern is not None:
+        return pattern, f"stream {printed!r} ({stream})"
+    return None
+
+
+def unmatched_patterns(snap: Snapshot, windows: list[dict], patterns: tuple[str, ...]) -> list[str]:
+    """The patterns that name no stream and no capture manager of `snap`."""
+    printed = stream_labels(snap)
+    streams = {int(s) for s in printed} | {int(w["stream"]) for w in windows}
+    managers = [w.get("manager", w["graph"]) for w in windows]
+    return [
+        p
+        for p in patterns
+        if not any(_stream_matches((p,), s, snap.stream_names.get(s), printed.get(s)) for s in streams)
+        and not any(_matches(p, m) for m in managers)
+    ]
+
+
+def _no_such_stream(snap: Snapshot, unmatched: list[str]) -> str:
+    printed = stream_labels(snap)
+    streams = ", ".join(f"{label} ({stream})" for stream, label in sorted(printed.items()))
+    which = ", ".join(repr(p) for p in unmatched)
+    return (
+        f"{snap.origin}: --own-stream {which} matches no stream of this snapshot; its streams: {streams or 'none'} "
+        "(give a label as printed, a stream id, a part of a capture's manager name, or a glob)"
+    )
 
 
 def _allowance(snap: Snapshot, windows: list[dict], group: dict, patterns: tuple[str, ...]) -> dict | None:
@@ -160,7 +214,7 @@ def _allowance(snap: Snapshot, windows: list[dict], group: dict, patterns: tuple
     if not patterns or pool == DEFAULT_POOL:
         return None
     label = snap.stream_names.get(group["stream"])  # None for a label the kit made up
-    by_label = _matching(patterns, label)
+    by_stream = _stream_matches(patterns, group["stream"], label, group.get("stream_label"))
     found: dict[str, str] = {}  # what matched ("manager 'X'", "stream label 'Y'") -> the pattern that matched it
     for window in windows:
         if tuple(window["pool"]) != pool or window["stream"] != group["stream"]:
@@ -169,14 +223,14 @@ def _allowance(snap: Snapshot, windows: list[dict], group: dict, patterns: tuple
         by_manager = _matching(patterns, manager)
         if by_manager is not None:
             found.setdefault(f"manager {manager!r}", by_manager)
-        elif by_label is not None:
-            found.setdefault(f"stream label {label!r}", by_label)
+        elif by_stream is not None:
+            found.setdefault(by_stream[1], by_stream[0])
         else:
             return None  # one capture of the group is not allowed: neither is the group
-    if not found:  # no recorded window of the group: its stream's given label, if any
-        if by_label is None:
+    if not found:  # no recorded window of the group: its stream, if named
+        if by_stream is None:
             return None
-        found[f"stream label {label!r}"] = by_label
+        found[by_stream[1]] = by_stream[0]
     return {"patterns": list(dict.fromkeys(found.values())), "matched": list(found)}
 
 
@@ -209,6 +263,9 @@ def check_snapshot(
     if not snap.has_trace or not devices:
         snap.require_trace(0)  # raises, in the words every command uses for a snapshot without a trace
     windows = checked_capture_windows(snap)
+    unmatched = unmatched_patterns(snap, windows, patterns) if patterns != DEFAULT_OWN_STREAM else []
+    if unmatched:
+        raise KitError(_no_such_stream(snap, unmatched))
     offending, allowed = [], []
     for device in devices:
         replay = walk_trace(snap, device)
