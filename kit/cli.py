@@ -161,32 +161,74 @@ def parse_stream_map(items: list[str]) -> dict[str, str]:
 
 
 def cmd_what_if(args: argparse.Namespace) -> None:
-    from kit.analysis.tables import table_records
     from kit.analysis.whatif import what_if
 
+    if args.rank:
+        if args.map:
+            raise KitError("--rank tries every map of the snapshot's graph pools; give it without --map")
+        return _rank(args)
+    if not args.map:
+        raise KitError("what-if: give --map FROM=TO (repeatable), or --rank to simulate and rank every map")
     result = what_if(args.snapshot, parse_stream_map(args.map))
     if args.json:
-        out = {
-            "predicted": table_records(result.predicted),
-            "baseline": table_records(result.baseline),
-            "saved": [
-                {"pool": list(p), "pool_label": result.pools.get(p, str(p)), "bytes": b}
-                for p, b in result.saved.items()
-            ],
-            "map": [
-                {"from": a, "from_label": result.labels[a], "to": b, "to_label": result.labels[b]}
-                for a, b in result.stream_map.items()
-            ],
-            "corrections": result.corrections,
-            "modelled": result.modelled,
-            "spread": None
-            if result.spread is None
-            else [{"pool": list(p), "low": lo, "high": hi} for p, (lo, hi) in result.spread.items()],
-            "source": result.predicted.attrs["source"],
-        }
-        json.dump(out, sys.stdout, indent=1)
+        json.dump(_what_if_json(result), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
+    _print_what_if(result)
+
+
+def _rank(args: argparse.Namespace) -> None:
+    from kit.analysis.ranking import SHARING_CAVEAT, rank_maps
+
+    ranked = rank_maps(args.snapshot)
+    if args.json:
+        rows = ranked.rows.drop(columns="moves")
+        out = {
+            "ranked": [
+                {**r, "saved": [{"pool": pool, "bytes": b} for pool, b in r["saved"].items()]}
+                for r in rows.to_dict(orient="records")
+            ],
+            "refused": ranked.refused,
+            "best": None if ranked.best is None else _what_if_json(ranked.best),
+            "caveat": SHARING_CAVEAT if ranked.best is not None else None,
+            "source": ranked.source,
+        }
+        json.dump(out, sys.stdout, indent=1, default=int)
+        sys.stdout.write("\n")
+        return
+    print(f"source: {ranked.source}")
+    for line in ranked.lines():
+        print(line)
+    if ranked.best is not None:
+        _print_what_if(ranked.best)
+
+
+def _what_if_json(result) -> dict:
+    from kit.analysis.ranking import SHARING_CAVEAT
+    from kit.analysis.tables import table_records
+
+    return {
+        "predicted": table_records(result.predicted),
+        "baseline": table_records(result.baseline),
+        "saved": [
+            {"pool": list(p), "pool_label": result.pools.get(p, str(p)), "bytes": b}
+            for p, b in result.saved.items()
+        ],
+        "map": [
+            {"from": a, "from_label": result.labels[a], "to": b, "to_label": result.labels[b]}
+            for a, b in result.stream_map.items()
+        ],
+        "corrections": result.corrections,
+        "modelled": result.modelled,
+        "spread": None
+        if result.spread is None
+        else [{"pool": list(p), "low": lo, "high": hi} for p, (lo, hi) in result.spread.items()],
+    "caveat": SHARING_CAVEAT if result.stream_map else None,
+    "source": result.predicted.attrs["source"],
+    }
+
+
+def _print_what_if(result) -> None:
     for a, b in result.stream_map.items():
         print(f"map: {result.labels[a]} ({a:#x}) onto {result.labels[b]} ({b:#x})")
     if not result.stream_map:
@@ -198,6 +240,10 @@ def cmd_what_if(args: argparse.Namespace) -> None:
         print(f"modelled: {line}")
     for line in result.corrections:
         print(f"correction: {line}")
+    if result.stream_map:
+        from kit.analysis.ranking import SHARING_CAVEAT
+
+        print(f"caveat: {SHARING_CAVEAT}")
 
 
 def cmd_ranks(args: argparse.Namespace) -> None:
@@ -427,9 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--map",
         action="append",
-        required=True,
         metavar="FROM=TO",
         help="move stream FROM onto stream TO; each an id (decimal or hex) or a label as `table` prints it",
+    )
+    p.add_argument(
+        "--rank",
+        action="store_true",
+        help="simulate every move of a graph pool's stream onto another (and all onto one), best saving first",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_what_if)

@@ -1345,6 +1345,31 @@ MUTATIONS = (
         ("tests/test_readwrite_recording.py",),
         "a preset where vLLM dispatches no pairing claims nothing of the obligation from its stress rows",
     ),
+    # --- what-if --rank (kit/analysis/ranking.py) ---
+    Mutation(
+        "rank_worst_first",
+        "kit/analysis/ranking.py",
+        "ascending=[False, True, False, True]",
+        "ascending=[True, True, False, True]",
+        ("tests/test_ranking.py",),
+        "the ranking puts the biggest graph-pool saving first",
+    ),
+    Mutation(
+        "rank_counts_the_default_pool",
+        "kit/analysis/ranking.py",
+        '"graph_pool_saved": sum(b for p, b in saved.items() if p != DEFAULT_POOL),',
+        '"graph_pool_saved": sum(b for p, b in saved.items()),',
+        ("tests/test_ranking.py",),
+        "a map's graph-pool saving leaves the default pool out (reported beside it)",
+    ),
+    Mutation(
+        "rank_without_the_all_in_one_maps",
+        "kit/analysis/ranking.py",
+        "            if len(streams) > 2:",
+        "            if False:",
+        ("tests/test_ranking.py::test_candidates_are_each_single_move_and_each_all_in_one_map_once",),
+        "every capture stream of a pool onto one of them is a candidate too",
+    ),
     # --- --own-stream by what the kit prints (kit/analysis/check.py) ---
     Mutation(
         "own_stream_ignores_stream_ids",

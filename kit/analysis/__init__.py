@@ -11,6 +11,7 @@
 - `added_segments`: each segment the captures added, the request that made it
   and why no free block served it;
 - `whatif`: the recorded trace replayed on the simulator with streams mapped;
+- `ranking`: every map of a snapshot's graph pools simulated, ranked by the bytes it saves;
 - `liveness`: what each model graph holds across its eager break, and who
   writes over it; `readwrite`: the same question from the bytes read and
   written (the proof obligation); `invariant`: the PR's argument as a

@@ -218,7 +218,7 @@ def _verdict(row: dict, pending_labels: list[str], target: int | None, target_la
             "it is not graph-pool memory (`check` counts the default pool only with --pools all)"
         )
     else:
-        move = _map_argument(row["stream_label"], row["stream"], target_label, target)
+        move = map_argument(row["stream_label"], row["stream"], target_label, target)
         fix = (
             f"capture on the stream that already holds the pool's free blocks, {target_label} (pass that stream to "
             f"the graph capture); `python -m kit what-if SNAPSHOT --map {move}` predicts the saving"
@@ -226,7 +226,7 @@ def _verdict(row: dict, pending_labels: list[str], target: int | None, target_la
     return f"{head}{text}. Why: {WHY_STREAM}. What to do: {fix}"
 
 
-def _map_argument(source_label: str, source: int, target_label: str, target: int | None) -> str:
+def map_argument(source_label: str, source: int, target_label: str, target: int | None) -> str:
     """`FROM=TO` for `what-if --map`: by label as `table` prints it, or by id where a label would not parse."""
     if any(c in label for label in (source_label, target_label) for c in "='\"\\\n"):
         return f"{source}={target}"
