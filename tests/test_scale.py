@@ -156,6 +156,9 @@ def test_tables_equal_the_per_row_tables(generated):
 
 def _same_replay(snap: Snapshot, name: str) -> None:
     new, old = fast_walk(snap), _walk_rows(snap, 0)
+    if any(s.is_expandable for s in snap.segments):  # the columns leave expandable traces to the row walk
+        assert new is None, name
+        return
     pd.testing.assert_frame_equal(new.allocs, old.allocs, obj=name)
     pd.testing.assert_frame_equal(new.new_segments, old.new_segments, obj=name)
     assert (new.mismatches, new.rewound_segments, new.device) == (old.mismatches, old.rewound_segments, old.device)
