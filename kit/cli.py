@@ -1,6 +1,6 @@
 """The `python -m kit` command line.
 
-Commands (their output is a contract, `docs/commands.md`): `table`, `diff`, `reuse`, `report`, `sim`
+Commands (their output is a contract, `docs/commands.md`): `explain`, `table`, `diff`, `reuse`, `report`, `sim`
 and `run-workload`; `what-if`, `demo` (the replica's experiments) and
 `vllm-diff` (what PR 63155 changes in the installed vLLM; `vllm-patch` is its old name) and `ranks` (a
 multi-GPU run's ranks side by side), `check` (a CI guard: exit 1 when a
@@ -258,6 +258,18 @@ def cmd_ranks(args: argparse.Namespace) -> None:
         print(line)
 
 
+def cmd_explain(args: argparse.Namespace) -> None:
+    from kit.analysis.answer import explain
+
+    answer = explain(args.snapshot)
+    if args.json:
+        json.dump(answer.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    print(f"source: {answer.source}")
+    print(answer.paragraph())
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from kit.show.report import write_report
 
@@ -489,6 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", default="reserved", help="reserved (default), allocated, active, free, segments")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ranks)
+
+    p = sub.add_parser("explain", help="one paragraph: the biggest pools, what stranded where and why, the best map")
+    p.add_argument("snapshot")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("report", help="self-contained HTML page of tables, figures, verdicts and attribution")
     p.add_argument("snapshot")

@@ -1349,8 +1349,8 @@ MUTATIONS = (
     Mutation(
         "rank_worst_first",
         "kit/analysis/ranking.py",
-        "ascending=[False, True, False, True]",
-        "ascending=[True, True, False, True]",
+        "ascending=[False, True, False, False, True]",
+        "ascending=[True, True, False, False, True]",
         ("tests/test_ranking.py",),
         "the ranking puts the biggest graph-pool saving first",
     ),

@@ -12,6 +12,7 @@
   and why no free block served it;
 - `whatif`: the recorded trace replayed on the simulator with streams mapped;
 - `ranking`: every map of a snapshot's graph pools simulated, ranked by the bytes it saves;
+- `answer`: the answer in one paragraph (`kit explain`, the report's first section);
 - `liveness`: what each model graph holds across its eager break, and who
   writes over it; `readwrite`: the same question from the bytes read and
   written (the proof obligation); `invariant`: the PR's argument as a

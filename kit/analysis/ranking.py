@@ -31,7 +31,7 @@ import pandas as pd
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import DEFAULT_POOL_LABEL, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table
-from kit.analysis.trace.reports import map_argument
+from kit.analysis.trace.reports import map_argument, stranding_report
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, reserved_by_pool, simulate_trace, what_if
 from kit.errors import KitError
@@ -115,8 +115,12 @@ def rank_maps(snapshot: Snapshot | str | dict) -> RankedMaps:
     baseline = segment_table(simulate_trace(snap, {}, walk=walk), stream_names=None)
     before = reserved_by_pool(baseline)
     rows, refused = [], []
+    report = stranding_report(snap, walk, min_bytes=1)
+    stranders = {  # the streams that stranded graph-pool bytes
+        int(r["stream"]) for r in report.to_dict(orient="records") if r["stranded_bytes"] and r["pool"] != DEFAULT_POOL
+    }
     for moves in candidate_maps(capture_streams(baseline)):
-        argument = ",".join(map_argument(labels[a], a, labels[b], b) for a, b in moves.items())
+        argument = " --map ".join(map_argument(labels[a], a, labels[b], b) for a, b in moves.items())
         try:
             after = reserved_by_pool(segment_table(simulate_trace(snap, moves, walk=walk), stream_names=None))
         except KitError as e:
@@ -131,14 +135,18 @@ def rank_maps(snapshot: Snapshot | str | dict) -> RankedMaps:
                 "default_pool_saved": saved.get(DEFAULT_POOL, 0),
                 "saved": {_pool_name(pools, p): b for p, b in saved.items()},
                 "moves": moves,
+                "_strander": all(a in stranders for a in moves),
             }
         )
-    table = pd.DataFrame(rows, columns=["argument", "map", "graph_pool_saved", "default_pool_saved", "saved", "moves"])
-    # Ties: the fewer streams moved first, then the default pool's saving, then the argument (a stable order).
+    columns = ["argument", "map", "graph_pool_saved", "default_pool_saved", "saved", "moves", "_strander"]
+    table = pd.DataFrame(rows, columns=columns)
+    # Ties: the fewer streams moved first, then maps that move only streams that stranded (the PR's direction:
+    # the later capture onto the stream holding the free blocks), then the default pool's saving, then the argument.
     table = table.assign(_moved=table["moves"].map(len)).sort_values(
-        ["graph_pool_saved", "_moved", "default_pool_saved", "argument"], ascending=[False, True, False, True]
+        ["graph_pool_saved", "_moved", "_strander", "default_pool_saved", "argument"],
+        ascending=[False, True, False, False, True],
     )
-    table = table.drop(columns="_moved").reset_index(drop=True)
+    table = table.drop(columns=["_moved", "_strander"]).reset_index(drop=True)
     best = None
     if len(table) and table.iloc[0]["graph_pool_saved"] > 0:
         best = what_if(snap, table.iloc[0]["moves"])

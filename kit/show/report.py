@@ -3,6 +3,9 @@
 The page inlines plotly.js, so it opens offline and can be attached to a bug
 report as one file. Each section names what computed it and its data source:
 
+- the answer first (`kit.analysis.answer.explain`, as `python -m kit explain`
+  prints it): the biggest pools, what stranded on which stream and why, the
+  best map of the graph pools' streams with its simulated saving, the caveat;
 - the segment-by-stream table, the group totals and the segment map (the
   snapshot's segments: `segment_table`, `kit.show.pictures`);
 - the reuse table and the stranding verdicts, from the trace
@@ -34,6 +37,7 @@ from collections.abc import Callable, Mapping
 import pandas as pd
 import plotly.offline
 
+from kit.analysis.answer import explain
 from kit.analysis.attribution import capture_attribution
 from kit.analysis.names import pool_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
@@ -68,6 +72,7 @@ def render_report(snapshot: Snapshot | str | dict, *, stream_map: Mapping[str, s
     """
     snapshot = load_snapshot(snapshot)
     sections = [
+        _answer_section(snapshot),
         _segments_section(snapshot),
         _section(
             "Reserved, allocated and free per group",
@@ -104,6 +109,13 @@ def write_report(
 
 
 # --- the sections ---------------------------------------------------------------------
+
+
+def _answer_section(snapshot: Snapshot) -> str:
+    """The answer first: `kit.analysis.answer.explain`'s paragraph (each part says why where it is missing)."""
+    answer = explain(snapshot)
+    body = f"<p>{html_text(answer.paragraph())}</p>"
+    return _section("The answer", "kit.analysis.answer.explain", answer.source, body)
 
 
 def _section(title: str, computed_by: str, source: str, body: str) -> str:
