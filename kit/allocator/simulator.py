@@ -34,17 +34,17 @@ needed, and which free blocks were refused and why.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kit import progress
 from kit.allocator.rules import (
     DEFAULT_POOL,
     K_ROUND_LARGE,
-    get_allocation_size,
-    is_small_request,
     expandable_page_size,
     expandable_range_size,
+    get_allocation_size,
+    is_small_request,
     round_size,
     should_split,
 )
@@ -79,7 +79,17 @@ class ExpandableRange:
 
 class Block:
     __slots__ = (
-        "address", "size", "requested", "stream", "pool", "small", "prev", "next", "allocated", "mapped", "range"
+        "address",
+        "size",
+        "requested",
+        "stream",
+        "pool",
+        "small",
+        "prev",
+        "next",
+        "allocated",
+        "mapped",
+        "range",
     )
 
     def __init__(self, address, size, stream, pool, small, range_=None):
@@ -127,9 +137,12 @@ class CachingAllocatorSim:
         rng_state: bool = True,
         expandable_segments: bool = False,
         gpu_memory: int = GPU_MEMORY,
+        stream_ids: Mapping[str, int] | None = None,
     ) -> None:
         """`addresses`: where new segments land, in order (cudaMalloc's results, or with
-        `expandable_segments` the bases of the virtual ranges reserved)."""
+        `expandable_segments` the bases of the virtual ranges reserved). `stream_ids`: the
+        streams' cudaStream_t values, as recorded: torch orders free blocks by them, so they
+        decide which stream's segments `empty_cache` releases first."""
         self.expandable = expandable_segments
         self.gpu_memory = gpu_memory
         self.unmapped: dict[tuple, list[int]] = {}  # (pool, small, stream) -> sorted addresses of unmapped blocks
@@ -144,7 +157,7 @@ class CachingAllocatorSim:
         self.whole_free: set[int] = set()  # default-pool segments that are one free block
         self.tensors: dict[str, Block] = {}
         self.trace: list[tuple[str, int, int, int]] = []  # (action, addr, size, stream id)
-        self.stream_ids: dict[str, int] = {DEFAULT: 0}
+        self.stream_ids: dict[str, int] = {DEFAULT: 0, **(stream_ids or {})}
         self.pool_ids: dict[str, tuple[int, int]] = {}
         self.graph_pools: dict[str, tuple[int, int]] = {}
         self.capture: tuple[str, tuple[int, int]] | None = None  # (stream, pool) while capturing
@@ -228,7 +241,7 @@ class CachingAllocatorSim:
         return block
 
     def _find_expandable_block(self, pool, small, stream, size) -> Block:
-        """The lowest-addressed run of free and unmapped blocks of the stream's pool with `size` bytes, else a new range.
+        """The lowest-addressed run of free and unmapped blocks of `size` bytes in the stream's pool, else a new range.
 
         The run starts at an unmapped block, or at the free block right before it.
         """
@@ -265,8 +278,8 @@ class CachingAllocatorSim:
         self._remove_unmapped(block)
         block.mapped = True
         if mapped < block.size:
-            rest = Block(block.address + mapped, block.size - mapped, block.stream, block.pool, block.small, block.range)
-            rest.mapped = False
+            rest = Block(block.address + mapped, block.size - mapped, block.stream, block.pool, block.small)
+            rest.range, rest.mapped = block.range, False
             self._splice_after(block, rest)
             self._insert_unmapped(rest)
             block.size = mapped
@@ -642,9 +655,13 @@ def simulate(
     addresses: Iterable[int] | None = None,
     explain: bool = False,
     expandable_segments: bool = False,
+    stream_ids: Mapping[str, int] | None = None,
 ) -> CachingAllocatorSim:
     """Run `ops` on a fresh simulated allocator (`expandable_segments`: as under `expandable_segments:True`)."""
-    return CachingAllocatorSim(addresses=addresses, explain=explain, expandable_segments=expandable_segments).run(ops)
+    sim = CachingAllocatorSim(
+        addresses=addresses, explain=explain, expandable_segments=expandable_segments, stream_ids=stream_ids
+    )
+    return sim.run(ops)
 
 
 def recorded_segment_addresses(snapshot: dict) -> list[int]:
