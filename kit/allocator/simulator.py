@@ -671,7 +671,13 @@ def recorded_segment_addresses(snapshot: dict) -> list[int]:
 
 
 def recorded_range_bases(snapshot: dict, gpu_memory: int = GPU_MEMORY) -> list[int]:
-    """The bases of the virtual ranges a recorded trace's expandable segments reserved, in order.
+    """The bases of the virtual ranges a recorded trace's expandable segments reserved, in order."""
+    events = ((e.get("action"), e.get("addr"), e.get("size")) for t in snapshot.get("device_traces") or [] for e in t)
+    return range_bases(events, gpu_memory)
+
+
+def range_bases(events: Iterable[tuple[str, int, int]], gpu_memory: int = GPU_MEMORY) -> list[int]:
+    """The bases of the virtual ranges reserved over trace events (action, address, size), in order.
 
     A range's first `segment_map` is at its base; a map inside a live range is
     not a new one. A range is given back once its last page is unmapped, and
@@ -680,17 +686,17 @@ def recorded_range_bases(snapshot: dict, gpu_memory: int = GPU_MEMORY) -> list[i
     span = expandable_range_size(False, gpu_memory)  # the large pool's, the longer
     mapped: dict[int, int] = {}  # live base -> bytes mapped
     bases = []
-    for e in (e for t in snapshot.get("device_traces") or [] for e in t):
-        if e.get("action") not in ("segment_map", "segment_unmap"):
+    for action, addr, size in events:
+        if action not in ("segment_map", "segment_unmap"):
             continue
-        base = next((b for b in mapped if b <= e["addr"] < b + span), None)
-        if e["action"] == "segment_map":
+        base = next((b for b in mapped if b <= addr < b + span), None)
+        if action == "segment_map":
             if base is None:
-                base = e["addr"]
+                base = addr
                 bases.append(base)
-            mapped[base] = mapped.get(base, 0) + e["size"]
+            mapped[base] = mapped.get(base, 0) + size
         elif base is not None:
-            mapped[base] -= e["size"]
+            mapped[base] -= size
             if mapped[base] == 0:
                 del mapped[base]
     return bases
