@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kit import progress
-from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE, K_SMALL_BUFFER
-from kit.allocator.simulator import CachingAllocatorSim, range_bases, seeded_id
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE, K_SMALL_BUFFER, expandable_range_size
+from kit.allocator.simulator import GPU_MEMORY, CachingAllocatorSim, range_bases, seeded_id
 from kit.allocator.workload import DEFAULT
 from kit.analysis.names import DEFAULT_STREAM_LABEL, pool_labels, resolve_stream, stream_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table
@@ -166,6 +166,35 @@ def _require_nothing_mapped_before(snap: Snapshot, entries) -> None:
                 f"{snap.origin}: what-if simulates expandable segments only from a trace that starts with nothing "
                 f"mapped, and this one allocates at {e.addr:#x} in pages mapped before it began"
             )
+
+
+def _expandable_pools(snap: Snapshot, entries, device: int) -> dict[int, tuple[int, int]]:
+    """Per alloc (trace index), the pool of the expandable segment it lands in.
+
+    A segment's virtual range serves one (stream, pool); one still reserved at
+    the end is the pool the snapshot gives its mapped pages. A range given back
+    is taken for the default pool's: a graph pool keeps its pages while its
+    graphs live.
+    """
+    span = expandable_range_size(False, GPU_MEMORY)
+    live: dict[int, list] = {}  # base -> [bytes mapped, alloc indices]
+    done: list[list[int]] = []  # alloc indices of ranges given back
+    for i, e in enumerate(entries):
+        base = next((b for b in live if b <= e.addr < b + span), None)
+        if e.action == "segment_map":
+            live.setdefault(e.addr if base is None else base, [0, []])[0] += e.size
+        elif e.action == "segment_unmap" and base is not None:
+            live[base][0] -= e.size
+            if live[base][0] == 0:
+                done.append(live.pop(base)[1])
+        elif e.action == "alloc" and base is not None:
+            live[base][1].append(i)
+    pools = {i: DEFAULT_POOL for indices in done for i in indices}
+    segments = [s for s in snap.segments if s.device == device]
+    for base, (_, indices) in live.items():
+        pool = next((tuple(s.segment_pool_id) for s in segments if base <= s.address < base + span), DEFAULT_POOL)
+        pools.update(dict.fromkeys(indices, pool))
+    return pools
 
 
 # What the simulation of expandable segments cannot know, said with every what-if on such a recording.
@@ -352,7 +381,10 @@ def _run_trace(
         sim.seed_segment(address, size, name(stream), pool, small, blocks, asked)
         live_seeded.update(blocks)
         recorded_pool[address] = tuple(pool)
-    pool_of = dict(zip(walk.allocs["index"].tolist(), walk.allocs["pool"].tolist(), strict=True))
+    if expandable:
+        pool_of = _expandable_pools(snap, entries, device)
+    else:
+        pool_of = dict(zip(walk.allocs["index"].tolist(), walk.allocs["pool"].tolist(), strict=True))
     workspaces = find_workspaces(snap, entries, device)
     made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}
     left_out: list[dict] = []
