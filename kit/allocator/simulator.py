@@ -54,8 +54,9 @@ from kit.errors import KitError
 # Where simulated cudaMallocs land when no recorded addresses are given.
 FIRST_ADDRESS = 0x7F00_0000_0000
 RNG_STATE_BYTES = 8  # seed_extragraph_ and offset_extragraph_: one int64 each
-# An H100 80GB HBM3's memory as torch reports it (79.18 GiB): the recorded virtual ranges,
-# 0x1646000000 bytes apart, hold the 1 1/8 of it that an expandable segment reserves.
+# About an H100 80GB HBM3's memory (79.18 GiB), as the recordings bound it: 1 1/8 of it in 20 MiB
+# pages, the range an expandable segment reserves, fits the 0x1646000000 bytes between recorded
+# ranges. It only sizes the unmapped tail, which no snapshot shows.
 GPU_MEMORY = 85_020_000_000
 
 
