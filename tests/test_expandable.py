@@ -210,3 +210,12 @@ def test_what_if_refuses_an_expandable_trace_that_starts_with_pages_mapped():
     streams = snap.kit["streams"]
     with pytest.raises(KitError, match="pages mapped before it began"):
         what_if(snap, {streams["s2"]: streams["s1"]})
+
+
+def test_sim_command_simulates_expandable_segments_with_a_recordings_addresses(tmp_path):
+    from kit.cli import main
+
+    workload, out = EXPANDABLE / "expandable_305.json", tmp_path / "sim.pickle"
+    recorded = EXPANDABLE / "expandable_305_expandable.pickle"
+    assert main(["sim", str(workload), "--expandable-segments", "--addresses-from", str(recorded), "-o", str(out)]) == 0
+    assert_reproduces(load_snapshot(out).raw, load_snapshot(recorded).raw)
