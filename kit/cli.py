@@ -291,16 +291,22 @@ def _write_snapshot(snap: dict, path: str, as_json: bool) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
-    from kit.allocator.simulator import recorded_segment_addresses, simulate
+    from kit.allocator.simulator import recorded_range_bases, recorded_segment_addresses, simulate
     from kit.allocator.workload import load_workload
     from kit.analysis.tables import segment_table
     from kit.load.snapshot import load_snapshot
 
     ops = load_workload(args.workload)
-    addresses = None
+    addresses = stream_ids = None
     if args.addresses_from:
-        addresses = recorded_segment_addresses(load_snapshot(args.addresses_from).raw)
-    snap = simulate(ops, addresses=addresses).snapshot()
+        recorded = load_snapshot(args.addresses_from).raw
+        if args.expandable_segments:
+            addresses, stream_ids = recorded_range_bases(recorded), (recorded.get("kit") or {}).get("streams")
+        else:
+            addresses = recorded_segment_addresses(recorded)
+    snap = simulate(
+        ops, addresses=addresses, expandable_segments=args.expandable_segments, stream_ids=stream_ids
+    ).snapshot()
     if args.output:
         _write_snapshot(snap, args.output, args.json)
         print(f"wrote {args.output}")
@@ -521,6 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="run a workload on the allocator simulator")
     p.add_argument("workload", help="workload JSON, format version 1")
     p.add_argument("--addresses-from", metavar="SNAPSHOT", help="take segment addresses from a recording")
+    p.add_argument(
+        "--expandable-segments", action="store_true", help="simulate PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
     p.add_argument("-o", "--output", help="write the snapshot here (default: print its table)")
     p.add_argument("--json", action="store_true", help="JSON instead of pickle (or table rows as JSON)")
     p.set_defaults(func=cmd_sim)

@@ -57,9 +57,12 @@ def test_a_part_that_cannot_be_computed_says_why_and_the_rest_is_given():
     assert answer.pools and answer.stranded is None and answer.best_map is None
     assert answer.missing["stranded"].startswith("no trace recorded (memory history was off)")
     assert "Stranding: not computed (no trace recorded" in answer.paragraph()
-    expandable = explain(str(RECORDINGS / "expandable" / "expandable_300_expandable.pickle"))
-    assert expandable.stranded is not None and "expandable segments" in expandable.missing["best_map"]
-    assert "Best map: not simulated (what-if does not model expandable segments" in expandable.paragraph()
+    raw = copy.deepcopy(load_snapshot(str(RECORDINGS / "expandable" / "expandable_300_expandable.pickle")).raw)
+    trace = raw["device_traces"][0]
+    raw["device_traces"] = [trace[len(trace) // 2 :]]  # expandable pages mapped before the trace began
+    cut = explain(raw)
+    assert cut.stranded is not None and "starts with nothing mapped" in cut.missing["best_map"]
+    assert "Best map: not simulated (what-if simulates expandable segments only from a trace" in cut.paragraph()
 
 
 def test_the_report_opens_with_the_answer_and_explain_prints_it():

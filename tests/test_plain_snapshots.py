@@ -18,21 +18,28 @@ from kit.analysis.liveness import liveness_table
 from kit.analysis.names import generated_labels, pool_labels, resolve_stream, stream_labels
 from kit.analysis.tables import diff_summary, diff_tables, segment_table
 from kit.analysis.trace.walk import walk_trace
-from kit.analysis.whatif import layout_differences, simulate_trace, trace_to_workload, what_if
+from kit.analysis.whatif import (
+    EXPANDABLE_CAVEAT,
+    layout_differences,
+    simulate_trace,
+    trace_to_workload,
+    what_if,
+)
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.recordings import RECORDINGS, recording
 
 from .helpers import MIB
 
-# Every recording but the merged pairs and the expandable ones: cut mid-trace, three of the merged
-# pairs (and five of the expandable folder's runs without the setting, workloads of the same
-# generator) rewind to a start the trace walk gets wrong (an unsplit remainder kept in a live
-# block, a segment's pool), which the what-if's own tests on them (tests/test_whatif_merged.py)
-# do not need: they start at the trace's beginning. Runs with expandable_segments:True are not
-# simulated by the trace walk yet.
+# Every recording but the merged pairs and the expandable folder's: cut mid-trace, three of the
+# merged pairs (and five of the expandable folder's runs without the setting, workloads of the
+# same generator) rewind to a start the trace walk gets wrong (an unsplit remainder kept in a live
+# block, a segment's pool), which the what-if's own tests on them (tests/test_whatif_merged.py,
+# tests/test_expandable.py) do not need: they start at the trace's beginning.
+# Recordings with expandable_segments:True are replayed only from the trace's beginning (EXPANDABLE).
 LEFT_OUT = ("merged", "expandable")
 ALL = sorted(str(p.relative_to(RECORDINGS)) for p in RECORDINGS.rglob("*.pickle") if p.parent.name not in LEFT_OUT)
+EXPANDABLE = sorted(str(p.relative_to(RECORDINGS)) for p in RECORDINGS.glob("expandable/*_expandable.pickle"))
 
 
 def plain(name: str, cut: float = 0.0) -> Snapshot:
@@ -91,6 +98,15 @@ def test_the_trace_replayed_from_its_rewound_start_ends_at_the_recording(name, c
     snap = plain(name, cut)
     assert layout_differences(simulate_trace(snap), snap) == []
     assert what_if(snap, {}).corrections == []
+
+
+@pytest.mark.parametrize("name", EXPANDABLE)
+def test_an_expandable_trace_replays_from_its_beginning_and_a_cut_one_is_refused(name):
+    snap = plain(name)
+    assert layout_differences(simulate_trace(snap), snap) == []
+    assert what_if(snap, {}).corrections == [EXPANDABLE_CAVEAT]  # what the simulation cannot know, said
+    with pytest.raises(KitError, match="pages mapped before it began"):
+        what_if(plain(name, 0.5), {})
 
 
 def test_what_if_on_a_plain_mid_process_snapshot_predicts_the_shared_stream_run():

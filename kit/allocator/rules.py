@@ -59,9 +59,23 @@ def split_limit(small: bool) -> int:
     return K_MIN_BLOCK_SIZE - 1 if small else K_SMALL_SIZE
 
 
-def should_split(remaining: int, small: bool) -> bool:
-    """Whether a block with `remaining` bytes left after the request is split."""
-    return remaining > split_limit(small)
+def should_split(remaining: int, small: bool, expandable: bool = False) -> bool:
+    """Whether a block with `remaining` bytes left after the request is split.
+
+    Under `expandable_segments:True` every pool splits as the small pool does.
+    """
+    return remaining > split_limit(small or expandable)
+
+
+def expandable_page_size(small: bool) -> int:
+    """The granule an expandable segment maps and unmaps: 2 MiB pages in the small pool, 20 MiB in the large."""
+    return K_SMALL_BUFFER if small else K_LARGE_BUFFER
+
+
+def expandable_range_size(small: bool, gpu_memory: int) -> int:
+    """The virtual range an expandable segment reserves: 1 1/8 of the GPU's memory, in whole pages."""
+    page = expandable_page_size(small)
+    return -(-(gpu_memory + gpu_memory // 8) // page) * page
 
 
 def is_small_segment(total_size: int) -> bool:

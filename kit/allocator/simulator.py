@@ -16,6 +16,14 @@ names follow the C++ where one exists:
 - `empty_cache` releases whole free segments of the default pool (pools of
   live graphs keep theirs, and graphs stay alive to the end).
 
+With `expandable_segments=True` it models `expandable_segments:True` as torch
+2.11 runs it, graph pools included: a request no free block serves maps pages
+(2 MiB in the small pool, 20 MiB in the large) into a per-(stream, pool)
+virtual range instead of calling cudaMalloc (`_allocate_expandable`), every
+pool splits down to 512 bytes, the best fit ranks a block before an unmapped
+one by the size it could grow to, blocks merge only with neighbours of their
+own mapped state, and `empty_cache` unmaps the whole pages of free blocks.
+
 `CachingAllocatorSim.run` executes a workload; `snapshot()` writes the state in
 `torch.cuda.memory._snapshot()`'s own format, trace included, plus the `kit`
 key naming streams, pools and graphs. With `explain=True` every allocation
@@ -26,13 +34,15 @@ needed, and which free blocks were refused and why.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kit import progress
 from kit.allocator.rules import (
     DEFAULT_POOL,
     K_ROUND_LARGE,
+    expandable_page_size,
+    expandable_range_size,
     get_allocation_size,
     is_small_request,
     round_size,
@@ -44,12 +54,46 @@ from kit.errors import KitError
 # Where simulated cudaMallocs land when no recorded addresses are given.
 FIRST_ADDRESS = 0x7F00_0000_0000
 RNG_STATE_BYTES = 8  # seed_extragraph_ and offset_extragraph_: one int64 each
+# About an H100 80GB HBM3's memory (79.18 GiB), as the recordings bound it: 1 1/8 of it in 20 MiB
+# pages, the range an expandable segment reserves, fits the 0x1646000000 bytes between recorded
+# ranges. It only sizes the unmapped tail, which no snapshot shows.
+GPU_MEMORY = 85_020_000_000
+
+
+class ExpandableRange:
+    """The virtual address range of one expandable segment, mapped page by page."""
+
+    __slots__ = ("base", "size", "page")
+
+    def __init__(self, base: int, size: int, page: int) -> None:
+        self.base = base
+        self.size = size
+        self.page = page
+
+    def pages_in(self, address: int, size: int) -> tuple[int, int]:
+        """The whole pages inside [address, address + size), as (start, end); start >= end: none."""
+        offset = address - self.base
+        start = self.base + -(-offset // self.page) * self.page
+        end = self.base + (offset + size) // self.page * self.page
+        return start, end
 
 
 class Block:
-    __slots__ = ("address", "size", "requested", "stream", "pool", "small", "prev", "next", "allocated")
+    __slots__ = (
+        "address",
+        "size",
+        "requested",
+        "stream",
+        "pool",
+        "small",
+        "prev",
+        "next",
+        "allocated",
+        "mapped",
+        "range",
+    )
 
-    def __init__(self, address, size, stream, pool, small):
+    def __init__(self, address, size, stream, pool, small, range_=None):
         self.address = address
         self.size = size
         self.requested = size
@@ -59,6 +103,8 @@ class Block:
         self.prev = None
         self.next = None
         self.allocated = False
+        self.mapped = True  # False only for an expandable segment's unmapped pages
+        self.range = range_  # the ExpandableRange of an expandable segment's block
 
 
 @dataclass
@@ -85,8 +131,23 @@ class CachingAllocatorSim:
     """The caching allocator of one device, driven op by op."""
 
     def __init__(
-        self, *, addresses: Iterable[int] | None = None, explain: bool = False, rng_state: bool = True
+        self,
+        *,
+        addresses: Iterable[int] | None = None,
+        explain: bool = False,
+        rng_state: bool = True,
+        expandable_segments: bool = False,
+        gpu_memory: int = GPU_MEMORY,
+        stream_ids: Mapping[str, int] | None = None,
     ) -> None:
+        """`addresses`: where new segments land, in order (cudaMalloc's results, or with
+        `expandable_segments` the bases of the virtual ranges reserved). `stream_ids`: the
+        streams' cudaStream_t values, as recorded: torch orders free blocks by them, so they
+        decide which stream's segments `empty_cache` releases first."""
+        self.expandable = expandable_segments
+        self.gpu_memory = gpu_memory
+        self.unmapped: dict[tuple, list[int]] = {}  # (pool, small, stream) -> sorted addresses of unmapped blocks
+        self.ranges: dict[int, ExpandableRange] = {}  # base -> live expandable segment
         self._addresses: Iterator[int] | None = iter(addresses) if addresses is not None else None
         self._next_address = FIRST_ADDRESS
         self.explain = explain
@@ -97,7 +158,7 @@ class CachingAllocatorSim:
         self.whole_free: set[int] = set()  # default-pool segments that are one free block
         self.tensors: dict[str, Block] = {}
         self.trace: list[tuple[str, int, int, int]] = []  # (action, addr, size, stream id)
-        self.stream_ids: dict[str, int] = {DEFAULT: 0}
+        self.stream_ids: dict[str, int] = {DEFAULT: 0, **(stream_ids or {})}
         self.pool_ids: dict[str, tuple[int, int]] = {}
         self.graph_pools: dict[str, tuple[int, int]] = {}
         self.capture: tuple[str, tuple[int, int]] | None = None  # (stream, pool) while capturing
@@ -139,9 +200,168 @@ class CachingAllocatorSim:
         i = bisect_left(lst, (size, -1))
         if i == len(lst):
             return None
+        if self.expandable:
+            i = self._best_expandable_fit(lst, i)
         _, address = lst.pop(i)
         self.whole_free.discard(address)
         return self.blocks[address]
+
+    def _best_expandable_fit(self, lst: list[tuple[int, int]], i: int) -> int:
+        """The index torch's get_free_block settles on from the best fit `lst[i]` under expandable segments.
+
+        A block right before unmapped pages is ranked by the size it could grow to
+        (its own plus theirs), so the search walks on to later, bigger blocks while
+        theirs is smaller.
+        """
+        while self.blocks[lst[i][1]].range is not None and i + 1 < len(lst):
+            if self._expandable_size(lst[i + 1][1]) >= self._expandable_size(lst[i][1]):
+                break
+            i += 1
+        return i
+
+    def _expandable_size(self, address: int) -> int:
+        b = self.blocks[address]
+        return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+    # -- expandable segments ------------------------------------------------------
+    def _insert_unmapped(self, b: Block) -> None:
+        insort(self.unmapped.setdefault((b.pool, b.small, b.stream), []), b.address)
+
+    def _remove_unmapped(self, b: Block) -> None:
+        lst = self.unmapped[(b.pool, b.small, b.stream)]
+        del lst[bisect_left(lst, b.address)]
+
+    def _allocate_expandable(self, pool, small, stream, size) -> Block:
+        """torch's try_allocate_expandable_block: map pages until a free block of `size` bytes exists; it is taken."""
+        block = self._find_expandable_block(pool, small, stream, size)
+        if not block.mapped:
+            block = self._map_block(block, min(block.size, size))
+        while block.size < size:  # free -> unmapped: map the rest, which merges into the free block
+            block = self._map_block(block.next, min(size - block.size, block.next.size))
+        self._remove_free(block)
+        return block
+
+    def _find_expandable_block(self, pool, small, stream, size) -> Block:
+        """The lowest-addressed run of free and unmapped blocks of `size` bytes in the stream's pool, else a new range.
+
+        The run starts at an unmapped block, or at the free block right before it.
+        """
+        for address in self.unmapped.get((pool, small, stream), ()):
+            candidate = self.blocks[address]
+            if candidate.prev is not None and not candidate.prev.allocated:
+                candidate = candidate.prev
+            if self._has_room(candidate, size):
+                return candidate
+        return self._reserve_range(pool, small, stream)
+
+    @staticmethod
+    def _has_room(b: Block | None, size: int) -> bool:
+        room = 0
+        while room < size and b is not None and not b.allocated:
+            room += b.size
+            b = b.next
+        return room >= size
+
+    def _reserve_range(self, pool, small, stream) -> Block:
+        """A new expandable segment: one unmapped block spanning its whole virtual range."""
+        size = expandable_range_size(small, self.gpu_memory)
+        rng = ExpandableRange(self._cuda_malloc(size), size, expandable_page_size(small))
+        self.ranges[rng.base] = rng
+        block = Block(rng.base, size, stream, pool, small, rng)
+        block.mapped = False
+        self.blocks[rng.base] = block
+        self._insert_unmapped(block)
+        return block
+
+    def _map_block(self, block: Block, size: int) -> Block:
+        """Map the pages covering the first `size` bytes of an unmapped block; the mapped part joins free neighbours."""
+        mapped = -(-size // block.range.page) * block.range.page
+        self._remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.address + mapped, block.size - mapped, block.stream, block.pool, block.small)
+            rest.range, rest.mapped = block.range, False
+            self._splice_after(block, rest)
+            self._insert_unmapped(rest)
+            block.size = mapped
+        self.trace.append(("segment_map", block.address, mapped, block.stream))
+        block = self._merge_free_neighbours(block)
+        self._insert_free(block)
+        return block
+
+    def _splice_after(self, block: Block, new: Block) -> None:
+        new.prev, new.next = block, block.next
+        if block.next is not None:
+            block.next.prev = new
+        block.next = new
+        self.blocks[new.address] = new
+
+    def _unmap_block(self, block: Block) -> Block:
+        """torch's unmap_block: unmap the whole pages inside a free block; partial pages at its ends stay mapped."""
+        start, end = block.range.pages_in(block.address, block.size)
+        if start >= end:
+            return block
+        self._remove_free(block)
+        if start > block.address:  # the partial page before: a free block of its own
+            before = Block(block.address, start - block.address, block.stream, block.pool, block.small, block.range)
+            before.prev, before.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = before
+            block.prev = before
+            self.blocks[before.address] = before
+            self._insert_free(before)
+        if block.address + block.size > end:  # and the partial page after
+            after = Block(end, block.address + block.size - end, block.stream, block.pool, block.small, block.range)
+            self._splice_after(block, after)
+            self._insert_free(after)
+        if self.blocks.get(block.address) is block:
+            del self.blocks[block.address]
+        block.address, block.size, block.mapped = start, end - start, False
+        self.blocks[start] = block
+        block = self._merge_free_neighbours(block)
+        self._insert_unmapped(block)
+        self.trace.append(("segment_unmap", start, end - start, block.stream))
+        return block
+
+    def _release_range(self, block: Block) -> None:
+        """Give back the virtual range of an expandable segment with no page mapped."""
+        self._remove_unmapped(block)
+        del self.blocks[block.address]
+        del self.ranges[block.range.base]
+
+    def _release_expandable(self, pools: Iterable[tuple[int, int]]) -> None:
+        """empty_cache under expandable segments: torch's release_blocks on each block pool in its order.
+
+        The default pool's large blocks, then its small ones, then each freed graph
+        pool's small and large; within one, free blocks in (stream, size, address)
+        order: unsplit cudaMalloc segments are freed first, then expandable blocks unmapped.
+        """
+        order = [(DEFAULT_POOL, False), (DEFAULT_POOL, True)]
+        order += [(p, small) for p in pools if p != DEFAULT_POOL for small in (True, False)]
+        for pool, small in order:
+            free = sorted(
+                (stream, size, address)
+                for (p, s, stream), lst in self.free.items()
+                if p == pool and s == small
+                for size, address in lst
+            )
+            blocks = [self.blocks[address] for _, _, address in free]
+            for b in blocks:
+                if b.range is None and b.prev is None and b.next is None:
+                    self._free_segment(b)
+            for b in blocks:
+                if b.range is not None:
+                    b = self._unmap_block(b)
+                    if b.prev is None and b.next is None:
+                        self._release_range(b)
+
+    def _free_segment(self, b: Block) -> None:
+        """cudaFree a segment that is one free block."""
+        del self.blocks[b.address]
+        del self.segments[b.address]
+        self._remove_free(b)
+        self.whole_free.discard(b.address)
+        self.trace.append(("segment_free", b.address, b.size, b.stream))
 
     def _refusals(self, pool, small, stream, size) -> list[tuple]:
         names = {v: k for k, v in self.stream_ids.items()}
@@ -176,7 +396,11 @@ class CachingAllocatorSim:
         refused = self._refusals(pool, small, stream, rounded) if self.explain else []
         block = self._get_free_block(pool, small, stream, rounded)
         new_segment = 0
-        if block is None:
+        if block is None and self.expandable:
+            mapped_before = len(self.trace)
+            block = self._allocate_expandable(pool, small, stream, rounded)
+            new_segment = sum(e[2] for e in self.trace[mapped_before:])
+        elif block is None:
             new_segment = get_allocation_size(rounded)
             address = self._cuda_malloc(new_segment)
             block = Block(address, new_segment, stream, pool, small)
@@ -184,9 +408,9 @@ class CachingAllocatorSim:
             self.segments[address] = block
             self.trace.append(("segment_alloc", address, new_segment, stream))
         remaining = block.size - rounded
-        split = should_split(remaining, small)
+        split = should_split(remaining, small, self.expandable)
         if split:
-            rest = Block(block.address + rounded, remaining, stream, pool, small)
+            rest = Block(block.address + rounded, remaining, stream, pool, small, block.range)
             rest.prev, rest.next = block, block.next
             if block.next:
                 block.next.prev = rest
@@ -222,16 +446,24 @@ class CachingAllocatorSim:
         self.trace.append(("free_requested", block.address, block.requested, block.stream))
         self.trace.append(("free_completed", block.address, block.requested, block.stream))
         block.allocated = False
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                block = self._merge(block, neighbour)
+        block = self._merge_free_neighbours(block)
         self._insert_free(block)
         if block.prev is None and block.next is None and block.pool == DEFAULT_POOL:
             self.whole_free.add(block.address)
 
+    def _merge_free_neighbours(self, block: Block) -> Block:
+        """Fold the free neighbours of `block` that share its mapped state into it (torch's try_merge_blocks)."""
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated and neighbour.mapped == block.mapped:
+                block = self._merge(block, neighbour)
+        return block
+
     def _merge(self, block: Block, neighbour: Block) -> Block:
         """Fold a free neighbour into `block`; the merged block keeps the lower address."""
-        self._remove_free(neighbour)
+        if neighbour.mapped:
+            self._remove_free(neighbour)
+        else:
+            self._remove_unmapped(neighbour)
         low, high = (neighbour, block) if neighbour.address < block.address else (block, neighbour)
         low.size += high.size
         low.next = high.next
@@ -291,6 +523,9 @@ class CachingAllocatorSim:
         `pools` names graph pools whose graphs are gone, so their free segments go too.
         """
         extra = set(pools)
+        if self.expandable:
+            self._release_expandable(sorted(extra))
+            return
         if extra:
             for address, first in self.segments.items():
                 if first.pool in extra and first.next is None and not first.allocated:
@@ -347,14 +582,25 @@ class CachingAllocatorSim:
         return self
 
     # -- snapshot ----------------------------------------------------------------
+    def _segment_heads(self) -> dict[int, Block]:
+        """The first block of each segment as torch's snapshot lists them: one per contiguous mapped range."""
+        heads = dict(self.segments)
+        for base in self.ranges:
+            b, prev_mapped = self.blocks[base], False
+            while b is not None:
+                if b.mapped and not prev_mapped:
+                    heads[b.address] = b
+                prev_mapped, b = b.mapped, b.next
+        return heads
+
     def snapshot(self) -> dict:
         """The state as `torch.cuda.memory._snapshot()` would return it, plus the `kit` key."""
         segments = []
-        for address in sorted(self.segments):
-            b = self.segments[address]
+        for address, head in sorted(self._segment_heads().items()):
+            b = head
             blocks = []
             total = allocated = requested = 0
-            while b is not None:
+            while b is not None and b.mapped:
                 state = "active_allocated" if b.allocated else "inactive"
                 blocks.append(
                     {"address": b.address, "size": b.size, "requested_size": b.requested, "state": state, "frames": []}
@@ -364,7 +610,7 @@ class CachingAllocatorSim:
                     allocated += b.size
                     requested += b.requested
                 b = b.next
-            first = self.segments[address]
+            first = head
             segments.append(
                 {
                     "device": 0,
@@ -376,7 +622,7 @@ class CachingAllocatorSim:
                     "stream": first.stream,
                     "segment_type": "small" if first.small else "large",
                     "segment_pool_id": first.pool,
-                    "is_expandable": False,
+                    "is_expandable": first.range is not None,
                     "frames": [],
                     "blocks": blocks,
                 }
@@ -404,12 +650,54 @@ def seeded_id(address: int) -> str:
     return f"seeded:{address:#x}"
 
 
-def simulate(ops: list[Op], *, addresses: Iterable[int] | None = None, explain: bool = False) -> CachingAllocatorSim:
-    """Run `ops` on a fresh simulated allocator."""
-    return CachingAllocatorSim(addresses=addresses, explain=explain).run(ops)
+def simulate(
+    ops: list[Op],
+    *,
+    addresses: Iterable[int] | None = None,
+    explain: bool = False,
+    expandable_segments: bool = False,
+    stream_ids: Mapping[str, int] | None = None,
+) -> CachingAllocatorSim:
+    """Run `ops` on a fresh simulated allocator (`expandable_segments`: as under `expandable_segments:True`)."""
+    sim = CachingAllocatorSim(
+        addresses=addresses, explain=explain, expandable_segments=expandable_segments, stream_ids=stream_ids
+    )
+    return sim.run(ops)
 
 
 def recorded_segment_addresses(snapshot: dict) -> list[int]:
     """The addresses of a recorded trace's `segment_alloc` entries, in order."""
     traces = snapshot.get("device_traces") or []
     return [e["addr"] for t in traces for e in t if e.get("action") == "segment_alloc"]
+
+
+def recorded_range_bases(snapshot: dict, gpu_memory: int = GPU_MEMORY) -> list[int]:
+    """The bases of the virtual ranges a recorded trace's expandable segments reserved, in order."""
+    events = ((e.get("action"), e.get("addr"), e.get("size")) for t in snapshot.get("device_traces") or [] for e in t)
+    return range_bases(events, gpu_memory)
+
+
+def range_bases(events: Iterable[tuple[str, int, int]], gpu_memory: int = GPU_MEMORY) -> list[int]:
+    """The bases of the virtual ranges reserved over trace events (action, address, size), in order.
+
+    A range's first `segment_map` is at its base; a map inside a live range is
+    not a new one. A range is given back once its last page is unmapped, and
+    the driver may hand its addresses out again.
+    """
+    span = expandable_range_size(False, gpu_memory)  # the large pool's, the longer
+    mapped: dict[int, int] = {}  # live base -> bytes mapped
+    bases = []
+    for action, addr, size in events:
+        if action not in ("segment_map", "segment_unmap"):
+            continue
+        base = next((b for b in mapped if b <= addr < b + span), None)
+        if action == "segment_map":
+            if base is None:
+                base = addr
+                bases.append(base)
+            mapped[base] = mapped.get(base, 0) + size
+        elif base is not None:
+            mapped[base] -= size
+            if mapped[base] == 0:
+                del mapped[base]
+    return bases

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kit import progress
-from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE
-from kit.allocator.simulator import CachingAllocatorSim, seeded_id
+from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE, K_SMALL_BUFFER, expandable_range_size
+from kit.allocator.simulator import GPU_MEMORY, CachingAllocatorSim, range_bases, seeded_id
 from kit.allocator.workload import DEFAULT
 from kit.analysis.names import DEFAULT_STREAM_LABEL, pool_labels, resolve_stream, stream_labels
 from kit.analysis.tables import format_bytes, pool_label, segment_table
@@ -138,12 +138,71 @@ def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, i
 
 
 def _require_simulable(snap: Snapshot, device: int) -> tuple:
-    entries = snap.require_trace(device)
-    if any(e.action in ("segment_map", "segment_unmap") for e in entries) or any(
+    return snap.require_trace(device)
+
+
+def _is_expandable(snap: Snapshot, entries) -> bool:
+    """Whether the recording ran with expandable_segments:True (its segments are mapped page by page)."""
+    return any(e.action in ("segment_map", "segment_unmap") for e in entries) or any(
         s.is_expandable for s in snap.segments
-    ):
-        raise KitError(f"{snap.origin}: what-if does not model expandable segments (expandable_segments:True)")
-    return entries
+    )
+
+
+def _require_nothing_mapped_before(snap: Snapshot, entries) -> None:
+    """Refuse a trace of expandable segments that allocates in pages it never mapped (they were mapped before it).
+
+    The simulation of expandable segments starts from an empty allocator: it
+    cannot rebuild ranges whose pages were mapped before the trace began.
+    """
+    mapped: set[int] = set()  # 2 MiB page numbers, the granule of both pools' pages
+    for e in entries:
+        pages = range(e.addr // K_SMALL_BUFFER, (e.addr + e.size) // K_SMALL_BUFFER)
+        if e.action == "segment_map":
+            mapped.update(pages)
+        elif e.action == "segment_unmap":
+            mapped.difference_update(pages)
+        elif e.action == "alloc" and e.addr // K_SMALL_BUFFER not in mapped:
+            raise KitError(
+                f"{snap.origin}: what-if simulates expandable segments only from a trace that starts with nothing "
+                f"mapped, and this one allocates at {e.addr:#x} in pages mapped before it began"
+            )
+
+
+def _expandable_pools(snap: Snapshot, entries, device: int) -> dict[int, tuple[int, int]]:
+    """Per alloc (trace index), the pool of the expandable segment it lands in.
+
+    A segment's virtual range serves one (stream, pool); one still reserved at
+    the end is the pool the snapshot gives its mapped pages. A range given back
+    is taken for the default pool's: a graph pool keeps its pages while its
+    graphs live.
+    """
+    span = expandable_range_size(False, GPU_MEMORY)
+    live: dict[int, list] = {}  # base -> [bytes mapped, alloc indices]
+    done: list[list[int]] = []  # alloc indices of ranges given back
+    for i, e in enumerate(entries):
+        base = next((b for b in live if b <= e.addr < b + span), None)
+        if e.action == "segment_map":
+            live.setdefault(e.addr if base is None else base, [0, []])[0] += e.size
+        elif e.action == "segment_unmap" and base is not None:
+            live[base][0] -= e.size
+            if live[base][0] == 0:
+                done.append(live.pop(base)[1])
+        elif e.action == "alloc" and base is not None:
+            live[base][1].append(i)
+    pools = {i: DEFAULT_POOL for indices in done for i in indices}
+    segments = [s for s in snap.segments if s.device == device]
+    for base, (_, indices) in live.items():
+        pool = next((tuple(s.segment_pool_id) for s in segments if base <= s.address < base + span), DEFAULT_POOL)
+        pools.update(dict.fromkeys(indices, pool))
+    return pools
+
+
+# What the simulation of expandable segments cannot know, said with every what-if on such a recording.
+EXPANDABLE_CAVEAT = (
+    "expandable segments (expandable_segments:True) are simulated as torch 2.11 runs them; an empty_cache "
+    "that unmapped nothing leaves no trace entry, so one the mapped run would have unmapped pages at is missed, "
+    "and a trace that starts with pages already mapped is refused"
+)
 
 
 def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
@@ -199,8 +258,9 @@ class _TraceSim(CachingAllocatorSim):
     segments land can change which block later requests split.
     """
 
-    def __init__(self, recorded: list[int], above: int, placement: str = RECORDED) -> None:
-        super().__init__(rng_state=False)  # the trace holds the RNG state's allocations already
+    def __init__(self, recorded: list[int], above: int, placement: str = RECORDED, expandable: bool = False) -> None:
+        # the trace holds the RNG state's allocations already
+        super().__init__(rng_state=False, expandable_segments=expandable)
         if placement == SHUFFLED:
             recorded = random.Random(0).sample(recorded, len(recorded))
         self._recorded: Iterator[int] = iter(recorded if placement in (RECORDED, SHUFFLED) else ())
@@ -241,7 +301,7 @@ class _TraceSim(CachingAllocatorSim):
 
     def empty_cache(self, pools=()) -> None:
         super().empty_cache(pools)
-        self._extents = {a: n for a, n in self._extents.items() if a in self.segments}
+        self._extents = {a: n for a, n in self._extents.items() if a in self.segments or a in self.ranges}
         self._starts = sorted(self._extents)
         self._top = max((a + n for a, n in self._extents.items()), default=0)
 
@@ -290,10 +350,16 @@ def _run_trace(
     the workspaces left out, and the workspaces found."""
     entries = _require_simulable(snap, device)
     labels = stream_labels(snap)
-    seeded = rewound_segments(snap, entries, device)
-    recorded = [e.addr for e in entries if e.action == "segment_alloc"]
+    expandable = _is_expandable(snap, entries)
+    if expandable:
+        _require_nothing_mapped_before(snap, entries)
+        seeded = []
+        recorded = range_bases((e.action, e.addr, e.size) for e in entries)
+    else:
+        seeded = rewound_segments(snap, entries, device)
+        recorded = [e.addr for e in entries if e.action == "segment_alloc"]
     top = max([a + s for a, s, *_ in seeded] + [e.addr + e.size for e in entries] + [0])
-    sim = _TraceSim(recorded, top, placement)
+    sim = _TraceSim(recorded, top, placement, expandable)
     sim.explain = explain  # a Decision per allocation, its refusals listed, with the id `a<trace index>`
     sim.stream_ids = {DEFAULT: DEFAULT_STREAM}
     for sid, label in labels.items():
@@ -315,7 +381,10 @@ def _run_trace(
         sim.seed_segment(address, size, name(stream), pool, small, blocks, asked)
         live_seeded.update(blocks)
         recorded_pool[address] = tuple(pool)
-    pool_of = dict(zip(walk.allocs["index"].tolist(), walk.allocs["pool"].tolist(), strict=True))
+    if expandable:
+        pool_of = _expandable_pools(snap, entries, device)
+    else:
+        pool_of = dict(zip(walk.allocs["index"].tolist(), walk.allocs["pool"].tolist(), strict=True))
     workspaces = find_workspaces(snap, entries, device)
     made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}
     left_out: list[dict] = []
@@ -324,15 +393,16 @@ def _run_trace(
     in_release = False
     for i, e in enumerate(progress.track(entries, "simulating the what-if", every=4096)):
         action = e.action
-        if action == "segment_free":
+        if action in RELEASES:  # the first of a run is the empty_cache that made them
             if not in_release:
                 freed_pools |= _graph_pools_freed(entries, i, recorded_pool)
                 sim.empty_cache(freed_pools)
-            recorded_pool.pop(e.addr, None)
+            if action == "segment_free":
+                recorded_pool.pop(e.addr, None)
             in_release = True
             continue
         in_release = False
-        if action == "segment_alloc":
+        if action in ("segment_alloc", "segment_map"):
             recorded_pool[e.addr] = _pool_of_next_alloc(entries, i, pool_of)
         elif action == "alloc":
             pool = tuple(pool_of.get(i, DEFAULT_POOL))
@@ -363,12 +433,23 @@ def _graph_pools_freed(entries, start: int, recorded_pool: Mapping[int, tuple]) 
     """
     pools = set()
     for e in entries[start:]:
-        if e.action != "segment_free":
+        if e.action not in RELEASES:
             break
-        pool = recorded_pool.get(e.addr, DEFAULT_POOL)
+        pool = _recorded_pool_at(recorded_pool, e.addr)
         if pool != DEFAULT_POOL:
             pools.add(pool)
     return pools
+
+
+RELEASES = ("segment_free", "segment_unmap")  # what one empty_cache writes to the trace
+
+
+def _recorded_pool_at(recorded_pool: Mapping[int, tuple], address: int) -> tuple:
+    """The pool of the segment at `address`; an unmap's address may be inside pages mapped from below it."""
+    if address in recorded_pool:
+        return recorded_pool[address]
+    starts = sorted(a for a in recorded_pool if a <= address)
+    return recorded_pool[starts[-1]] if starts else DEFAULT_POOL
 
 
 def _pool_of_next_alloc(entries, start: int, pool_of: Mapping[int, tuple]) -> tuple[int, int]:
@@ -411,6 +492,8 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
     saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
     corrections = _baseline_differences(recorded, baseline, walk.device)
+    if _is_expandable(snap, snap.require_trace(walk.device)):
+        corrections.append(EXPANDABLE_CAVEAT)
     spread = placement_spread(snap, moves, walk, after)
     corrections += _spread_lines(snap, spread, after)
     facts = simulated.kit["whatif"]
@@ -575,7 +658,7 @@ def trace_to_workload(snap: Snapshot, stream_map: Mapping[str, str] | None = Non
             )
         elif e.action == "free_completed" and e.addr in ids:
             ops.append({"op": "free", "id": ids.pop(e.addr)})
-        elif e.action == "segment_free" and capture is None and (not ops or ops[-1]["op"] != "empty_cache"):
+        elif e.action in RELEASES and capture is None and (not ops or ops[-1]["op"] != "empty_cache"):
             ops.append({"op": "empty_cache"})
     for c in (c for cs in ends.values() for c in cs):
         ops.append({"op": "capture_end", "graph": c["graph"]})
