@@ -1345,6 +1345,31 @@ MUTATIONS = (
         ("tests/test_readwrite_recording.py",),
         "a preset where vLLM dispatches no pairing claims nothing of the obligation from its stress rows",
     ),
+    # --- expandable segments (kit/allocator/simulator.py, rules.py) ---
+    Mutation(
+        "expandable_large_pages_of_2_MiB",
+        "kit/allocator/rules.py",
+        "    return K_SMALL_BUFFER if small else K_LARGE_BUFFER\n",
+        "    return K_SMALL_BUFFER\n",
+        ("tests/test_expandable.py",),
+        "the large pool maps 20 MiB pages",
+    ),
+    Mutation(
+        "expandable_no_growth_ranking",
+        "kit/allocator/simulator.py",
+        "            if self._expandable_size(lst[i + 1][1]) >= self._expandable_size(lst[i][1]):",
+        "            if True:",
+        ("tests/test_expandable.py",),
+        "a block before unmapped pages is ranked by the size it could grow to",
+    ),
+    Mutation(
+        "expandable_merge_across_mapped_state",
+        "kit/allocator/simulator.py",
+        "not neighbour.allocated and neighbour.mapped == block.mapped:",
+        "not neighbour.allocated:",
+        ("tests/test_expandable.py",),
+        "free blocks merge only with neighbours in the same mapped state",
+    ),
     # --- what-if --rank (kit/analysis/ranking.py) ---
     Mutation(
         "rank_worst_first",
