@@ -244,7 +244,8 @@ def test_a_group_is_allowed_only_when_all_its_captures_are():
 
 
 def test_a_snapshot_without_capture_metadata_is_unaffected(tmp_path):
-    """No `kit` key (a plain torch snapshot): no given labels, no recorded managers, so nothing is allowed."""
+    """No `kit` key (a plain torch snapshot): no given labels, no recorded managers, so the default allows nothing.
+    The label the kit made up names its stream only in full; a part of it ("stream") names none, an error."""
     raw = pr_drafter()
     plain = {k: v for k, v in raw.items() if k != "kit"}
     path = _write(tmp_path, "plain", plain)
@@ -253,8 +254,10 @@ def test_a_snapshot_without_capture_metadata_is_unaffected(tmp_path):
     (line,) = done.stdout.splitlines()
     label = kit.check_snapshot(plain, own_stream=()).offending[0]["stream_label"]  # one the kit made up
     assert line.startswith(f"graph pool 1 (0, 1), {label} (stream ") and not line.startswith("allowed")
-    for pattern in ("stream", label):  # not even a pattern that matches the made-up label
-        assert run_kit("check", path, "--own-stream", pattern).returncode == 1
+    named = run_kit("check", path, "--own-stream", label)  # the label as printed, in full
+    assert named.returncode == 0 and named.stdout.startswith(f"allowed by --own-stream {label!r} (stream {label!r} (")
+    part = run_kit("check", path, "--own-stream", "stream")
+    assert part.returncode == 2 and "--own-stream 'stream' matches no stream of this snapshot" in part.stderr
 
 
 def test_the_default_pool_is_never_allowed():
