@@ -1370,6 +1370,23 @@ MUTATIONS = (
         ("tests/test_expandable.py",),
         "free blocks merge only with neighbours in the same mapped state",
     ),
+    # --- labels: dense pool numbers, natural order (kit/analysis/names.py) ---
+    Mutation(
+        "graph_pool_numbers_count_named_pools",
+        "kit/analysis/names.py",
+        "    for pool in pool_order(snapshot):\n        if pool in given:",
+        "    for pool in pool_order(snapshot):\n        n += pool in given\n        if pool in given:",
+        ("tests/test_tables.py::test_unnamed_graph_pools_are_numbered_without_gaps_and_listed_in_natural_order",),
+        "graph pools the snapshot names take no number: the others are numbered without gaps",
+    ),
+    Mutation(
+        "labels_sorted_as_text",
+        "kit/analysis/tables.py",
+        "if x in made_up}, key=natural_order",
+        "if x in made_up}",
+        ("tests/test_tables.py::test_unnamed_graph_pools_are_numbered_without_gaps_and_listed_in_natural_order",),
+        "made-up labels are listed in natural order (graph pool 2 before 10)",
+    ),
     # --- what-if --rank (kit/analysis/ranking.py) ---
     Mutation(
         "rank_worst_first",

@@ -185,3 +185,22 @@ def test_an_empty_snapshots_table_says_so_in_a_line_not_pandas_empty_dataframe(t
         assert json.loads(capsys.readouterr().out) == []
     done = run_kit("table", str(path))  # in a process of its own too
     assert (done.returncode, done.stderr) == (0, "") and "Empty DataFrame" not in done.stdout
+
+
+def test_unnamed_graph_pools_are_numbered_without_gaps_and_listed_in_natural_order():
+    """A workload's named pools (p0, p1) take no number: the others are graph pool 1, 2, ... in the order they
+    were made, and the list of made-up labels reads 2 before 10."""
+    from kit.analysis.names import natural_order, pool_labels, pool_order
+    from kit.load.snapshot import load_snapshot
+    from kit.recordings import RECORDINGS
+
+    snap = load_snapshot(str(RECORDINGS / "expandable" / "expandable_305_expandable.pickle"))  # 11 unnamed pools
+    labels = pool_labels(snap)
+    unnamed = [labels[p] for p in pool_order(snap) if p not in snap.pool_names]
+    assert len(unnamed) >= 10 and unnamed == [f"graph pool {n}" for n in range(1, len(unnamed) + 1)]
+    assert {labels[p] for p in snap.pool_names} == set(snap.pool_names.values())  # named pools keep their names
+    listed = [x for x in segment_table(snap).attrs["generated_labels"] if x.startswith("graph pool")]
+    assert listed == sorted(listed, key=natural_order) and listed.index("graph pool 2") < listed.index("graph pool 10")
+    assert sorted(["graph pool 10", "graph pool 2", "graph pool 1"], key=natural_order) == [
+        "graph pool 1", "graph pool 2", "graph pool 10",
+    ]  # fmt: skip

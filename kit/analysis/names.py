@@ -13,9 +13,13 @@ shows:
   first allocated ("... #2"). A stream with no allocation in the trace (or
   none with stack frames) gets a letter in the order the trace first uses it
   ("stream A"): stable only as long as that order is.
-- the default pool (0, 0) is "default pool"; every other pool is a graph
-  pool, numbered in the order its first segment was made ("graph pool 1"),
+- the default pool (0, 0) is "default pool"; every other pool the snapshot
+  does not name is a graph pool, numbered densely in the order its first
+  segment was made ("graph pool 1", 2, ...; named pools take no number),
   pools older than the trace first, by id.
+
+Lists of labels sort naturally (`natural_order`: "graph pool 2" before
+"graph pool 10").
 
 `generated_labels` says which labels the kit made up rather than read from the
 snapshot, so output can say so. `resolve_stream` turns what a user typed (an
@@ -24,6 +28,7 @@ id as `table` prints it, its hex form, or a label) into a stream id.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Mapping
 from functools import wraps
@@ -49,6 +54,7 @@ MODEL_STREAM_LABEL = f"{MODEL_GRAPHS_LABEL} stream"  # a capture stream is named
 REPLAY_STREAM_LABEL = "replay graphs stream"
 SPECULATOR_STREAM_LABEL = f"{SPECULATOR_GRAPHS_LABEL} stream"
 _ALLOC = TRACE_ACTIONS.index("alloc")
+_DIGITS = re.compile(r"(\d+)")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
 
 
@@ -287,13 +293,18 @@ def _pool_labels(snapshot: Snapshot, names: Mapping | None) -> tuple[dict[tuple[
     generated: set[str] = set()
     n = 0
     for pool in pool_order(snapshot):
-        n += 1  # counted over every graph pool, named or not: "graph pool 2" is the second one made
         if pool in given:
             labels[pool] = given[pool]
             continue
+        n += 1  # counted over the unnamed graph pools only: numbers without gaps, in creation order
         labels[pool] = f"graph pool {n}"
         generated.add(labels[pool])
     return labels, generated
+
+
+def natural_order(label: str) -> tuple:
+    """A sort key that orders the numbers inside labels by value: "graph pool 2" before "graph pool 10"."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part.casefold()) for part in _DIGITS.split(label))
 
 
 def generated_labels(snapshot: Snapshot) -> set[str]:

@@ -24,6 +24,7 @@ from kit.analysis.names import (
     DEFAULT_POOL_LABEL,
     FrozenMap,
     generated_labels,
+    natural_order,
     pool_frames,
     pool_labels,
     stream_labels,
@@ -99,7 +100,7 @@ def segment_table(
     table.attrs["source"] = snapshot.source_label
     made_up = generated_labels(snapshot)
     table.attrs["generated_labels"] = sorted(
-        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}
+        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}, key=natural_order
     )
     table.attrs["pool_frames"] = pool_frames(snapshot)  # what went into each graph pool: how `diff` pairs runs
     return table
@@ -154,7 +155,7 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream"
     out.insert(3, "status", status)
     out["stream"] = out["stream"].astype("int64")
     out.attrs["source"] = f"before: {before.attrs.get('source', '?')}; after: {after.attrs.get('source', '?')}"
-    out.attrs["generated_labels"] = sorted(made_up)
+    out.attrs["generated_labels"] = sorted(made_up, key=natural_order)
     out.attrs["by"] = by
     out.attrs["pool_pairs"] = tuple(pool_pairs)  # read-only: pandas deep-copies attrs at every step
     out.attrs["pairing_notes"] = tuple(notes)

@@ -37,7 +37,7 @@ import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL, is_small_request, round_size, round_sizes
 from kit.analysis.frames import user_frame_line
-from kit.analysis.names import generated_labels, pool_labels, stream_labels
+from kit.analysis.names import generated_labels, natural_order, pool_labels, stream_labels
 from kit.analysis.tables import format_bytes
 from kit.analysis.trace.state import TraceWalk
 from kit.analysis.trace.walk import walk_trace
@@ -101,7 +101,7 @@ def reuse_table(snapshot: Snapshot | str | dict, walk: TraceWalk | None = None) 
     table.attrs["source"] = snap.source_label
     made_up = generated_labels(snap)
     table.attrs["generated_labels"] = sorted(
-        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}
+        {x for x in (*table["pool_label"], *table["stream_label"]) if x in made_up}, key=natural_order
     )
     table.attrs["mismatches"] = walk.mismatches
     table.attrs["byte_columns"] = ("new_segment_bytes", "stranded_bytes")
