@@ -58,6 +58,15 @@ def cmd_table(args: argparse.Namespace) -> None:
     snap = load_snapshot(args.snapshot)
     checked_capture_windows(snap)  # a malformed window in the kit key: exit 2, as every command that reads them
     _print_table(segment_table(snap), args.json, NO_SEGMENTS)
+    _expandable_note(snap, args.json)
+
+
+def _expandable_note(snap, as_json: bool) -> None:
+    """Text output: a note under the table when the snapshot's segments are expandable (JSON keeps its rows)."""
+    from kit.analysis.trace.reports import EXPANDABLE_NOTE
+
+    if snap.expandable and not as_json:
+        print(f"note: {EXPANDABLE_NOTE}")
 
 
 def cmd_diff(args: argparse.Namespace) -> None:
@@ -110,6 +119,7 @@ def cmd_reuse(args: argparse.Namespace) -> None:
         sys.stdout.write("\n")
         return
     _print_table(table, False, "no allocations in the trace: nothing was reused or needed a new segment")
+    _expandable_note(snap, False)
     if report.empty:
         print(f"no stranded segments (no group with {format_bytes(args.min_bytes)} or more)")
     for verdict, frames in zip(report["verdict"], report["frames"], strict=True):
@@ -145,6 +155,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         for line in result.lines() + result.allowed_lines():  # offending groups first, then the allowed ones
             print(line)
+        if result.expandable:
+            from kit.analysis.trace.reports import EXPANDABLE_NOTE
+
+            print(f"note: {EXPANDABLE_NOTE}")
         print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
     return 0 if result.ok else 1  # a snapshot it cannot judge (a trace that does not replay) raised: exit 2
 

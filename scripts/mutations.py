@@ -1387,6 +1387,14 @@ MUTATIONS = (
         ("tests/test_tables.py::test_unnamed_graph_pools_are_numbered_without_gaps_and_listed_in_natural_order",),
         "made-up labels are listed in natural order (graph pool 2 before 10)",
     ),
+    Mutation(
+        "expandable_verdict_says_cudamalloc",
+        "kit/analysis/trace/reports.py",
+        "        if expandable\n        else",
+        "        if False\n        else",
+        ("tests/test_expandable.py::test_table_and_reuse_say_when_segments_are_expandable_and_verdicts_say_mapped",),
+        "a verdict on an expandable recording says pages were mapped, not segments cudaMalloc'ed",
+    ),
     # --- what-if --rank (kit/analysis/ranking.py) ---
     Mutation(
         "rank_worst_first",

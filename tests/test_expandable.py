@@ -219,3 +219,20 @@ def test_sim_command_simulates_expandable_segments_with_a_recordings_addresses(t
     recorded = EXPANDABLE / "expandable_305_expandable.pickle"
     assert main(["sim", str(workload), "--expandable-segments", "--addresses-from", str(recorded), "-o", str(out)]) == 0
     assert_reproduces(load_snapshot(out).raw, load_snapshot(recorded).raw)
+
+
+def test_table_and_reuse_say_when_segments_are_expandable_and_verdicts_say_mapped():
+    """A new segment of an expandable recording is a mapping of pages, not a cudaMalloc: the text says so."""
+    from kit.analysis.trace.reports import EXPANDABLE_NOTE, stranding_report
+
+    from .test_tables import run_kit
+
+    path = str(RECORDINGS / "expandable" / "expandable_306_expandable.pickle")
+    assert load_snapshot(path).expandable
+    for command in ("table", "reuse"):
+        assert f"note: {EXPANDABLE_NOTE}" in run_kit(command, path).stdout.splitlines(), command
+    verdicts = stranding_report(path)["verdict"].tolist()
+    assert verdicts and all("of new pages were mapped over the trace" in v for v in verdicts)
+    plain = str(RECORDINGS / "expandable" / "expandable_306.pickle")  # the same workload, the setting off
+    assert not load_snapshot(plain).expandable and "note:" not in run_kit("table", plain).stdout
+    assert all("cudaMalloc'ed" in v for v in stranding_report(plain)["verdict"])

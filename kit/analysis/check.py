@@ -83,6 +83,7 @@ class CheckResult:
     max_stranded: int = 0
     allowed: list[dict] = field(default_factory=list)  # groups that would offend, on a stream `own_stream` allows
     own_stream: tuple[str, ...] = DEFAULT_OWN_STREAM
+    expandable: bool = False  # recorded with expandable_segments:True (a new segment is a mapping: a note says so)
 
     def lines(self) -> list[str]:
         """One line per offending group: pool, stream, stranded bytes, the first stack frames."""
@@ -284,7 +285,9 @@ def check_snapshot(
                     allowed.append({**group, **allowance})
     for groups in (offending, allowed):
         groups.sort(key=lambda g: (tuple(g["pool"]) == DEFAULT_POOL, -g["stranded_bytes"]))  # as the verdicts
-    return CheckResult(not offending, offending, snap.source_label, pools, max_stranded, allowed, patterns)
+    return CheckResult(
+        not offending, offending, snap.source_label, pools, max_stranded, allowed, patterns, snap.expandable
+    )
 
 
 def _no_replay(snap: Snapshot, device: int, mismatches: list[str]) -> str:

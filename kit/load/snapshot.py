@@ -39,6 +39,7 @@ from kit.load.rows import (
     INT64_MAX,
     INT64_MIN,
     MAX_DEVICE,
+    TRACE_ACTIONS,
     Segment,
     TraceEntry,
     capture_window,
@@ -282,6 +283,14 @@ class Snapshot:
     def trace(self) -> tuple[TraceEntry, ...]:
         """All devices' trace entries, device by device."""
         return tuple(e for entries in self.traces.values() for e in entries)
+
+    @cached_property
+    def expandable(self) -> bool:
+        """Whether it was recorded with `expandable_segments:True`: segments mapped and unmapped page by page."""
+        if any(s.is_expandable for s in self.segments):
+            return True
+        mapping = {TRACE_ACTIONS.index(a) for a in ("segment_map", "segment_unmap")}
+        return any(mapping & set(c.action.tolist()) for c in self.trace_columns.values())
 
     @property
     def history(self) -> str:

@@ -159,9 +159,8 @@ def stranding_report(
         row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
         if either >= min_bytes:
             target = int(stranded["other_stream"].mode().min()) if not stranded.empty else None
-            row["verdict"] = _verdict(
-                row, [streams.get(s, str(s)) for s in row["pending_streams"]], target, streams.get(target, str(target))
-            )
+            pending_labels = [streams.get(s, str(s)) for s in row["pending_streams"]]
+            row["verdict"] = _verdict(row, pending_labels, target, streams.get(target, str(target)), snap.expandable)
             rows.append((either, row))
     rows = [row for _, row in sorted(rows, key=_verdict_order)]
     table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
@@ -183,12 +182,19 @@ def _verdict_order(item: tuple[int, dict]) -> tuple:
 
 
 WHY_STREAM = "a free block is handed only to requests on the stream its segment was allocated on"
+EXPANDABLE_NOTE = (
+    "recorded with expandable_segments:True: each (pool, stream) reserves one range that the allocator maps and "
+    "unmaps page by page (2 MiB pages in the small pool, 20 MiB in the large); `table` lists each mapped run of a "
+    "range as a segment, and `reuse` and `check` count each mapping (a range that grew) as a new segment"
+)
 WHY_PENDING = (
     "a block freed after record_stream is handed out only once the streams it was recorded on have reached its free"
 )
 
 
-def _verdict(row: dict, pending_labels: list[str], target: int | None, target_label: str) -> str:
+def _verdict(
+    row: dict, pending_labels: list[str], target: int | None, target_label: str, expandable: bool = False
+) -> str:
     """`graph pool 1, stream of f (x.py:3): 20.00 MiB of new segments were cudaMalloc'ed over the trace ...`.
 
     The figures are cumulative (churn over the trace), then what is still
@@ -197,7 +203,11 @@ def _verdict(row: dict, pending_labels: list[str], target: int | None, target_la
     """
     head = f"{row['pool_label']}, {row['stream_label']}: "
     waited = f"a fitting block waited on record_stream (freed but pending) on {', '.join(pending_labels)}"
-    churn = "of new segments were cudaMalloc'ed over the trace (cumulative churn)"
+    churn = (
+        "of new pages were mapped over the trace (cumulative churn)"
+        if expandable
+        else "of new segments were cudaMalloc'ed over the trace (cumulative churn)"
+    )
     if not row["stranded_bytes"]:
         return head + (
             f"{format_bytes(row['pending_bytes'])} {churn} while {waited}; "
