@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from record_merged import MOVED, ONTO, merged  # noqa: E402  (the same merge as what-if's ground truth)
+
 from kit.allocator.workload import generate_workload  # noqa: E402
 from kit.errors import KitError  # noqa: E402
 from kit.experiments.recorded import trim_frames  # noqa: E402
@@ -40,17 +43,10 @@ from kit.load.unpickle import safe_unpickle  # noqa: E402
 from kit.record.provenance import file_hashes, provenance, require_cuda, write_manifest  # noqa: E402
 
 COMMAND = "python scripts/record_expandable.py --out kit/recordings/expandable"
-MOVED, ONTO = "s2", "s1"
 EXPANDABLE = "expandable_segments:True"
 # (seed, ops, capture rate): a dozen small and middling workloads, each with captures.
 WORKLOADS = [(300 + i, 300 + 120 * i, 0.05) for i in range(12)]
 SETTINGS = {"": None, "_expandable": EXPANDABLE}  # file suffix -> PYTORCH_CUDA_ALLOC_CONF (None: unset)
-
-
-def merged(workload: dict, moved: str = MOVED, onto: str = ONTO) -> dict:
-    """`workload` with every op of stream `moved` made on `onto` (a capture's stream, an allocation's)."""
-    ops = [dict(op, stream=onto) if op.get("stream") == moved else op for op in workload["ops"]]
-    return {"version": 1, "ops": ops}
 
 
 def workloads() -> dict[str, dict]:
