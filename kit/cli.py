@@ -204,7 +204,7 @@ def _rank(args: argparse.Namespace) -> None:
             ],
             "refused": ranked.refused,
             "best": None if ranked.best is None else _what_if_json(ranked.best),
-            "caveat": SHARING_CAVEAT if ranked.best is not None else None,
+            "caveat": SHARING_CAVEAT if ranked.saves else None,
             "source": ranked.source,
         }
         json.dump(out, sys.stdout, indent=1, default=int)

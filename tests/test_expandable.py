@@ -4,8 +4,8 @@
 with stream s2 merged onto s1, each run on an H100 (torch 2.11) with
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (`NAME_expandable.pickle`)
 and without (`NAME.pickle`). The simulator must reproduce every one from its
-workload with the comparison the fidelity corpus uses (`canonical`,
-`trace_events` of tests/test_simulator.py): segments and blocks, and the trace
+workload with the comparison the fidelity corpus uses (`assert_reproduces`
+of tests/test_simulator.py): segments and blocks, and the trace
 entry by entry, `segment_map` and `segment_unmap` included. Like the corpus
 test it takes what the driver chose from the recording: the virtual ranges'
 bases (`recorded_range_bases`) or cudaMalloc's addresses, and the streams'
@@ -40,7 +40,7 @@ from kit.load.snapshot import Snapshot
 from kit.recordings import RECORDINGS
 
 from .helpers import MIB
-from .test_simulator import canonical, trace_events
+from .test_simulator import assert_reproduces
 
 EXPANDABLE = RECORDINGS / "expandable"
 WORKLOADS = sorted(p for p in EXPANDABLE.glob("expandable_*.json"))
@@ -56,15 +56,6 @@ def replay(workload, recorded: dict, expandable: bool) -> dict:
         stream_ids=recorded["kit"]["streams"],
     )
     return sim.snapshot()
-
-
-def assert_reproduces(sim: dict, recorded: dict) -> None:
-    assert canonical(sim) == canonical(recorded)
-    assert sim["kit"]["pools"] == recorded["kit"]["pools"]
-    assert sim["kit"]["graphs"] == recorded["kit"]["graphs"]
-    want, got = trace_events(recorded), trace_events(sim)
-    first = next((i for i, (w, g) in enumerate(zip(want, got, strict=False)) if w != g), min(len(want), len(got)))
-    assert got == want, f"trace differs from entry {first} of {len(want)}: recorded {want[first : first + 3]}"
 
 
 def test_the_recordings_are_there_with_their_settings():

@@ -134,8 +134,8 @@ def best_map(snap: Snapshot) -> dict:
             f"the trace has {events:,} events, over {RANK_EVENTS:,}; `python -m kit what-if FILE --rank` ranks "
             "the maps all the same"
         )
-    ranked = rank_maps(snap)
-    if ranked.best is None:
+    ranked = rank_maps(snap, best_what_if=False)  # the ranking's figures are all the answer states
+    if not ranked.saves:
         return {}
     top = ranked.rows.iloc[0]
     return {"argument": top["argument"], "graph_pool_saved": int(top["graph_pool_saved"]), "text": saving_text(top)}
@@ -144,23 +144,14 @@ def best_map(snap: Snapshot) -> dict:
 def explain(snapshot: Snapshot | str | dict) -> Answer:
     """The answer for `snapshot`, each part computed on its own (module docstring)."""
     snap = load_snapshot(snapshot)
+    found: dict = {}
     missing: dict[str, str] = {}
-    stranded = best = None
-    try:
-        snap.require_trace(0)
-    except KitError as e:
-        reason = str(e).removeprefix(f"{snap.origin}: ")
-        missing = {"stranded": reason, "best_map": reason}
-    else:
-        for name, compute in (("stranded", graph_pool_stranding), ("best_map", best_map)):
-            try:
-                value = compute(snap)
-            except KitError as e:
-                missing[name] = str(e).removeprefix(f"{snap.origin}: ")
-                continue
-            if name == "stranded":
-                stranded = value
-            else:
-                best = value
+    for name, compute in (("stranded", graph_pool_stranding), ("best_map", best_map)):
+        try:
+            snap.require_trace(0)  # without a trace, each part says so
+            found[name] = compute(snap)
+        except KitError as e:
+            missing[name] = str(e).removeprefix(f"{snap.origin}: ")
+    best = found.get("best_map")
     caveat = SHARING_CAVEAT if best else None
-    return Answer(snap.source_label, biggest_pools(snap), stranded, best, caveat, missing)
+    return Answer(snap.source_label, biggest_pools(snap), found.get("stranded"), best, caveat, missing)

@@ -51,19 +51,24 @@ class RankedMaps:
     """Every map `rank_maps` tried, best first (`rows`), the full what-if of the best (`best`), and the refused."""
 
     rows: pd.DataFrame  # map, argument, graph_pool_saved, default_pool_saved, saved (pool -> bytes), moves
-    best: WhatIf | None  # None where no map saves graph-pool bytes
+    best: WhatIf | None  # None where no map saves graph-pool bytes, or where it was not asked for
     refused: list[str] = field(default_factory=list)
     source: str = ""
+
+    @property
+    def saves(self) -> bool:
+        """Whether the best map saves graph-pool bytes."""
+        return len(self.rows) > 0 and self.rows.iloc[0]["graph_pool_saved"] > 0
 
     def lines(self, limit: int = 10) -> list[str]:
         """The ranking, one line per map (the first `limit`), then the best map, or why there is none."""
         out = [f"ranked by graph-pool bytes saved, each map simulated from the trace ({len(self.rows)} maps):"]
-        for rank, row in enumerate(self.rows.head(limit).itertuples(index=False), 1):
-            out.append(f"  {rank}. --map {row.argument}: {saving_text(row)}")
+        for rank, row in enumerate(self.rows.head(limit).to_dict(orient="records"), 1):
+            out.append(f"  {rank}. --map {row['argument']}: {saving_text(row)}")
         if len(self.rows) > limit:
             out.append(f"  ... {len(self.rows) - limit} more (--json lists them all)")
         out += [f"  refused: {line}" for line in self.refused]
-        if self.best is None:
+        if not self.saves:
             out.append("no map saves graph-pool bytes: every graph pool is as small as moving streams can make it")
         else:
             top = self.rows.iloc[0]
@@ -72,10 +77,9 @@ class RankedMaps:
         return out
 
 
-def saving_text(row) -> str:
+def saving_text(row: Mapping) -> str:
     """`saves 176.00 MiB of graph pool (graph pool 3 (3, 0): 90.00 MiB, ...); default pool: no change`."""
-    get = row.get if isinstance(row, Mapping | pd.Series) else row._asdict().get
-    graph, default, per_pool = get("graph_pool_saved"), get("default_pool_saved"), get("saved")
+    graph, default, per_pool = row["graph_pool_saved"], row["default_pool_saved"], row["saved"]
     parts = [f"{pool_name}: {_signed(b)}" for pool_name, b in per_pool.items() if b and pool_name != DEFAULT_POOL_LABEL]
     head = f"{_signed(graph)} of graph pool" if graph else "no graph-pool change"
     return f"{head}{' (' + ', '.join(parts) + ')' if parts else ''}; default pool: {_signed(default) or 'no change'}"
@@ -107,8 +111,9 @@ def candidate_maps(streams_by_pool: Mapping[tuple[int, int], list[int]]) -> list
     return list(maps.values())
 
 
-def rank_maps(snapshot: Snapshot | str | dict) -> RankedMaps:
-    """Every candidate map of the snapshot's graph pools, simulated, best first; the best one's full what-if."""
+def rank_maps(snapshot: Snapshot | str | dict, *, best_what_if: bool = True) -> RankedMaps:
+    """Every candidate map of the snapshot's graph pools, simulated, best first; with `best_what_if`, the best
+    one's full what-if (its corrections and placement spread: several more simulations)."""
     snap = load_snapshot(snapshot)
     walk = walk_trace(snap)
     labels, pools = stream_labels(snap), pool_labels(snap)
@@ -147,11 +152,11 @@ def rank_maps(snapshot: Snapshot | str | dict) -> RankedMaps:
         ascending=[False, True, False, False, True],
     )
     table = table.drop(columns=["_moved", "_strander"]).reset_index(drop=True)
-    best = None
-    if len(table) and table.iloc[0]["graph_pool_saved"] > 0:
-        best = what_if(snap, table.iloc[0]["moves"])
     source = f"simulator (every map of the trace of {snap.source_label})"
-    return RankedMaps(table, best, refused, source)
+    ranked = RankedMaps(table, None, refused, source)
+    if best_what_if and ranked.saves:
+        ranked.best = what_if(snap, table.iloc[0]["moves"])
+    return ranked
 
 
 def _pool_name(pools: Mapping[tuple, str], pool: tuple[int, int]) -> str:

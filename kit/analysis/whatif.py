@@ -137,17 +137,6 @@ def _refuse_captures_on_the_default_stream(snap: Snapshot, moves: Mapping[int, i
             )
 
 
-def _require_simulable(snap: Snapshot, device: int) -> tuple:
-    return snap.require_trace(device)
-
-
-def _is_expandable(snap: Snapshot, entries) -> bool:
-    """Whether the recording ran with expandable_segments:True (its segments are mapped page by page)."""
-    return any(e.action in ("segment_map", "segment_unmap") for e in entries) or any(
-        s.is_expandable for s in snap.segments
-    )
-
-
 def _require_nothing_mapped_before(snap: Snapshot, entries) -> None:
     """Refuse a trace of expandable segments that allocates in pages it never mapped (they were mapped before it).
 
@@ -348,9 +337,9 @@ def _run_trace(
 ) -> tuple:
     """The trace run on the simulator from its rewound start, `moves` applied: the simulator, the stream labels,
     the workspaces left out, and the workspaces found."""
-    entries = _require_simulable(snap, device)
+    entries = snap.require_trace(device)
     labels = stream_labels(snap)
-    expandable = _is_expandable(snap, entries)
+    expandable = snap.expandable
     if expandable:
         _require_nothing_mapped_before(snap, entries)
         seeded = []
@@ -448,8 +437,8 @@ def _recorded_pool_at(recorded_pool: Mapping[int, tuple], address: int) -> tuple
     """The pool of the segment at `address`; an unmap's address may be inside pages mapped from below it."""
     if address in recorded_pool:
         return recorded_pool[address]
-    starts = sorted(a for a in recorded_pool if a <= address)
-    return recorded_pool[starts[-1]] if starts else DEFAULT_POOL
+    start = max((a for a in recorded_pool if a <= address), default=None)
+    return DEFAULT_POOL if start is None else recorded_pool[start]
 
 
 def _pool_of_next_alloc(entries, start: int, pool_of: Mapping[int, tuple]) -> tuple[int, int]:
@@ -480,7 +469,7 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     ['global graph pool (0, 1): 108.00 MiB reserved as recorded, 66.00 MiB predicted (saves 42.00 MiB)']
     """
     snap = load_snapshot(snapshot)
-    _require_simulable(snap, 0)
+    snap.require_trace(0)
     moves = resolve_stream_map(snap, stream_map)
     walk = walk_trace(snap)
     _refuse_captures_on_the_default_stream(snap, moves, walk)
@@ -492,7 +481,7 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
     saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
     corrections = _baseline_differences(recorded, baseline, walk.device)
-    if _is_expandable(snap, snap.require_trace(walk.device)):
+    if snap.expandable:
         corrections.append(EXPANDABLE_CAVEAT)
     spread = placement_spread(snap, moves, walk, after)
     corrections += _spread_lines(snap, spread, after)

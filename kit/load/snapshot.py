@@ -30,6 +30,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kit import progress
 from kit.errors import KitError, as_text, describe
 from kit.load import cache as caches
@@ -289,8 +291,8 @@ class Snapshot:
         """Whether it was recorded with `expandable_segments:True`: segments mapped and unmapped page by page."""
         if any(s.is_expandable for s in self.segments):
             return True
-        mapping = {TRACE_ACTIONS.index(a) for a in ("segment_map", "segment_unmap")}
-        return any(mapping & set(c.action.tolist()) for c in self.trace_columns.values())
+        mapping = [TRACE_ACTIONS.index(a) for a in ("segment_map", "segment_unmap")]
+        return any(np.isin(c.action, mapping).any() for c in self.trace_columns.values())
 
     @property
     def history(self) -> str:

@@ -211,7 +211,8 @@ def decompress_bounded(source: bytes | IO[bytes], compressed_bytes: int, where: 
             f"{where}: a damaged {kind} file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         ) from None
     data = b"".join(chunks)
-    inner = readable_compression(data[:HEAD_BYTES]) or (_compression(data[:HEAD_BYTES]) or (None,))[0]
+    head = data[:HEAD_BYTES]
+    inner = readable_compression(head) or next(iter(_compression(head) or ()), None)
     if inner:
         raise KitError(f"{where}: {inner} inside {kind}; not a snapshot")
     return data
@@ -301,13 +302,8 @@ def load_file(path: Path, on_read: Callable[[int], object] | None = None) -> Any
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
-            kind = readable_compression(head)
-            if kind:  # read compressed: decompressed in memory, bounded
-                f.seek(0)
-                data = decompress_bounded(f, os.fstat(f.fileno()).st_size, str(path), kind)
-                if not data:
-                    raise KitError(f"{path}: empty once decompressed")
-                return decode_snapshot(data, str(path))
+            if readable_compression(head):  # decompressed in memory, bounded, by the same path as bytes
+                return decode_snapshot(head + f.read(), str(path))
             refuse_other_formats(head, str(path), f)
             if not head or head.lstrip()[:1] in (b"{", b"[") or head[:1] != b"\x80":
                 return decode_snapshot(head + f.read(), str(path))  # JSON, or not a pickle at all
