@@ -2,7 +2,7 @@
 
 The public API: what the notebooks, the README and the docs call as `kit.X`, by idea.
 - snapshots: `load_snapshot`, `Snapshot`
-- tables: `segment_table`, `diff_tables`, `diff_summary`, `style_table`, `format_bytes`
+- tables: `segment_table`, `diff_tables`, `diff_summary`, `pool_summary`, `style_table`, `format_bytes`
 - names: `stream_labels`, `pool_labels` (the same everywhere, stable across processes)
 - pictures: `group_bar_figure`, `segment_map_figure`, `show_in` (plotly, imported on use)
 - report: `write_report`
@@ -32,7 +32,7 @@ from kit.analysis.liveness import liveness_table
 from kit.analysis.names import pool_labels, stream_labels
 from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
 from kit.analysis.readwrite import readwrite_table
-from kit.analysis.tables import diff_summary, diff_tables, format_bytes, segment_table, style_table
+from kit.analysis.tables import diff_summary, diff_tables, format_bytes, pool_summary, segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_report
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, simulate_trace, what_if
@@ -48,6 +48,7 @@ __all__ = [
     "segment_table",
     "diff_tables",
     "diff_summary",
+    "pool_summary",
     "style_table",
     "format_bytes",
     "stream_labels",

@@ -70,7 +70,7 @@ def _expandable_note(snap, as_json: bool) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> None:
-    from kit.analysis.tables import diff_summary, diff_tables, segment_table
+    from kit.analysis.tables import diff_summary, diff_tables, pool_summary, segment_table
 
     by = "label" if args.by_label else "stream"
     diff = diff_tables(segment_table(args.before), segment_table(args.after), by=by)
@@ -80,16 +80,19 @@ def cmd_diff(args: argparse.Namespace) -> None:
             f"and pool order), not names the programs gave: {'; '.join(diff.attrs['paired_generated'])}",
             file=sys.stderr,
         )
-    notes = diff.attrs["pairing_notes"]  # how each graph pool was paired, and which ones paired with none
+    notes = diff.attrs["pairing_notes"]  # pools paired by content or under another label, and pools paired with none
     shown = 20  # a process with hundreds of graph pools would bury the rest
     for note in notes[:shown]:
         print(f"kit: warning: {note}", file=sys.stderr)
     if len(notes) > shown:
         print(
-            f"kit: warning: --by-label made {len(notes) - shown} more pool pairings or non-pairings "
-            "like these (all in kit.diff_tables(...).attrs['pairing_notes'])",
+            f"kit: warning: {len(notes) - shown} more pool pairings or non-pairings like these "
+            "(all in kit.diff_tables(...).attrs['pairing_notes'])",
             file=sys.stderr,
         )
+    if args.pools:
+        _print_table(pool_summary(diff), args.json)
+        return
     _print_table(diff, args.json)
     if not args.json:
         for line in diff_summary(diff):
@@ -225,8 +228,7 @@ def _what_if_json(result) -> dict:
         "predicted": table_records(result.predicted),
         "baseline": table_records(result.baseline),
         "saved": [
-            {"pool": list(p), "pool_label": result.pools.get(p, str(p)), "bytes": b}
-            for p, b in result.saved.items()
+            {"pool": list(p), "pool_label": result.pools.get(p, str(p)), "bytes": b} for p, b in result.saved.items()
         ],
         "map": [
             {"from": a, "from_label": result.labels[a], "to": b, "to_label": result.labels[b]}
@@ -237,8 +239,8 @@ def _what_if_json(result) -> dict:
         "spread": None
         if result.spread is None
         else [{"pool": list(p), "low": lo, "high": hi} for p, (lo, hi) in result.spread.items()],
-    "caveat": SHARING_CAVEAT if result.stream_map else None,
-    "source": result.predicted.attrs["source"],
+        "caveat": SHARING_CAVEAT if result.stream_map else None,
+        "source": result.predicted.attrs["source"],
     }
 
 
@@ -456,7 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--by-label",
         action="store_true",
-        help="match groups by stream label and graph pools by role, not id (snapshots of two processes)",
+        help="match streams by label, not id (snapshots of two processes); pools pair by id and content either way",
+    )
+    p.add_argument(
+        "--pools",
+        action="store_true",
+        help="one row per pool: how it was paired, reserved before and after, the saving (with --json too)",
     )
     p.set_defaults(func=cmd_diff)
 

@@ -490,25 +490,49 @@ MUTATIONS = (
         ("tests/test_check.py::test_every_device_with_a_trace_is_checked",),
         "check walks every device that has a trace, not the first only",
     ),
-    # -- diff --by-label pairs graph pools by role and content (the leftover-pool issue)
+    # -- diff pairs graph pools by id and content, never by their number (the leftover-pool and moved-work issues)
     Mutation(
         "diff_pairs_graph_pools_by_their_number",
-        "kit/analysis/tables.py",
-        "            score = _likeness(b, a)\n",
-        "            score = (3, True) if b.label == a.label else _likeness(b, a)\n",
+        "kit/analysis/pairing.py",
+        "            score = likeness(b, a)\n",
+        "            score = (3, True) if b.label == a.label else likeness(b, a)\n",
         ("tests/test_diff_pairing.py::test_a_leftover_pool_numbered_first_is_not_paired_with_the_real_one",),
         "a leftover pool made first takes number 1: pairing by the number pairs it with the real pool",
     ),
     Mutation(
         "diff_guesses_among_equally_matching_pools",
-        "kit/analysis/tables.py",
+        "kit/analysis/pairing.py",
         "if tops_b[kb] == [ka] and tops_a[ka] == [kb]]",
         "if tops_b[kb][0] == ka and tops_a[ka][0] == kb]",
+        ("tests/test_diff_pairing.py::test_content_that_matches_two_pools_equally_leaves_the_pool_unpaired_not_refused",),
+        "two pools that match one equally cannot be told apart: the pool stays unpaired rather than take the first",
+    ),
+    Mutation(
+        "diff_pairs_one_id_whatever_its_captures",
+        "kit/analysis/pairing.py",
+        "        return bool(b.frames & a.frames)\n",
+        "        return True\n",
+        ("tests/test_diff_pairing.py::test_a_leftover_pool_numbered_first_is_not_paired_with_the_real_one",),
+        "an id whose captures differ on the two sides is two pools (a leftover took it): content pairs them",
+    ),
+    Mutation(
+        "diff_never_pairs_by_id",
+        "kit/analysis/pairing.py",
+        "        if a is None or a.role == \"default\" or not ids_agree(b, a):\n",
+        "        if True:\n",
         (
-            "tests/test_diff_pairing.py::test_a_leftover_holding_the_same_captures_is_refused_not_guessed",
-            "tests/test_diff_pairing.py::test_two_indistinguishable_leftovers_for_one_are_refused",
+            "tests/test_diff_pairing.py::test_recorded_runs_where_work_moved_pair_every_pool_as_its_graphs_say",
+            "tests/test_diff_pairing.py::test_a_leftover_holding_the_same_captures_is_paired_by_id_with_a_warning",
         ),
-        "two pools that match one equally cannot be told apart: diff refuses rather than take the first",
+        "where work moved between streams only the id tells pools apart: content alone leaves them unpaired",
+    ),
+    Mutation(
+        "diff_labels_a_pool_pair_by_each_sides_own_number",
+        "kit/analysis/tables.py",
+        '    out["pool_label"] = merged["_pool_key"].map(shown)\n',
+        '    out["pool_label"] = merged["pool_label_after"].fillna(merged["pool_label_before"])\n',
+        ("tests/test_diff_pairing.py::test_recorded_runs_where_work_moved_pair_every_pool_as_its_graphs_say",),
+        "one pool numbered differently in two runs is one pool: its summary is one line, not a saving and a cost",
     ),
     # -- labels from a snapshot are text wherever they are rendered as HTML ("stream of  (file.py:46)")
     Mutation(

@@ -201,13 +201,14 @@ def test_a_window_with_no_graph_pool_allocation_is_skipped_not_ended_before_it_b
     assert not any(op.get("graph") == "empty" for op in ops)
 
 
-def test_diff_by_label_matches_graph_pools_by_role_across_processes(tmp_path):
+def test_diff_by_label_matches_graph_pools_by_id_and_streams_by_label_across_processes(tmp_path):
     before, after = segment_table(plain("two_streams.pickle")), segment_table(plain("shared_stream.pickle"))
     diff = diff_tables(before, after, by="label")
     pool = diff[diff["pool_label"] == "graph pool 1"]
     assert pool["reserved_before"].sum() == 108 * MIB and pool["reserved_after"].sum() == 66 * MIB
     assert "graph pool 1: 108.00 MiB reserved before, 66.00 MiB after (saved 42.00 MiB)" in diff_summary(diff)
-    assert "graph pool 1" in diff.attrs["paired_generated"]
+    assert [p["paired_by"] for p in diff.attrs["pool_pairs"] if p["label"] == "graph pool 1"] == ["id"]
+    assert "stream of forward (demo.py:28)" in diff.attrs["paired_generated"]
     for name, snap in (("a", plain("two_streams.pickle")), ("b", plain("shared_stream.pickle"))):
         import pickle
 

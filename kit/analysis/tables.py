@@ -12,9 +12,7 @@ Column contract (`docs/commands.md`): `pool` (two ints), `stream` (int), `segmen
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 
 import pandas as pd
@@ -30,7 +28,7 @@ from kit.analysis.names import (
     stream_labels,
     trace_stream_order,
 )
-from kit.errors import KitError
+from kit.analysis.pairing import PoolPairing, pair_pools, pairing_reason
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
 
@@ -109,37 +107,36 @@ def segment_table(
 def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream") -> pd.DataFrame:
     """Each group's change from `before` to `after`.
 
-    Groups match on (device, pool, stream) by default: two snapshots of one
-    process. Stream and pool ids differ between processes, so to compare two
-    runs match on labels instead (`by="label"`): streams by their label, and
-    graph pools by role and content (`pair_pools`), never by the "graph pool
-    N" the kit numbers them with: a pool left over from an earlier run would
-    take another's number. `diff_summary` says per pool what the change saved.
+    Graph pools pair first (`kit.analysis.pairing.pair_pools`): by id where
+    id, role and content agree, by content where ids moved, never by the
+    "graph pool N" the kit numbers them with, which changes between runs as
+    soon as work moves between streams. Within a pool pair, groups match on
+    stream id by default (`by="stream"`: two snapshots of one process, or
+    runs whose stream ids agree), or on stream label (`by="label"`: two
+    processes, whose stream ids differ). `diff_summary` and `pool_summary`
+    say per pool what the change saved.
 
     Figures hold the change (after minus before); `<figure>_before` and
     `<figure>_after` hold both sides. `status` is `changed`, `same`, `added`
-    (only after) or `removed` (only before). By label, `attrs["pool_pairs"]`
-    says how each pool pair was made and `attrs["pairing_notes"]` what a reader
-    should be told about it; a pairing that cannot be told raises `KitError`.
+    (only after) or `removed` (only before). `attrs["pool_pairs"]` says how
+    each pool pair was made and `attrs["pairing_notes"]` what a reader should
+    be told about it; a pool that cannot be told from another stays on its
+    side, with a note.
     """
     if by not in ("stream", "label"):
         raise ValueError(f"by must be 'stream' or 'label', not {by!r}")
     made_up = set(before.attrs.get("generated_labels", ())) | set(after.attrs.get("generated_labels", ()))
-    notes: list[str] = []
-    pool_pairs: list[dict] = []
-    if by == "stream":
-        key = ["device", "pool", "stream"]
-    else:
-        key = ["device", "_pool_key", "stream_label"]
-        pairs, only_before, only_after = pair_pools(before, after)
-        before, after, shown, pool_pairs, notes = _keyed_by_pairing(before, after, pairs, only_before, only_after)
+    key = ["device", "_pool_key", "stream" if by == "stream" else "stream_label"]
+    pairing = pair_pools(before, after)
+    before, after, shown, pool_pairs, notes = _keyed_by_pairing(before, after, pairing)
     merged = before.merge(after, on=key, how="outer", suffixes=("_before", "_after"), indicator=True)
-    out = merged[[k for k in key if k != "_pool_key"]].copy()
-    for other in ("pool", "stream", "pool_label", "stream_label"):
+    out = merged[["device"]].copy()
+    for other in ("pool", "stream", "stream_label"):
         if other not in key:
             out[other] = merged[f"{other}_after"].where(merged[f"{other}_after"].notna(), merged[f"{other}_before"])
-    if by == "label":
-        out["pool_label"] = merged["_pool_key"].map(shown)
+        else:
+            out[other] = merged[other]
+    out["pool_label"] = merged["_pool_key"].map(shown)
     out = out[["device", "pool", "stream", "pool_label", "stream_label"]]
     for fig in FIGURES:
         b = merged[f"{fig}_before"].fillna(0).astype("int64")
@@ -160,203 +157,73 @@ def diff_tables(before: pd.DataFrame, after: pd.DataFrame, *, by: str = "stream"
     out.attrs["pool_pairs"] = tuple(pool_pairs)  # read-only: pandas deep-copies attrs at every step
     out.attrs["pairing_notes"] = tuple(notes)
     paired = out[out["status"].isin(["changed", "same"])]
-    pools_paired = {p["label"] for p in pool_pairs if p["before_label"] in made_up or p["after_label"] in made_up}
+    by_content = [p for p in pool_pairs if p["paired_by"] in ("captures", "streams", "role")]
+    pools_paired = {p["label"] for p in by_content if p["before_label"] in made_up or p["after_label"] in made_up}
     out.attrs["paired_generated"] = sorted(
         ({x for x in paired["stream_label"] if x in made_up} | pools_paired) if by == "label" else set()
     )
-    order = ["device", "pool", "stream"] if by == "stream" else ["device", "pool_label", "stream_label"]
-    return out.sort_values(order).reset_index(drop=True)
+    out["_order"] = [natural_order(x) for x in out["pool_label"]]
+    sort = ["device", "_order", "stream" if by == "stream" else "stream_label"]
+    return out.sort_values(sort).drop(columns="_order").reset_index(drop=True)
+
+
+def pool_summary(diff: pd.DataFrame) -> pd.DataFrame:
+    """One row per pool of a `diff_tables` result: how it was paired, reserved before and after, the saving.
+
+    Columns: `device`, `pool_label`, `before` and `after` (the pool's ids on
+    each side, None on the side it is missing from), `paired_by` (as in
+    `attrs["pool_pairs"]`, or `only before` / `only after`), `reserved_before`,
+    `reserved_after` and `saved` (before minus after; 0 for a pool on one
+    side only: its bytes are no saving or cost of the change).
+    """
+    pairs = {(p["device"], p["label"]): p for p in diff.attrs.get("pool_pairs", ())}
+    rows = []
+    for (device, label), group in diff.groupby(["device", "pool_label"], sort=False):
+        before, after = int(group["reserved_before"].sum()), int(group["reserved_after"].sum())
+        pair = pairs.get((device, label))
+        if pair is not None:
+            ids, how, saved = (pair["before"], pair["after"]), pair["paired_by"], before - after
+        else:
+            only = "after" if (group["status"] == "added").all() else "before"
+            pool = tuple(int(x) for x in group["pool"].iloc[0])
+            ids, how, saved = ((None, pool) if only == "after" else (pool, None)), f"only {only}", 0
+        rows.append((int(device), label, *ids, how, before, after, saved))
+    columns = ["device", "pool_label", "before", "after", "paired_by", "reserved_before", "reserved_after", "saved"]
+    out = pd.DataFrame(rows, columns=columns)
+    out.attrs["source"] = diff.attrs.get("source")
+    out.attrs["byte_columns"] = ("saved",)
+    return out
 
 
 def diff_summary(diff: pd.DataFrame) -> list[str]:
     """One line per pool of a `diff_tables` result: reserved before and after, and what the change saved.
 
-    By label, a pool paired with none on the other side says so: its bytes are
-    no saving or cost of the change, only a pool one snapshot has.
+    A pool paired with none on the other side says so: its bytes are no
+    saving or cost of the change, only a pool one snapshot has.
     """
     lines = []
-    for label, rows in diff.groupby("pool_label", sort=False):
-        before, after = int(rows["reserved_before"].sum()), int(rows["reserved_after"].sum())
-        saved = before - after
-        change = f"saved {format_bytes(saved)}" if saved > 0 else f"cost {format_bytes(-saved)}" if saved else "same"
-        if diff.attrs.get("by") == "label" and label not in {p["label"] for p in diff.attrs.get("pool_pairs", ())}:
-            change = f"no pool {'before' if (rows['status'] == 'added').all() else 'after'} pairs with it"
-        lines.append(f"{label}: {format_bytes(before)} reserved before, {format_bytes(after)} after ({change})")
+    for row in pool_summary(diff).itertuples(index=False):
+        before, after, saved = row.reserved_before, row.reserved_after, row.saved
+        if row.paired_by.startswith("only "):
+            change = f"no pool {'before' if row.paired_by == 'only after' else 'after'} pairs with it"
+        else:
+            change = (
+                f"saved {format_bytes(saved)}" if saved > 0 else f"cost {format_bytes(-saved)}" if saved else "same"
+            )
+        lines.append(
+            f"{row.pool_label}: {format_bytes(before)} reserved before, {format_bytes(after)} after ({change})"
+        )
     return lines
 
 
-# --- pairing pools of two runs (diff by label) -------------------------------------
-
-_ORDINAL = re.compile(r" #\d+$")  # "stream of f (x.py:3) #2": the second stream whose first allocation was there
-_LETTER = re.compile(r"stream [A-Z]+")  # a stream with no frame: named by order alone
-
-
-@dataclass(frozen=True)
-class PoolSide:
-    """One pool of one table as `pair_pools` sees it."""
-
-    device: int
-    pool: tuple[int, int]
-    label: str
-    generated: bool  # a label the kit made up ("graph pool 2"), not one the snapshot gives
-    role: str  # "default"; "handle": (0, n), from graph_pool_handle(); "private": (n, 0), a capture's own
-    frames: frozenset[str]  # user frames of the allocations that went into it (`names.pool_frames`)
-    streams: frozenset[str]  # the streams holding its segments, as content: no order-made letters or "#2"
-    groups: tuple  # its rows, ids and figures: an unchanged pool of one process
-
-    @property
-    def key(self) -> tuple[int, tuple[int, int]]:
-        return (self.device, self.pool)
-
-    def named(self) -> str:
-        where = f" on device {self.device}" if self.device else ""
-        return f"{self.label} ({self.pool[0]}, {self.pool[1]}){where}"
-
-
-def pool_sides(table: pd.DataFrame) -> dict[tuple[int, tuple[int, int]], PoolSide]:
-    """Each (device, pool) of a `segment_table` with its role and content."""
-    made_up = set(table.attrs.get("generated_labels", ()))
-    frames = table.attrs.get("pool_frames") or {}
-    rows: dict[tuple[int, tuple[int, int]], list] = {}
-    columns = [table[c] for c in ("device", "pool", "pool_label", "stream", "stream_label", *FIGURES)]
-    for row in zip(*columns, strict=True):
-        pool = (int(row[1][0]), int(row[1][1]))
-        rows.setdefault((int(row[0]), pool), []).append(row)
-    out = {}
-    for (device, pool), group in rows.items():
-        label = str(group[0][2])
-        role = "default" if pool == DEFAULT_POOL else "handle" if pool[0] == 0 else "private"
-        streams = {_stream_content(str(r[4]), made_up) for r in group} - {None}
-        ids = tuple(sorted((int(r[3]), str(r[4]), *(int(x) for x in r[5:])) for r in group))
-        out[device, pool] = PoolSide(
-            device,
-            pool,
-            label,
-            label in made_up,
-            role,
-            frozenset(frames.get((device, pool), ())),
-            frozenset(streams),
-            ids,
-        )
-    return out
-
-
-def _stream_content(label: str, made_up: set[str]) -> str | None:
-    """What a stream label says of the program: a given name as is; a generated one without its order."""
-    if label not in made_up:
-        return label
-    if _LETTER.fullmatch(label):
-        return None
-    return _ORDINAL.sub("", label)
-
-
-def _likeness(b: PoolSide, a: PoolSide) -> tuple[int, bool] | None:
-    """How well two pools' contents match: (evidence, exact), higher is better; None when they cannot pair.
-
-    Evidence 2: the frames of what went into them (the trace's); 1: the
-    streams that hold their segments, where one lacks frames; 0: role alone,
-    where neither has frames or a stream told by more than order. Pools of
-    another device or role, or whose contents share nothing, never pair.
-    """
-    if b.device != a.device or b.role != a.role or b.role == "default":
-        return None
-    for evidence, x, y in ((2, b.frames, a.frames), (1, b.streams, a.streams)):
-        if x and y:
-            return (evidence, x == y) if x & y else None
-    if not (b.frames or b.streams or a.frames or a.streams):
-        return (0, True)
-    return None
-
-
-PAIRED_BY = {2: "captures", 1: "streams", 0: "role"}
-
-
-def pair_pools(
-    before: pd.DataFrame, after: pd.DataFrame
-) -> tuple[list[tuple[PoolSide, PoolSide, str]], list[PoolSide], list[PoolSide]]:
-    """Which pool of `after` is which of `before`: (pairs, each with how it was made; before only; after only).
-
-    In turn: the default pools; pools the snapshots name alike (the kit's
-    recorders, `pool_names=`); a pool of one process unchanged (same id, same
-    groups); then by content, never by the order pools were made: a pool
-    pairs with the one whose content (`_likeness`) matches it best when each
-    is the other's only best. Where two match equally, the pairing cannot be
-    told, and `KitError` says so rather than guess. A pool matching none is
-    on one side only.
-    """
-    free_b, free_a = pool_sides(before), pool_sides(after)
-    pairs: list[tuple[PoolSide, PoolSide, str]] = []
-
-    def take(kb, ka, how: str) -> None:
-        pairs.append((free_b.pop(kb), free_a.pop(ka), how))
-
-    for kb, b in list(free_b.items()):
-        if b.role == "default":
-            if kb in free_a:
-                take(kb, kb, "default")
-            continue
-        if not b.generated:
-            alike = [k for k, a in free_a.items() if a.device == b.device and a.label == b.label and not a.generated]
-            if len(alike) == 1:
-                take(kb, alike[0], "name")
-    for kb, b in list(free_b.items()):
-        a = free_a.get(kb)
-        if a is not None and a.role != "default" and a.groups == b.groups:
-            take(kb, kb, "same pool")
-    edges = {}
-    for kb, b in free_b.items():
-        for ka, a in free_a.items():
-            score = _likeness(b, a)
-            if score is not None:
-                edges[kb, ka] = score
-    while edges:
-        best_b: dict = {}
-        best_a: dict = {}
-        for (kb, ka), score in edges.items():
-            best_b[kb] = max(best_b.get(kb, score), score)
-            best_a[ka] = max(best_a.get(ka, score), score)
-        tops_b: dict = {}
-        tops_a: dict = {}
-        for (kb, ka), score in edges.items():
-            if score == best_b[kb]:
-                tops_b.setdefault(kb, []).append(ka)
-            if score == best_a[ka]:
-                tops_a.setdefault(ka, []).append(kb)
-        mutual = [(kb, ka) for (kb, ka) in edges if tops_b[kb] == [ka] and tops_a[ka] == [kb]]
-        if not mutual:
-            raise KitError(_ambiguity(edges, tops_b, tops_a, free_b, free_a))
-        for kb, ka in mutual:
-            take(kb, ka, PAIRED_BY[edges[kb, ka][0]])
-        edges = {k: s for k, s in edges.items() if k[0] in free_b and k[1] in free_a}
-    return pairs, list(free_b.values()), list(free_a.values())
-
-
-def _ambiguity(edges: dict, tops_b: dict, tops_a: dict, free_b: dict, free_a: dict) -> str:
-    """One line: which pool matches several of the other side equally, on what, and what to do instead."""
-    top = max(edges.values())
-    tied = [(k, v, "before", "after", free_b, free_a) for k, v in tops_b.items() if len(v) > 1]
-    tied += [(k, v, "after", "before", free_a, free_b) for k, v in tops_a.items() if len(v) > 1]
-    tied.sort(key=lambda t: -int(edges[(t[0], t[1][0]) if t[2] == "before" else (t[1][0], t[0])] == top))
-    key, candidates, side, other, mine, theirs = tied[0]
-    score = edges[(key, candidates[0]) if side == "before" else (candidates[0], key)]
-    what = {2: "captures (allocation frames)", 1: "streams", 0: "role (no frames or named streams to tell them by)"}
-    how = f"{'the same' if score[1] else 'overlapping'} {what[score[0]]}" if score[0] else what[0]
-    names = " and ".join(theirs[k].named() for k in candidates)
-    return (
-        f"diff --by-label cannot tell which pool {other} is {side}'s {mine[key].named()}: {names} match it "
-        f"equally ({how}); refusing to guess. Name the pools (the snapshot's kit key 'pools', or "
-        "segment_table(pool_names=...)) or diff by pool and stream id (without --by-label)"
-    )
-
-
-def _keyed_by_pairing(before, after, pairs, only_before, only_after):
+def _keyed_by_pairing(before: pd.DataFrame, after: pd.DataFrame, pairing: PoolPairing):
     """Both tables with `_pool_key` (one per pool pair, one per unpaired pool), each key's label, and notes."""
     key_b: dict = {}
     key_a: dict = {}
     shown: dict[str, str] = {}
     pool_pairs: list[dict] = []
     notes: list[str] = []
-    for n, (b, a, how) in enumerate(pairs):
+    for n, (b, a, how) in enumerate(pairing.pairs):
         key = f"pair {n}"
         key_b[b.key] = key_a[a.key] = key
         shown[key] = b.label if b.label == a.label else f"{b.label} (after: {a.label})"
@@ -373,38 +240,25 @@ def _keyed_by_pairing(before, after, pairs, only_before, only_after):
                 }
             )
         )
-        if how in ("captures", "streams", "role", "same pool"):
-            reason = _pairing_reason(b, a, how)
-            notes.append(f"--by-label paired before's {b.named()} with after's {a.named()} {reason}")
-    labels_b = {p.label for p in (*(b for b, _, _ in pairs), *only_before)}
-    labels_a = {p.label for p in (*(a for _, a, _ in pairs), *only_after)}
-    sides = (("before", only_before, key_b, labels_a), ("after", only_after, key_a, labels_b))
+        if how in ("captures", "streams", "role"):
+            notes.append(f"paired before's {b.named()} with after's {a.named()} {pairing_reason(b, a, how)}")
+    notes.extend(pairing.notes)
+    labels_b = {p.label for p in (*(b for b, _, _ in pairing.pairs), *pairing.only_before)}
+    labels_a = {p.label for p in (*(a for _, a, _ in pairing.pairs), *pairing.only_after)}
+    sides = (("before", pairing.only_before, key_b, labels_a), ("after", pairing.only_after, key_a, labels_b))
     for side, lonely, keys, others in sides:
         for p in lonely:
             key = f"{side} {p.device} {p.pool}"
             keys[p.key] = key
             shown[key] = p.label if p.label not in others else f"{p.label} (only {side})"
             other = "after" if side == "before" else "before"
-            notes.append(f"--by-label found no pool {other} to pair with {side}'s {p.named()}: shown as {side} only")
+            notes.append(f"found no pool {other} to pair with {side}'s {p.named()}: shown as {side} only")
     before, after = before.assign(_pool_key=_keys(before, key_b)), after.assign(_pool_key=_keys(after, key_a))
     return before, after, shown, pool_pairs, notes
 
 
 def _keys(table: pd.DataFrame, keys: dict) -> list[str]:
     return [keys[int(d), (int(p[0]), int(p[1]))] for d, p in zip(table["device"], table["pool"], strict=True)]
-
-
-def _pairing_reason(b: PoolSide, a: PoolSide, how: str) -> str:
-    if how == "same pool":
-        return "by id: the same pool of one process, unchanged"
-    if how == "role":
-        return f"by role alone (the only {b.role} pool left on each side; neither has frames or named streams)"
-    x, y = (b.frames, a.frames) if how == "captures" else (b.streams, a.streams)
-    common = sorted(x & y)
-    shown = "; ".join(common[:3]) + (f"; and {len(common) - 3} more" if len(common) > 3 else "")
-    what = "captures (allocation frames)" if how == "captures" else "streams"
-    extent = "the same" if x == y else f"{len(common)} of {len(x | y)}"
-    return f"by content: {extent} {what}: {shown}"
 
 
 def table_records(table: pd.DataFrame) -> list[dict]:
