@@ -25,6 +25,7 @@ from kit.units import GIB
 
 def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty") -> None:
     """The source line, then the table (bytes in binary units); `--json`: its rows. No rows: the `empty` line."""
+    from kit.analysis.names import naming_hint
     from kit.analysis.tables import byte_columns, format_bytes, table_records
 
     if as_json:
@@ -44,6 +45,9 @@ def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty
             "labels made by the kit (streams from their first allocation's frame, graph pools in the order "
             f"they were made): {'; '.join(made_up)}"
         )
+        hint = naming_hint(made_up)
+        if hint:
+            print(f"hint: {hint}")
     print(shown.to_string(index=False))
 
 

@@ -504,7 +504,9 @@ MUTATIONS = (
         "kit/analysis/pairing.py",
         "if tops_b[kb] == [ka] and tops_a[ka] == [kb]]",
         "if tops_b[kb][0] == ka and tops_a[ka][0] == kb]",
-        ("tests/test_diff_pairing.py::test_content_that_matches_two_pools_equally_leaves_the_pool_unpaired_not_refused",),
+        (
+            "tests/test_diff_pairing.py::test_content_that_matches_two_pools_equally_leaves_the_pool_unpaired_not_refused",
+        ),
         "two pools that match one equally cannot be told apart: the pool stays unpaired rather than take the first",
     ),
     Mutation(
@@ -518,7 +520,7 @@ MUTATIONS = (
     Mutation(
         "diff_never_pairs_by_id",
         "kit/analysis/pairing.py",
-        "        if a is None or a.role == \"default\" or not ids_agree(b, a):\n",
+        '        if a is None or a.role == "default" or not ids_agree(b, a):\n',
         "        if True:\n",
         (
             "tests/test_diff_pairing.py::test_recorded_runs_where_work_moved_pair_every_pool_as_its_graphs_say",
@@ -708,17 +710,21 @@ MUTATIONS = (
     Mutation(
         "capture_attribution_counts_the_segment_made_at_its_end",
         "kit/analysis/attribution.py",
-        'inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] < w["trace_end"])]',
-        'inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] <= w["trace_end"])]',
-        ("tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",),
+        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]',
+        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] <= window["trace_end"])]',
+        (
+            "tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",
+        ),
         "a window's end is exclusive: the segment made at it is the next one's",
     ),
     Mutation(
         "capture_attribution_skips_the_segment_made_at_its_begin",
         "kit/analysis/attribution.py",
-        'inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] < w["trace_end"])]',
-        'inside = made[(made["index"] > w["trace_begin"]) & (made["index"] < w["trace_end"])]',
-        ("tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",),
+        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]',
+        'inside = made[(made["index"] > window["trace_begin"]) & (made["index"] < window["trace_end"])]',
+        (
+            "tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",
+        ),
         "a window's begin is inclusive: the segment made at it is the window's",
     ),
     Mutation(
@@ -958,7 +964,7 @@ MUTATIONS = (
         "kit/recordings/safety/PROVENANCE.json",
         '"command": "python -m kit.experiments.safety_run --preset small --out kit/recordings/safety"',
         # The old name, split so that the layout test does not take it for a module the project names.
-        '"command": "python -m kit' '.experiments.pairings --preset small --out kit/recordings/safety"',
+        '"command": "python -m kit.experiments.pairings --preset small --out kit/recordings/safety"',
         ("tests/test_commands_exist.py",),
         "every command a recording's provenance names runs (its --help exits 0)",
     ),
@@ -975,7 +981,9 @@ MUTATIONS = (
         "kit/record/readwrite.py",
         "        exact = element_spans(t)",
         "        exact = [byte_span(t)]",
-        ("tests/test_readwrite.py::test_a_strided_copy_into_one_column_rewrites_that_column_and_not_the_gaps_between_its_elements",),
+        (
+            "tests/test_readwrite.py::test_a_strided_copy_into_one_column_rewrites_that_column_and_not_the_gaps_between_its_elements",
+        ),
         "a copy_ into one column writes that column's elements, not the gaps between them (which hold carried values)",
     ),
     Mutation(
@@ -1029,8 +1037,8 @@ MUTATIONS = (
     Mutation(
         "readwrite_verdict_hides_the_unseen_writer",
         "kit/analysis/readwrite.py",
-        "    if not unseen and not blind:\n        return \"\"",
-        "    if True:\n        return \"\"",
+        '    if not unseen and not blind:\n        return ""',
+        '    if True:\n        return ""',
         ("tests/test_readwrite.py",),
         "a pairing's verdict and the summary say what was written outside the dispatcher",
     ),
@@ -1117,8 +1125,8 @@ MUTATIONS = (
     Mutation(
         "graph_pool_ranges_count_the_default_pool",
         "kit/analysis/invariant.py",
-        "        if tuple(s.get(\"segment_pool_id\", DEFAULT_POOL)) != DEFAULT_POOL",
-        "        if s.get(\"segment_pool_id\") is not None",
+        '        if tuple(s.get("segment_pool_id", DEFAULT_POOL)) != DEFAULT_POOL',
+        '        if s.get("segment_pool_id") is not None',
         ("tests/test_invariant.py",),
         "a segment of pool (0, 0) is not the graph pool: no replay capture can take its blocks",
     ),
@@ -1149,7 +1157,7 @@ MUTATIONS = (
     Mutation(
         "safety_json_without_the_invariant",
         "kit/experiments/safety_run.py",
-        "        pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, \"readwrite_holds\")}})",
+        '        pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}})',
         "        pairs.append(pair)",
         ("tests/test_invariant.py",),
         "kit safety --json gives each pairing the invariant's graph-pool bytes and verdict (None: not recorded)",
@@ -1236,8 +1244,8 @@ MUTATIONS = (
     Mutation(
         "old_recording_power_counted_as_shown",
         "kit/experiments/power.py",
-        '    return isinstance(value, bool | np.bool_) and bool(value)',
-        '    return value is None or (isinstance(value, bool | np.bool_) and bool(value))',
+        "    return isinstance(value, bool | np.bool_) and bool(value)",
+        "    return value is None or (isinstance(value, bool | np.bool_) and bool(value))",
         ("tests/test_safety_run.py", "tests/test_safety_recording.py", "tests/test_vllm_safety.py"),
         "a recording made before the positive control has no power: none of its pairings is shown",
     ),
@@ -1277,7 +1285,7 @@ MUTATIONS = (
         "vllm_stand_in_hands_out_nested_early_aux_weak",
         "kit/experiments/vllm_standin.py",
         '    if aux_return != "flat" or BreakableCUDAGraphCapture.current() is None:',
-        '    if BreakableCUDAGraphCapture.current() is None:',
+        "    if BreakableCUDAGraphCapture.current() is None:",
         ("tests/test_vllm_safety.py::test_the_early_aux_leaves_a_captured_forward_weak_only_when_returned_flat",),
         "on vLLM's path the early aux leaves a capture weak only in the hypothetical flat scenarios",
     ),
@@ -1459,7 +1467,7 @@ MUTATIONS = (
         "_matches(p, printed, whole=True)",
         "_matches(p, printed, whole=False)",
         ("tests/test_check.py::test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob",),
-        "a part of a made-up label (\"stream\") names no stream",
+        'a part of a made-up label ("stream") names no stream',
     ),
     Mutation(
         "own_stream_pattern_naming_nothing_passes_silently",
@@ -1468,6 +1476,47 @@ MUTATIONS = (
         "    if False:\n        raise KitError(_no_such_stream(snap, unmatched))",
         ("tests/test_check.py::test_own_stream_takes_the_label_the_kit_prints_the_stream_id_and_a_glob",),
         "a pattern that names no stream is an error naming the streams",
+    ),
+    # -- labels and colours (issue 36, item 6)
+    Mutation(
+        "stream_colours_cycle_a_short_palette",
+        "kit/show/pictures.py",
+        "        out[key] = next(palette, None) or _spare_colour(n, set(out.values()))\n",
+        "        out[key] = OTHER_STREAM_COLOURS[n % 6]\n",
+        ("tests/test_colours.py::test_every_stream_of_a_segment_map_has_its_own_colour_and_the_first_ones_look_apart",),
+        "past a few streams two streams of one figure shared a colour",
+    ),
+    Mutation(
+        "default_stream_coloured_by_its_label_only",
+        "kit/show/pictures.py",
+        "        if (key == 0 and not isinstance(key, bool)) or label == DEFAULT_STREAM_LABEL:\n",
+        "        if label == DEFAULT_STREAM_LABEL:\n",
+        ("tests/test_colours.py::test_the_recorded_default_stream_is_not_drawn_like_s1",),
+        "a default stream a recorder named 'default' was drawn in a palette colour, next to s1's",
+    ),
+    Mutation(
+        "no_hint_for_lettered_streams",
+        "kit/analysis/names.py",
+        "    if not lettered:\n        return None\n",
+        "    return None\n",
+        ("tests/test_tables.py::test_streams_with_no_frame_to_name_them_come_with_a_hint_to_record_frames",),
+        "streams named 'stream A' come with the hint that recording frames would name them",
+    ),
+    Mutation(
+        "attribution_takes_other_streams_eager_allocations",
+        "kit/analysis/attribution.py",
+        '    if "pool" not in window or "stream" not in window or inside.empty:\n',
+        "    if True:\n",
+        ("tests/test_attribution.py::test_an_inferred_window_never_takes_another_streams_eager_allocations",),
+        "a capture window takes what its capture made, not the default stream's eager segments made meanwhile",
+    ),
+    Mutation(
+        "attribution_drops_captures_that_added_nothing",
+        "kit/analysis/attribution.py",
+        '        if not groups and "pool" in w and "stream" in w:',
+        "        if False:",
+        ("tests/test_attribution.py::test_every_capture_is_listed_so_their_numbers_have_no_gaps",),
+        "a capture that added no segment is listed with 0, so the numbers shown have no gaps",
     ),
 )
 

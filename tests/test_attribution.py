@@ -12,13 +12,22 @@ before the second. The shipped recordings' inferred windows are checked in
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
-from kit.analysis.attribution import SEGMENT_FREE, capture_windows, infer_capture_windows
+from kit.analysis.attribution import (
+    SEGMENT_FREE,
+    capture_attribution,
+    capture_table,
+    capture_windows,
+    infer_capture_windows,
+)
 from kit.analysis.trace.walk import walk_trace
-from kit.load.snapshot import Snapshot
+from kit.load.snapshot import Snapshot, load_snapshot
 
 from .helpers import KIB, MIB, segment
 
@@ -175,3 +184,39 @@ def test_an_empty_cache_right_after_a_capture_parts_it_from_the_next():
     first, second = windows
     assert snap.trace_columns[0].action[first["trace_end"]] == SEGMENT_FREE  # the entry right after the window
     assert first["capture"] != second["capture"] and first["index"] == second["index"] == 0
+
+
+# --- what a window takes (issue 36: another stream's eager allocations; captures that added nothing) ---------
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "kit" / "recordings"
+
+
+def test_an_inferred_window_never_takes_another_streams_eager_allocations():
+    snap = load_snapshot(RECORDINGS / "plain" / "replay_graphs_separate.pickle")  # H200, no recorded windows
+    made = walk_trace(snap).new_segments
+    windows = capture_windows(snap)
+    assert windows and all(w["inferred"] for w in windows)
+    eager = [  # the default stream's own segments, made while a capture ran: the case the window used to take
+        (i, w["graph"])
+        for w in windows
+        for i, pool, stream in zip(made["index"], made["pool"], made["stream"], strict=True)
+        if w["trace_begin"] <= i < w["trace_end"] and tuple(pool) == (0, 0) and stream != w["stream"]
+    ]
+    assert len(eager) == 4
+    taken = capture_attribution(snap)
+    assert set(taken["pool_label"]) == {"graph pool 1"} and set(taken["stream"]) == {w["stream"] for w in windows}
+    table = capture_table(snap)
+    assert list(table["break_segment_bytes"]) == [0, 0]  # one graph each: no eager break to have added anything
+
+
+def test_every_capture_is_listed_so_their_numbers_have_no_gaps():
+    snap = load_snapshot(RECORDINGS / "merged" / "merged_200.pickle")
+    taken = capture_attribution(snap)
+    numbers: dict[str, set[int]] = {}
+    for graph in taken["graph"]:
+        found = re.match(r"(.+) capture (\d+) on ", graph)
+        numbers.setdefault(found.group(1), set()).add(int(found.group(2)))
+    assert numbers["p0"] == set(range(1, 16))  # 15 captures into p0, several of which added no segment
+    assert all(n == set(range(1, len(n) + 1)) for n in numbers.values())
+    assert (taken["bytes"] == 0).sum() >= 5
+    assert set(taken["graph"]) == {w["graph"] for w in capture_windows(snap)}

@@ -204,3 +204,25 @@ def test_unnamed_graph_pools_are_numbered_without_gaps_and_listed_in_natural_ord
     assert sorted(["graph pool 10", "graph pool 2", "graph pool 1"], key=natural_order) == [
         "graph pool 1", "graph pool 2", "graph pool 10",
     ]  # fmt: skip
+
+
+def test_streams_with_no_frame_to_name_them_come_with_a_hint_to_record_frames(tmp_path):
+    import pickle
+
+    from kit.recordings import RECORDINGS
+    from kit.show.report import write_report
+
+    path = RECORDINGS / "plain" / "two_captures_separate.pickle"
+    raw = safe_unpickle(path.read_bytes())
+    for entry in raw["device_traces"][0]:
+        entry["frames"] = []  # recorded with stacks off: nothing names the capture streams
+    bare = tmp_path / "bare.pickle"
+    bare.write_bytes(pickle.dumps(raw))
+    done = run_kit("table", str(bare))
+    assert done.returncode == 0, done.stderr
+    hint = next(line for line in done.stdout.splitlines() if line.startswith("hint: "))
+    assert hint.startswith("hint: stream A, stream B: no stack frame in the trace names them")
+    assert "_record_memory_history(stacks='python')" in hint
+    assert "hint:" not in run_kit("table", str(path)).stdout  # frames recorded: every stream is named by one
+    write_report(load_snapshot(bare), tmp_path / "bare.html")
+    assert "no stack frame in the trace names them" in (tmp_path / "bare.html").read_text()

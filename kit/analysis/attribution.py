@@ -15,7 +15,11 @@ in `attrs["inferred"]`; they cannot tell two graphs captured back to back on
 one stream into one pool apart.
 
 `capture_table` gives one row per capture, `capture_attribution` one row per
-(graph, pool, stream) with the segments each graph's window added.
+(graph, pool, stream) with the segments each graph's window added, and one
+row of 0 for a graph that added none (so captures read 1, 2, 3, not 1, 4).
+A window takes only what its capture made: segments of its pool (streams
+forked from the capture allocate there too) or of its own stream, never the
+eager segments another stream made while it ran.
 `captures_by_name` and `is_replay_capture` are how every other analysis reads
 the windows.
 
@@ -208,7 +212,7 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
     rows = []
     for name, mine in captures.items():
         first, last, pool = mine[0], mine[-1], tuple(mine[0]["pool"])
-        inside = made[(made["index"] >= first["trace_begin"]) & (made["index"] < last["trace_end"])]
+        inside = _made_by(made, {**first, "trace_end": last["trace_end"]})
         in_pool = inside["pool"].map(lambda p, pool=pool: tuple(p) == pool).astype(bool)
         rows.append(
             {
@@ -243,10 +247,12 @@ def _inferred(snapshot: Snapshot) -> bool:
 
 
 def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | None = None) -> pd.DataFrame:
-    """Segments and bytes each capture added, per (pool, stream) group.
+    """Segments and bytes each capture added, per (pool, stream) group; a capture that added none, one row of 0.
 
     `windows` are dicts with `graph`, `trace_begin` and `trace_end` (trace
     indices); by default the snapshot's own, or inferred (`capture_windows`).
+    A window with a `pool` and `stream` takes only what its capture made
+    (`_made_by`), not what other streams allocated eagerly meanwhile.
     """
     snap = load_snapshot(snapshot)
     inferred = windows is None and _inferred(snap)
@@ -256,23 +262,41 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     pools = pool_labels(snap)
     rows = []
     for w in windows:
-        inside = made[(made["index"] >= w["trace_begin"]) & (made["index"] < w["trace_end"])]
-        for (pool, stream), group in inside.groupby(["pool", "stream"], sort=True):
+        inside = _made_by(made, w)
+        groups = [
+            (tuple(pool), int(stream), len(g), int(g["size"].sum()))
+            for (pool, stream), g in inside.groupby(["pool", "stream"], sort=True)
+        ]
+        if not groups and "pool" in w and "stream" in w:  # a capture that added nothing is listed all the same
+            groups = [(tuple(w["pool"]), int(w["stream"]), 0, 0)]
+        for pool, stream, segments, size in groups:
             rows.append(
                 {
                     "graph": w["graph"],
                     "pool": pool,
-                    "stream": int(stream),
-                    "pool_label": pools.get(tuple(pool), pool_label(pool)),
+                    "stream": stream,
+                    "pool_label": pools.get(pool, pool_label(pool)),
                     "stream_label": labels.get(stream, str(stream)),
-                    "segments": len(group),
-                    "bytes": int(group["size"].sum()),
+                    "segments": segments,
+                    "bytes": size,
                 }
             )
     table = pd.DataFrame(rows, columns=["graph", "pool", "stream", "pool_label", "stream_label", "segments", "bytes"])
     table.attrs["source"] = snap.source_label + (", capture windows inferred from the trace" if inferred else "")
     table.attrs["inferred"] = inferred
     return table
+
+
+def _made_by(made: pd.DataFrame, window: dict) -> pd.DataFrame:
+    """The segments made within a window that its capture made: in its pool (any stream: forked streams
+    allocate there too) or on its stream; never another stream's eager allocations, nor another capture's.
+    A window that names no pool and stream (one a caller wrote) takes everything made within it."""
+    inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]
+    if "pool" not in window or "stream" not in window or inside.empty:
+        return inside
+    pool = tuple(window["pool"])
+    mine = inside["pool"].map(lambda p: tuple(p) == pool).astype(bool) | (inside["stream"] == window["stream"])
+    return inside[mine]
 
 
 def replay_captures_added(snapshot: Snapshot | str | dict, pool: tuple[int, int]) -> pd.DataFrame:

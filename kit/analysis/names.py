@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import wraps
 from typing import TypeVar
 from weakref import WeakKeyDictionary
@@ -305,6 +305,22 @@ def _pool_labels(snapshot: Snapshot, names: Mapping | None) -> tuple[dict[tuple[
 def natural_order(label: str) -> tuple:
     """A sort key that orders the numbers inside labels by value: "graph pool 2" before "graph pool 10"."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part.casefold()) for part in _DIGITS.split(label))
+
+
+LETTERED = re.compile(r"stream [A-Z]+")  # a stream named by the order it appears: no frame to name it by
+
+
+def naming_hint(labels: Collection[str]) -> str | None:
+    """What to do when some streams are only lettered ("stream A"): record frames; None when none is."""
+    lettered = sorted((x for x in labels if LETTERED.fullmatch(x)), key=natural_order)
+    if not lettered:
+        return None
+    shown = ", ".join(lettered[:4]) + (f" and {len(lettered) - 4} more" if len(lettered) > 4 else "")
+    return (
+        f"{shown}: no stack frame in the trace names {'it' if len(lettered) == 1 else 'them'}; record with "
+        "torch.cuda.memory._record_memory_history(stacks='python') from before the streams first allocate, and "
+        "each is named by its first allocation's frame"
+    )
 
 
 def generated_labels(snapshot: Snapshot) -> set[str]:

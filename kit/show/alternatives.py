@@ -31,7 +31,7 @@ from pandas.io.formats.style import Styler
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import format_bytes, style_table
 from kit.markup import html_text
-from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in
+from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in, stream_colours
 from kit.units import MIB
 
 MAIN = ("unpatched", "pr", "share_all")
@@ -218,14 +218,16 @@ def pool_figure(table: pd.DataFrame, selected: str) -> go.Figure:
     names = list(table["scenario"])
     opacity = [1.0 if name == selected else DIMMED for name in names]
     fig = go.Figure()
-    for stream in streams_of(table):
+    streams = streams_of(table)
+    colours = stream_colours({s: s for s in streams})
+    for stream in streams:
         values = [by_stream.get(stream, 0) for by_stream in table["by_stream"]]
         fig.add_bar(
             y=names,
             x=[v / MIB for v in values],
             name=html_text(stream),
             orientation="h",
-            marker=dict(color=STREAM_COLOURS.get(stream, "#95a5a6"), opacity=opacity),
+            marker=dict(color=colours[stream], opacity=opacity),
             hovertext=[format_bytes(v) for v in values],
             hovertemplate="%{y}: %{hovertext} on the " + html_text(stream) + "<extra></extra>",
         )

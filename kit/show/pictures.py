@@ -11,17 +11,20 @@ names, category labels and hover text as HTML, so every label and source from
 the snapshot is escaped (`kit.markup`) before it goes into a figure.
 
 The colours and names every figure of the kit shares live here: `MIB`, the
-block states' (`STATE_COLOURS`), the streams' (`stream_colour`: the kit's
-named streams fixed, others from a palette kept clear of `MARK_COLOURS`, the
-step-through's outlines). `FigureWidget` is plotly's widget sized to its cell
-(plotly's own sizes itself once, before JupyterLab attaches it: 700 px).
+block states' (`STATE_COLOURS`), the streams' (`stream_colours`: the default
+stream and the kit's named streams fixed, every other stream of a figure a
+colour of its own, kept clear of `MARK_COLOURS`, the step-through's
+outlines). `FigureWidget` is plotly's widget sized to its cell (plotly's own
+sizes itself once, before JupyterLab attaches it: 700 px).
 """
 
 from __future__ import annotations
 
+import colorsys
+import itertools
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,15 +62,76 @@ STREAM_COLOURS = {  # the kit's stream names; no red (refused) nor black (taken)
     REPLAY_STREAM_LABEL: "#e67e22",
     SPECULATOR_STREAM_LABEL: "#8e44ad",
 }
-OTHER_STREAM_COLOURS = ("#16a085", "#d4ac0d", "#6c3483", "#1abc9c", "#935116", "#5d6d7e")
+DISTINCT = 25.0  # CIE76 distance two stream colours of one figure keep at least, where the palette allows
 
 
-def stream_colour(label: str, others: dict[str, str] | None = None) -> str:
-    """A stream's colour: the kit's named streams fixed, any other the next of `OTHER_STREAM_COLOURS` (in `others`)."""
-    if label in STREAM_COLOURS:
-        return STREAM_COLOURS[label]
-    others = {} if others is None else others
-    return others.setdefault(label, OTHER_STREAM_COLOURS[len(others) % len(OTHER_STREAM_COLOURS)])
+def stream_colours(labels: Mapping[Hashable, str]) -> dict[Hashable, str]:
+    """A colour for every stream of one figure, no two alike.
+
+    The default stream (id 0, whatever a recorder named it) and the kit's
+    named streams keep their fixed colours; every other stream takes, in
+    order, the next of `OTHER_STREAM_COLOURS` (plotly's qualitative palettes,
+    less any colour within `DISTINCT` of a fixed colour, a mark or another),
+    and past those a hue of its own (`_spare_colour`).
+    """
+    out: dict[Hashable, str] = {}
+    rest = []
+    for key, label in labels.items():
+        if (key == 0 and not isinstance(key, bool)) or label == DEFAULT_STREAM_LABEL:
+            out[key] = STREAM_COLOURS[DEFAULT_STREAM_LABEL]
+        elif label in STREAM_COLOURS:
+            out[key] = STREAM_COLOURS[label]
+        else:
+            rest.append(key)
+    palette = iter(c for c in OTHER_STREAM_COLOURS if c not in out.values())
+    for n, key in enumerate(rest):
+        out[key] = next(palette, None) or _spare_colour(n, set(out.values()))
+    return out
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """#rrggbb as CIE L*a*b* (D65): the space where distance is how different two colours look."""
+    rgb = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (((v + 0.055) / 1.055) ** 2.4 if v > 0.04045 else v / 12.92 for v in rgb)
+    xyz = (
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+    )
+    fx, fy, fz = (t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in xyz)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def colour_distance(x: str, y: str) -> float:
+    """How different two #rrggbb colours look (CIE76: 2.3 is just noticeable)."""
+    return float(np.linalg.norm(np.subtract(_lab(x), _lab(y))))
+
+
+def _palette() -> tuple[str, ...]:
+    """Plotly's qualitative colours a stream may take: none too light to hatch, none like a fixed one or another."""
+    marks = ("#000000", "#c0392b")  # MARK_COLOURS: an outline must never look like a stream
+    out: list[str] = []
+    for colour in (c.lower() for c in (*plotly.colors.qualitative.Dark24, *plotly.colors.qualitative.Alphabet)):
+        if (
+            _lab(colour)[0] < 80  # free blocks are drawn in a tint of it: white would hide them
+            and all(colour_distance(colour, k) >= 2 * DISTINCT for k in marks)
+            and all(colour_distance(colour, k) >= DISTINCT for k in (*STREAM_COLOURS.values(), *out))
+        ):
+            out.append(colour)
+    return tuple(out)
+
+
+def _spare_colour(n: int, taken: set[str]) -> str:
+    """A colour past the palette: hues a golden angle apart, at three lightnesses, never one already taken."""
+    for k in itertools.count(n):
+        h, light = (k * 0.618034) % 1.0, (0.35, 0.5, 0.65)[k % 3]
+        colour = "#" + "".join(f"{round(v * 255):02x}" for v in colorsys.hls_to_rgb(h, light, 0.75))
+        if colour not in taken:
+            return colour
+    raise AssertionError("unreachable")
+
+
+OTHER_STREAM_COLOURS = _palette()
 
 
 def lighter(colour: str, share: float) -> str:
@@ -260,8 +324,7 @@ def _bars(
 
 def _add_bars(fig: go.Figure, bars: dict[tuple[int, str], dict[str, list]], labels: dict[int, str]) -> None:
     """One trace per (stream, block state): the stream's colour, lighter and hatched for free blocks."""
-    others: dict[str, str] = {}
-    colour = {sid: stream_colour(label, others) for sid, label in labels.items()}
+    colour = stream_colours(labels)
     for (sid, state), bar in sorted(bars.items(), key=lambda kv: (labels.get(kv[0][0], ""), kv[0][1])):
         name, share, pattern = STATE_STYLE[state]
         fig.add_bar(

@@ -39,7 +39,7 @@ import plotly.offline
 
 from kit.analysis.answer import explain
 from kit.analysis.attribution import capture_attribution
-from kit.analysis.names import pool_labels
+from kit.analysis.names import naming_hint, pool_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_report
 from kit.analysis.whatif import WhatIf, reserved_by_pool, what_if
@@ -149,6 +149,9 @@ def _segments_section(snapshot: Snapshot) -> str:
             "labels made by the kit (streams from their first allocation's frame, graph pools in the order "
             f"they were made): {'; '.join(made_up)}"
         )
+        hint = naming_hint(made_up)
+        if hint:
+            body += _note(f"hint: {hint}")
     return _section("Segments by (pool, stream)", "kit.analysis.tables.segment_table", snapshot.source_label, body)
 
 
