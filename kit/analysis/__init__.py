@@ -3,6 +3,8 @@
 - `names`: labels for streams and pools that hold across processes, and
   streams as users type them;
 - `tables`: the segment-by-stream table per (pool, stream) group, diffs;
+- `pairing`: which graph pool of one snapshot is which of another (`diff`):
+  by id where id, role and captures agree, by content where ids moved;
 - `trace`: the walk that infers how every allocation of a trace was served
   (`trace.walk.walk_trace`) and its reports (`trace.reports`: reuse,
   stranding);

@@ -309,4 +309,4 @@ def replay_captures_added(snapshot: Snapshot | str | dict, pool: tuple[int, int]
     replay = [c for c in checked_capture_windows(snap) if is_replay_capture(c.get("manager", ""))]
     window = [{**replay[0], "trace_end": replay[-1]["trace_end"]}] if replay else []
     added = capture_attribution(snap, window)
-    return added[added["pool"] == pool] if len(added) else added
+    return added[(added["pool"] == pool) & (added["bytes"] > 0)] if len(added) else added
