@@ -593,6 +593,18 @@ class CachingAllocatorSim:
                 prev_mapped, b = b.mapped, b.next
         return heads
 
+    def reserved_by_pool(self) -> dict[tuple[int, int], int]:
+        """Bytes reserved per pool now: what `snapshot()` would show, without building it."""
+        out: dict[tuple[int, int], int] = {}
+        for head in self._segment_heads().values():
+            b, total = head, 0
+            while b is not None and b.mapped:
+                total += b.size
+                b = b.next
+            pool = tuple(head.pool)
+            out[pool] = out.get(pool, 0) + total
+        return out
+
     def snapshot(self) -> dict:
         """The state as `torch.cuda.memory._snapshot()` would return it, plus the `kit` key."""
         segments = []

@@ -39,6 +39,7 @@ import random
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 import pandas as pd
 
@@ -194,6 +195,18 @@ EXPANDABLE_CAVEAT = (
 )
 
 
+_REWOUND: WeakKeyDictionary = WeakKeyDictionary()  # snapshot -> {device: rewound_segments}: every try seeds the same
+
+
+def _rewound(snap: Snapshot, device: int) -> list[tuple]:
+    """`rewound_segments` of a snapshot's device, computed once while the snapshot lives (the simulator only reads
+    them)."""
+    done = _REWOUND.setdefault(snap, {})
+    if device not in done:
+        done[device] = rewound_segments(snap, snap.require_trace(device), device)
+    return done[device]
+
+
 def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
     """The segments when the trace began: (address, size, pool, stream, small, {block: size}, {block: requested}).
 
@@ -345,7 +358,7 @@ def _run_trace(
         seeded = []
         recorded = range_bases((e.action, e.addr, e.size) for e in entries)
     else:
-        seeded = rewound_segments(snap, entries, device)
+        seeded = _rewound(snap, device)
         recorded = [e.addr for e in entries if e.action == "segment_alloc"]
     top = max([a + s for a, s, *_ in seeded] + [e.addr + e.size for e in entries] + [0])
     sim = _TraceSim(recorded, top, placement, expandable)
@@ -421,7 +434,8 @@ def _graph_pools_freed(entries, start: int, recorded_pool: Mapping[int, tuple]) 
     mapped, a simulated segment at a recorded address can be another pool's.
     """
     pools = set()
-    for e in entries[start:]:
+    for i in range(start, len(entries)):  # by index: a slice would copy the rest of the trace at every empty_cache
+        e = entries[i]
         if e.action not in RELEASES:
             break
         pool = _recorded_pool_at(recorded_pool, e.addr)
@@ -536,8 +550,7 @@ def placement_spread(
     if len(snap.require_trace(walk.device)) > SPREAD_EVENTS:
         return None
     tries = [predicted] + [
-        reserved_by_pool(segment_table(simulate_trace(snap, moves, walk=walk, placement=placement)))
-        for placement in PLACEMENTS
+        _run_trace(snap, moves, walk, walk.device, placement)[0].reserved_by_pool() for placement in PLACEMENTS
     ]
     spread = {}
     for pool in sorted(set().union(*tries)):
