@@ -605,8 +605,11 @@ class CachingAllocatorSim:
             out[pool] = out.get(pool, 0) + total
         return out
 
-    def snapshot(self) -> dict:
-        """The state as `torch.cuda.memory._snapshot()` would return it, plus the `kit` key."""
+    def snapshot(self, *, trace: bool = True) -> dict:
+        """The state as `torch.cuda.memory._snapshot()` would return it, plus the `kit` key.
+
+        `trace=False` leaves the trace out (an empty one): for a caller that reads the segments only.
+        """
         segments = []
         for address, head in sorted(self._segment_heads().items()):
             b = head
@@ -639,13 +642,13 @@ class CachingAllocatorSim:
                     "blocks": blocks,
                 }
             )
-        trace = [
+        entries = [
             {"action": a, "addr": addr, "size": size, "stream": stream, "time_us": i, "frames": []}
-            for i, (a, addr, size, stream) in enumerate(self.trace)
+            for i, (a, addr, size, stream) in enumerate(self.trace if trace else ())
         ]
         return {
             "segments": segments,
-            "device_traces": [trace],
+            "device_traces": [entries],
             "allocator_settings": {},
             "kit": {
                 "source": "simulator",

@@ -30,10 +30,10 @@ import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import DEFAULT_POOL_LABEL, pool_labels, stream_labels
-from kit.analysis.tables import format_bytes, pool_label, segment_table
+from kit.analysis.tables import format_bytes, pool_label
 from kit.analysis.trace.reports import map_argument, stranding_report
 from kit.analysis.trace.walk import walk_trace
-from kit.analysis.whatif import WhatIf, reserved_by_pool, simulate_trace, what_if
+from kit.analysis.whatif import WhatIf, baseline_table, reserved_by_pool, simulated_reserved, what_if
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
 
@@ -117,7 +117,7 @@ def rank_maps(snapshot: Snapshot | str | dict, *, best_what_if: bool = True) -> 
     snap = load_snapshot(snapshot)
     walk = walk_trace(snap)
     labels, pools = stream_labels(snap), pool_labels(snap)
-    baseline = segment_table(simulate_trace(snap, {}, walk=walk), stream_names=None)
+    baseline = baseline_table(snap, walk)
     before = reserved_by_pool(baseline)
     rows, refused = [], []
     report = stranding_report(snap, walk, min_bytes=1)
@@ -127,7 +127,7 @@ def rank_maps(snapshot: Snapshot | str | dict, *, best_what_if: bool = True) -> 
     for moves in candidate_maps(capture_streams(baseline)):
         argument = " --map ".join(map_argument(labels[a], a, labels[b], b) for a, b in moves.items())
         try:
-            after = reserved_by_pool(segment_table(simulate_trace(snap, moves, walk=walk), stream_names=None))
+            after = simulated_reserved(snap, moves, walk)
         except KitError as e:
             refused.append(f"--map {argument}: {str(e).removeprefix(f'{snap.origin}: ')}")
             continue

@@ -523,9 +523,7 @@ def replay_writes(recording: ReadWriteRecording | Iterable, size: int) -> list[P
     """Every byte range replay graph `size` writes (the hulls of writes too large to list in full included)."""
     recording = _recording(recording)
     return [
-        Piece(a.start, a.end, a.op, a.phase.label)
-        for a in recording.of(REPLAY, size)
-        if a.kind in (WRITE, MAY_WRITE)
+        Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(REPLAY, size) if a.kind in (WRITE, MAY_WRITE)
     ]
 
 
@@ -795,9 +793,7 @@ def drafter_table(
     drafters = {d: _ranges(recording.of(DRAFTER, d), WRITE, MAY_WRITE) for d in recording.sizes(DRAFTER)}
     drafter_pieces = {
         d: [
-            Piece(a.start, a.end, a.op, a.phase.label)
-            for a in recording.of(DRAFTER, d)
-            if a.kind in (WRITE, MAY_WRITE)
+            Piece(a.start, a.end, a.op, a.phase.label) for a in recording.of(DRAFTER, d) if a.kind in (WRITE, MAY_WRITE)
         ]
         for d in drafters
     }

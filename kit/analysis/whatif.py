@@ -319,15 +319,17 @@ def simulate_trace(
     walk: TraceWalk | None = None,
     device: int = 0,
     placement: str = RECORDED,
+    trace: bool = True,
 ) -> Snapshot:
     """The snapshot's trace run on the simulator from its rewound start, mapped streams moved; ids kept.
 
-    `placement` says where segments the recording did not make are laid (`_TraceSim`).
+    `placement` says where segments the recording did not make are laid (`_TraceSim`); `trace=False`
+    leaves the simulated trace out of the result, for a caller that reads its segments only.
     """
     snap = load_snapshot(snapshot)
     moves = resolve_stream_map(snap, stream_map or {})
     sim, labels, left_out, workspaces = _run_trace(snap, moves, walk or walk_trace(snap, device), device, placement)
-    raw = sim.snapshot()
+    raw = sim.snapshot(trace=trace)
     # Streams and pools labelled as in the recording (the simulated trace has no frames to name them from).
     raw["kit"]["streams"] = {label: sid for sid, label in labels.items() if label != DEFAULT_STREAM_LABEL}
     pools = pool_labels(snap)
@@ -336,6 +338,24 @@ def simulate_trace(
     mapped = ", ".join(f"{labels[a]} onto {labels[b]}" for a, b in moves.items())
     origin = f"{snap.origin}, {'streams mapped: ' + mapped if moves else 'as recorded'}"
     return Snapshot(raw, origin=origin)
+
+
+_BASELINES: WeakKeyDictionary = WeakKeyDictionary()  # snapshot -> {device: its trace simulated as recorded}
+
+
+def baseline_table(snap: Snapshot, walk: TraceWalk) -> pd.DataFrame:
+    """The segment table of the trace simulated as recorded, once per snapshot and device (what-if, the ranking and
+    the report all compare against it); a copy, so that a caller may change it."""
+    done = _BASELINES.setdefault(snap, {})
+    if walk.device not in done:
+        simulated = simulate_trace(snap, {}, walk=walk, device=walk.device, trace=False)
+        done[walk.device] = segment_table(simulated, stream_names=None)
+    return done[walk.device].copy()
+
+
+def simulated_reserved(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> dict[tuple[int, int], int]:
+    """Reserved bytes per pool of the trace simulated with `moves` (ids resolved), nothing else built."""
+    return _run_trace(snap, moves, walk, walk.device, RECORDED)[0].reserved_by_pool()
 
 
 def trace_decisions(snapshot: Snapshot | str | dict, *, walk: TraceWalk | None = None, device: int = 0) -> list:
@@ -488,8 +508,8 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     walk = walk_trace(snap)
     _refuse_captures_on_the_default_stream(snap, moves, walk)
     labels = stream_labels(snap)
-    baseline = segment_table(simulate_trace(snap, {}, walk=walk), stream_names=None)
-    simulated = simulate_trace(snap, moves, walk=walk)
+    baseline = baseline_table(snap, walk)
+    simulated = simulate_trace(snap, moves, walk=walk, trace=False)
     predicted = segment_table(simulated)
     recorded = segment_table(snap)
     before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)

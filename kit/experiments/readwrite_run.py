@@ -309,6 +309,7 @@ def break_inputs(raw: dict) -> list[dict]:
 
 # --- the structural invariant beside the obligation -------------------------------------------
 
+
 def replica_invariant(recording: ReadWriteRecording, raw: dict, config, can_run=None) -> dict:
     """The invariant (`kit.analysis.invariant`) over a replica capture: the graph pool's ranges from `raw`, the
     snapshot recorded in the same process as `recording`; the early aux outputs from `config`."""

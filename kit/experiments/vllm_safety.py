@@ -434,9 +434,7 @@ def pcp_pairs(runner) -> list[tuple[int, int, int, int]]:
     return found
 
 
-def run_pcp_pairings(
-    runner, forward: Callable[..., tuple], seed: int = SEED, poison: PoolPoison | None = None
-) -> dict:
+def run_pcp_pairings(runner, forward: Callable[..., tuple], seed: int = SEED, poison: PoolPoison | None = None) -> dict:
     """The pairings vLLM dispatches only under PCP (`pcp_pairs`), through vLLM's path: N's step with the global
     row count, its own rows padded to the replay graph that count dispatches to, graphs against eager."""
     found = pcp_pairs(runner)
