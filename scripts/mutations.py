@@ -1505,8 +1505,8 @@ MUTATIONS = (
     Mutation(
         "attribution_takes_other_streams_eager_allocations",
         "kit/analysis/attribution.py",
-        '    if "pool" not in window or "stream" not in window or inside.empty:\n',
-        "    if True:\n",
+        "    return pool == own[0] or stream == own[1]",
+        "    return True",
         ("tests/test_attribution.py::test_an_inferred_window_never_takes_another_streams_eager_allocations",),
         "a capture window takes what its capture made, not the default stream's eager segments made meanwhile",
     ),

@@ -94,17 +94,20 @@ def _stranded_sentence(s: dict) -> str:
 def biggest_pools(snap: Snapshot, top: int = TOP_POOLS) -> list[dict]:
     """The `top` pools by reserved bytes, each with its streams' shares, largest first."""
     table = segment_table(snap)
-    out = []
-    for pool, rows in table.groupby("pool", sort=False):
-        by_stream = rows.groupby("stream_label", sort=False)["reserved"].sum().sort_values(ascending=False)
-        out.append(
-            {
-                "pool": list(pool),
-                "pool_label": str(rows["pool_label"].iloc[0]),
-                "reserved": int(rows["reserved"].sum()),
-                "by_stream": [(str(label), int(b)) for label, b in by_stream.items()],
-            }
-        )
+    labels = dict(zip(table["pool"], table["pool_label"], strict=True))
+    shares: dict[tuple, dict[str, int]] = {}  # one pass: a process with hundreds of private pools has as many groups
+    for pool, stream, reserved in zip(table["pool"], table["stream_label"], table["reserved"].tolist(), strict=True):
+        by_stream = shares.setdefault(pool, {})
+        by_stream[str(stream)] = by_stream.get(str(stream), 0) + int(reserved)
+    out = [
+        {
+            "pool": list(pool),
+            "pool_label": str(labels[pool]),
+            "reserved": sum(by_stream.values()),
+            "by_stream": sorted(by_stream.items(), key=lambda x: -x[1]),
+        }
+        for pool, by_stream in shares.items()
+    ]
     return sorted(out, key=lambda p: -p["reserved"])[:top]
 
 
@@ -148,7 +151,7 @@ def explain(snapshot: Snapshot | str | dict) -> Answer:
     missing: dict[str, str] = {}
     for name, compute in (("stranded", graph_pool_stranding), ("best_map", best_map)):
         try:
-            snap.require_trace(0)  # without a trace, each part says so
+            snap.check_trace(0)  # without a trace, each part says so
             found[name] = compute(snap)
         except KitError as e:
             missing[name] = str(e).removeprefix(f"{snap.origin}: ")

@@ -258,18 +258,27 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     inferred = windows is None and _inferred(snap)
     windows = windows if windows is not None else capture_windows(snap)
     made = walk_trace(snap).new_segments
+    order = np.argsort(made["index"].to_numpy(), kind="stable")  # trace order, to cut each window out by bisection
+    index = made["index"].to_numpy()[order]
+    listed = made["pool"].tolist()
+    made_pool = [tuple(listed[i]) for i in order.tolist()]
+    made_stream, made_size = made["stream"].to_numpy()[order].tolist(), made["size"].to_numpy()[order].tolist()
     labels = stream_labels(snap)
     pools = pool_labels(snap)
     rows = []
     for w in windows:
-        inside = _made_by(made, w)
-        groups = [
-            (tuple(pool), int(stream), len(g), int(g["size"].sum()))
-            for (pool, stream), g in inside.groupby(["pool", "stream"], sort=True)
-        ]
-        if not groups and "pool" in w and "stream" in w:  # a capture that added nothing is listed all the same
-            groups = [(tuple(w["pool"]), int(w["stream"]), 0, 0)]
-        for pool, stream, segments, size in groups:
+        own = (tuple(w["pool"]), int(w["stream"])) if "pool" in w and "stream" in w else None
+        lo, hi = np.searchsorted(index, [w["trace_begin"], w["trace_end"]]).tolist()
+        groups: dict[tuple, list[int]] = {}
+        for j in range(lo, hi):
+            key = (made_pool[j], int(made_stream[j]))
+            if own is None or _takes(own, *key):
+                group = groups.setdefault(key, [0, 0])
+                group[0] += 1
+                group[1] += int(made_size[j])
+        if not groups and own is not None:  # a capture that added nothing is listed all the same
+            groups[own] = [0, 0]
+        for (pool, stream), (segments, size) in sorted(groups.items()):
             rows.append(
                 {
                     "graph": w["graph"],
@@ -294,9 +303,14 @@ def _made_by(made: pd.DataFrame, window: dict) -> pd.DataFrame:
     inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]
     if "pool" not in window or "stream" not in window or inside.empty:
         return inside
-    pool = tuple(window["pool"])
-    mine = inside["pool"].map(lambda p: tuple(p) == pool).astype(bool) | (inside["stream"] == window["stream"])
-    return inside[mine]
+    own = (tuple(window["pool"]), int(window["stream"]))
+    return inside[[_takes(own, tuple(p), int(x)) for p, x in zip(inside["pool"], inside["stream"], strict=True)]]
+
+
+def _takes(own: tuple[tuple[int, int], int], pool: tuple[int, int], stream: int) -> bool:
+    """Whether a segment made during a capture window is the capture's: in its pool (any stream: streams forked
+    from the capture allocate there too) or on its own stream; another stream's eager segment is not."""
+    return pool == own[0] or stream == own[1]
 
 
 def replay_captures_added(snapshot: Snapshot | str | dict, pool: tuple[int, int]) -> pd.DataFrame:

@@ -503,7 +503,7 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     ['global graph pool (0, 1): 108.00 MiB reserved as recorded, 66.00 MiB predicted (saves 42.00 MiB)']
     """
     snap = load_snapshot(snapshot)
-    snap.require_trace(0)
+    snap.check_trace(0)
     moves = resolve_stream_map(snap, stream_map)
     walk = walk_trace(snap)
     _refuse_captures_on_the_default_stream(snap, moves, walk)
@@ -567,7 +567,7 @@ def placement_spread(
     """
     if not moves:
         return {}
-    if len(snap.require_trace(walk.device)) > SPREAD_EVENTS:
+    if snap.check_trace(walk.device) > SPREAD_EVENTS:
         return None
     tries = [predicted] + [
         _run_trace(snap, moves, walk, walk.device, placement)[0].reserved_by_pool() for placement in PLACEMENTS
@@ -591,7 +591,9 @@ def _spread_lines(snap: Snapshot, spread: dict | None, predicted: Mapping[tuple,
         f"{pools.get(pool, pool_label(pool))} {pool}: the prediction depends on where cudaMalloc lays the "
         "segments the mapped run makes (free blocks of one size are taken lowest address first): "
         f"{format_bytes(predicted.get(pool, 0))} with the recording's addresses, {format_bytes(low)} to "
-        f"{format_bytes(high)} over {len(PLACEMENTS) + 1} placements"
+        f"{format_bytes(high)} over the {len(PLACEMENTS) + 1} placements tried. The range is what those "
+        "placements give, not a bound: the driver's addresses are not in the trace, and another order of them "
+        "can end outside it"
         for pool, (low, high) in spread.items()
     ]
 

@@ -47,7 +47,7 @@ import numpy as np
 from kit.fileio import atomic_write
 from kit.load.columns import SegmentColumns, Stacks, TraceColumns
 
-FORMAT = 1  # bumped whenever what a cache holds, or how the loader makes it, changes
+FORMAT = 2  # bumped whenever what a cache holds, or how the loader makes it, changes
 MIN_BYTES = 4 << 20  # smaller snapshots load in milliseconds: no cache
 SUFFIX = ".kitcache"
 MAGIC = b"KITCACHE"

@@ -79,7 +79,7 @@ class SegmentColumns:
 
     Per segment: `device`, `address`, `total_size`, `allocated_size`,
     `active_size`, `requested_size`, `stream`, `pool_a`, `pool_b` (the two ints
-    of `segment_pool_id`), `small`, `free` and `largest_free` (as
+    of `segment_pool_id`), `small`, `expandable` (`is_expandable`), `free` and `largest_free` (as
     `Segment.free_size` and `Segment.largest_free`), `first_block`, `n_blocks`.
     Per block: `block_segment` (its segment's row), `block_address`,
     `block_size`, `block_requested`, `block_state` (0 allocated, 1 pending
@@ -164,6 +164,7 @@ def _fast_segment_columns(segments: list) -> dict[str, np.ndarray] | None:
         "pool_a": pools[0],
         "pool_b": pools[1],
         "small": _size_classes(segments, total),
+        "expandable": np.fromiter((d.get("is_expandable") is True for d in segments), dtype=bool, count=len(segments)),
         "free": free,
         "largest_free": largest_free,
         "first_block": blocks.first,
@@ -352,6 +353,7 @@ def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
         "pool_a": _array([s.segment_pool_id[0] for s in records]),
         "pool_b": _array([s.segment_pool_id[1] for s in records]),
         "small": np.array([s.segment_type == "small" for s in records], dtype=bool),
+        "expandable": np.array([s.is_expandable for s in records], dtype=bool),
         "free": _array([s.free_size for s in records]),
         "largest_free": _array([s.largest_free for s in records]),
         "first_block": np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64) if len(counts) else counts,

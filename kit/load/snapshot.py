@@ -289,7 +289,7 @@ class Snapshot:
     @cached_property
     def expandable(self) -> bool:
         """Whether it was recorded with `expandable_segments:True`: segments mapped and unmapped page by page."""
-        if any(s.is_expandable for s in self.segments):
+        if self.columns.expandable.any():  # the columns: typed segments would read the whole file again
             return True
         mapping = [TRACE_ACTIONS.index(a) for a in ("segment_map", "segment_unmap")]
         return any(np.isin(c.action, mapping).any() for c in self.trace_columns.values())
@@ -309,6 +309,11 @@ class Snapshot:
 
     def require_trace(self, device: int = 0) -> tuple[TraceEntry, ...]:
         """The device's trace, or a one-line `KitError` saying why there is none to analyse."""
+        self.check_trace(device)
+        return self.traces[device]
+
+    def check_trace(self, device: int = 0) -> int:
+        """The device's trace length, or `require_trace`'s error; read off the columns, no entry parsed."""
         if self.history == "none":
             raise KitError(
                 f"{self.origin}: no trace recorded (memory history was off); this needs one: record with "
@@ -319,10 +324,10 @@ class Snapshot:
                 f"{self.origin}: memory history was recorded with enabled='state', which keeps no trace; "
                 "this needs one: record with enabled='all' (the default)"
             )
-        entries = self.traces.get(device, ())
-        if len(entries) < 2:
+        columns = self.trace_columns.get(device)
+        if columns is None or len(columns) < 2:
             raise KitError(f"{self.origin}: no trace recorded on device {device}")
-        return entries
+        return len(columns)
 
     @property
     def stream_names(self) -> dict[int, str]:

@@ -180,7 +180,7 @@ def _no_trace(snapshot: Snapshot) -> str | None:
     if snapshot.has_trace:
         return None
     try:
-        snapshot.require_trace()
+        snapshot.check_trace()
     except KitError as e:
         return str(e)
     return f"{snapshot.origin}: no trace recorded"
