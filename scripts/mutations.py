@@ -278,8 +278,8 @@ MUTATIONS = (
     Mutation(
         "whatif_frees_pools_by_simulated_address",
         "kit/analysis/whatif.py",
-        "                freed_pools |= _graph_pools_freed(entries, i, recorded_pool)",
-        "                freed_pools |= _graph_pools_freed(entries, i, {a: b.pool for a, b in sim.segments.items()})",
+        "                freed_pools |= _graph_pools_freed(acts, addrs, i, recorded_pool)",
+        "                freed_pools |= _graph_pools_freed(acts, addrs, i, {a: b.pool for a, b in sim.segments.items()})",
         (WHATIF_MERGED + "test_what_if_predicts_every_pool_the_merged_run_reserved_on_the_gpu",),
         "which graph pools a segment-free run releases is read off the recording, not the mapped simulation",
     ),

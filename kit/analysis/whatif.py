@@ -54,6 +54,7 @@ from kit.analysis.trace.state import TraceWalk
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
+from kit.load.columns import INACTIVE
 from kit.load.snapshot import Snapshot, load_snapshot
 
 
@@ -203,7 +204,7 @@ def _rewound(snap: Snapshot, device: int) -> list[tuple]:
     them)."""
     done = _REWOUND.setdefault(snap, {})
     if device not in done:
-        done[device] = rewound_segments(snap, snap.require_trace(device), device)
+        done[device] = rewound_segments(snap, snap.trace_view(device), device)
     return done[device]
 
 
@@ -217,13 +218,9 @@ def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
     """
     layout, _ = initial_state(snap, entries, device)
     requested = {e.addr: e.size for e in entries if e.action == "free_completed"}
-    requested.update(
-        (b.address, b.requested_size)
-        for s in snap.segments
-        if s.device == device
-        for b in s.blocks
-        if b.state != "inactive"
-    )
+    c = snap.columns  # the snapshot's blocks as columns: typed segments would read the file again
+    on_device = (c.device[c.block_segment] == device) & (c.block_state != INACTIVE)
+    requested.update(zip(c.block_address[on_device].tolist(), c.block_requested[on_device].tolist(), strict=True))
     out = []
     for address in layout.starts:
         seg = layout.by_start[address]
@@ -370,7 +367,8 @@ def _run_trace(
 ) -> tuple:
     """The trace run on the simulator from its rewound start, `moves` applied: the simulator, the stream labels,
     the workspaces left out, and the workspaces found."""
-    entries = snap.require_trace(device)
+    entries = snap.trace_view(device)
+    acts, addrs, sizes, streams = entries.fields()
     labels = stream_labels(snap)
     expandable = snap.expandable
     if expandable:
@@ -379,8 +377,8 @@ def _run_trace(
         recorded = range_bases((e.action, e.addr, e.size) for e in entries)
     else:
         seeded = _rewound(snap, device)
-        recorded = [e.addr for e in entries if e.action == "segment_alloc"]
-    top = max([a + s for a, s, *_ in seeded] + [e.addr + e.size for e in entries] + [0])
+        recorded = [addr for action, addr in zip(acts, addrs, strict=True) if action == "segment_alloc"]
+    top = max([a + s for a, s, *_ in seeded] + [a + s for a, s in zip(addrs, sizes, strict=True)] + [0])
     sim = _TraceSim(recorded, top, placement, expandable)
     sim.explain = explain  # a Decision per allocation, its refusals listed, with the id `a<trace index>`
     sim.stream_ids = {DEFAULT: DEFAULT_STREAM}
@@ -413,52 +411,53 @@ def _run_trace(
     ids: dict[int, str] = {}
     freed_pools: set[tuple[int, int]] = set()  # graph pools whose graphs are gone
     in_release = False
-    for i, e in enumerate(progress.track(entries, "simulating the what-if", every=4096)):
-        action = e.action
+    walked = enumerate(zip(acts, addrs, sizes, streams, strict=True))
+    for i, (action, addr, size, stream) in progress.track(walked, "simulating the what-if", len(acts), every=4096):
         if action in RELEASES:  # the first of a run is the empty_cache that made them
             if not in_release:
-                freed_pools |= _graph_pools_freed(entries, i, recorded_pool)
+                freed_pools |= _graph_pools_freed(acts, addrs, i, recorded_pool)
                 sim.empty_cache(freed_pools)
             if action == "segment_free":
-                recorded_pool.pop(e.addr, None)
+                recorded_pool.pop(addr, None)
             in_release = True
             continue
         in_release = False
         if action in ("segment_alloc", "segment_map"):
-            recorded_pool[e.addr] = _pool_of_next_alloc(entries, i, pool_of)
+            recorded_pool[addr] = _pool_of_next_alloc(acts, i, pool_of)
         elif action == "alloc":
             pool = tuple(pool_of.get(i, DEFAULT_POOL))
             kind = workspaces.allocs.get(i)
             if kind is not None:
-                key = (kind, moves.get(e.stream, e.stream))
+                key = (kind, moves.get(stream, stream))
                 if key in made:  # the stream it moves onto has its own already: never made
-                    left_out.append({"index": i, "kind": kind, "bytes": e.size, "stream": e.stream, "pool": pool})
+                    left_out.append({"index": i, "kind": kind, "bytes": size, "stream": stream, "pool": pool})
                     continue
                 made.add(key)
-            ids[e.addr] = f"a{i}"
-            sim.malloc(f"a{i}", e.size, name(e.stream), pool)
+            ids[addr] = f"a{i}"
+            sim.malloc(f"a{i}", size, name(stream), pool)
         elif action == "free_completed":
-            tid = ids.pop(e.addr, None)
-            if tid is None and e.addr in live_seeded:
-                live_seeded.discard(e.addr)
-                tid = seeded_id(e.addr)
+            tid = ids.pop(addr, None)
+            if tid is None and addr in live_seeded:
+                live_seeded.discard(addr)
+                tid = seeded_id(addr)
             if tid is not None and tid in sim.tensors:
                 sim.free_tensor(tid)
     return sim, labels, left_out, workspaces
 
 
-def _graph_pools_freed(entries, start: int, recorded_pool: Mapping[int, tuple]) -> set[tuple[int, int]]:
+def _graph_pools_freed(
+    acts: list[str], addrs: list[int], start: int, recorded_pool: Mapping[int, tuple]
+) -> set[tuple[int, int]]:
     """Graph pools with a segment in the run of `segment_free` entries from `start` (their graphs are gone).
 
     Read off the recording's segments, never the simulation's: once streams are
     mapped, a simulated segment at a recorded address can be another pool's.
     """
     pools = set()
-    for i in range(start, len(entries)):  # by index: a slice would copy the rest of the trace at every empty_cache
-        e = entries[i]
-        if e.action not in RELEASES:
+    for i in range(start, len(acts)):  # by index: a slice would copy the rest of the trace at every empty_cache
+        if acts[i] not in RELEASES:
             break
-        pool = _recorded_pool_at(recorded_pool, e.addr)
+        pool = _recorded_pool_at(recorded_pool, addrs[i])
         if pool != DEFAULT_POOL:
             pools.add(pool)
     return pools
@@ -475,10 +474,10 @@ def _recorded_pool_at(recorded_pool: Mapping[int, tuple], address: int) -> tuple
     return DEFAULT_POOL if start is None else recorded_pool[start]
 
 
-def _pool_of_next_alloc(entries, start: int, pool_of: Mapping[int, tuple]) -> tuple[int, int]:
+def _pool_of_next_alloc(acts: list[str], start: int, pool_of: Mapping[int, tuple]) -> tuple[int, int]:
     """The pool of the allocation a `segment_alloc` at `start` was made for (the next alloc in the trace)."""
-    for j in range(start + 1, len(entries)):
-        if entries[j].action == "alloc":
+    for j in range(start + 1, len(acts)):
+        if acts[j] == "alloc":
             return tuple(pool_of.get(j, DEFAULT_POOL))
     return DEFAULT_POOL
 

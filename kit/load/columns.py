@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Callable, Iterable
-from itertools import chain
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, repeat
 from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
@@ -497,6 +497,47 @@ def _frame_key(frame: object) -> object:
     except TypeError:
         return ("unhashable", id(frame))
     return key
+
+
+class TraceView(Sequence):
+    """One device's trace read off its columns as `TraceEntry` records, each made when it is read.
+
+    For the simulations that step through a trace (what-if, the rewind): the
+    typed records of `Snapshot.traces` parse every entry from the file again
+    and keep them all, several times the columns' memory. An action the kit
+    does not know reads as "" (every walk skips it); `device_free`,
+    `compile_context` and `user_metadata` read as None.
+    """
+
+    __slots__ = ("_acts", "_addr", "_device", "_frames", "_size", "_stream", "_time")
+
+    def __init__(self, columns: TraceColumns) -> None:
+        names = (*TRACE_ACTIONS, "")  # index -1: an action the kit does not know
+        self._device = columns.device
+        self._acts = [names[a] for a in columns.action.tolist()]
+        self._addr, self._size = columns.addr.tolist(), columns.size.tolist()
+        self._stream, self._time = columns.stream.tolist(), columns.time_us.tolist()
+        frames = columns.frames
+        self._frames = frames if set(map(type, frames)) <= {list} else [f if type(f) is list else [] for f in frames]
+
+    def __len__(self) -> int:
+        return len(self._acts)
+
+    def fields(self) -> tuple[list[str], list[int], list[int], list[int]]:
+        """Every entry's action, address, size and stream, as four lists: for a hot loop that makes no record."""
+        return self._acts, self._addr, self._size, self._stream
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return TraceEntry(
+            self._device, self._acts[i], self._addr[i], self._size[i], self._stream[i], self._time[i], self._frames[i]
+        )
+
+    def __iter__(self) -> Iterator[TraceEntry]:
+        device = repeat(self._device)
+        fields = (device, self._acts, self._addr, self._size, self._stream, self._time, self._frames)
+        return map(TraceEntry, *fields)
 
 
 class TraceColumns:

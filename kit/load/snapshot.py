@@ -35,7 +35,7 @@ import numpy as np
 from kit import progress
 from kit.errors import KitError, as_text, describe
 from kit.load import cache as caches
-from kit.load.columns import SegmentColumns, TraceColumns, trace_columns_of
+from kit.load.columns import SegmentColumns, TraceColumns, TraceView, trace_columns_of
 from kit.load.incremental import read_incremental
 from kit.load.rows import (
     INT64_MAX,
@@ -311,6 +311,15 @@ class Snapshot:
         """The device's trace, or a one-line `KitError` saying why there is none to analyse."""
         self.check_trace(device)
         return self.traces[device]
+
+    def trace_view(self, device: int = 0) -> TraceView:
+        """The device's trace as `TraceEntry` records made from its columns when read (`require_trace`'s errors):
+        for a pass over the trace that needs no more than action, address, size, stream, time and frames."""
+        self.check_trace(device)
+        views = self.__dict__.setdefault("_trace_views", {})
+        if device not in views:
+            views[device] = TraceView(self.trace_columns[device])
+        return views[device]
 
     def check_trace(self, device: int = 0) -> int:
         """The device's trace length, or `require_trace`'s error; read off the columns, no entry parsed."""

@@ -29,10 +29,12 @@ the snapshot's columns and is what `walk_trace` uses where it can.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, should_split
 from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceWalk, WalkSegment, segment_differences
+from kit.load.columns import INACTIVE
 from kit.load.rows import TraceEntry
 from kit.load.snapshot import Snapshot
 
@@ -40,13 +42,15 @@ from kit.load.snapshot import Snapshot
 def _final_layout(snap: Snapshot, device: int) -> Layout:
     """The snapshot's segments on `device` and their active blocks."""
     layout = Layout()
-    for s in snap.segments:
-        if s.device != device:
-            continue
-        seg = WalkSegment(s.address, s.total_size, s.segment_pool_id, s.stream, s.segment_type == "small")
-        for b in s.blocks:
-            if b.state != "inactive":
-                seg.activate(b.address, b.size)
+    c = snap.columns  # not the typed segments: those read the whole file again
+    first, counts = c.first_block.tolist(), c.n_blocks.tolist()
+    block_address, block_size, block_state = c.block_address.tolist(), c.block_size.tolist(), c.block_state.tolist()
+    for i in np.flatnonzero(c.device == device).tolist():
+        pool = (int(c.pool_a[i]), int(c.pool_b[i]))
+        seg = WalkSegment(int(c.address[i]), int(c.total_size[i]), pool, int(c.stream[i]), bool(c.small[i]))
+        for j in range(first[i], first[i] + counts[i]):
+            if block_state[j] != INACTIVE:
+                seg.activate(block_address[j], block_size[j])
         layout.add(seg)
     return layout
 
