@@ -279,7 +279,9 @@ MUTATIONS = (
         "whatif_frees_pools_by_simulated_address",
         "kit/analysis/whatif.py",
         "                freed_pools |= _graph_pools_freed(acts, addrs, i, recorded_pool)",
-        "                freed_pools |= _graph_pools_freed(acts, addrs, i, {a: b.pool for a, b in sim.segments.items()})",
+        "                freed_pools |= _graph_pools_freed(\n"
+        "                    acts, addrs, i, {a: b.pool for a, b in sim.segments.items()}\n"
+        "                )",
         (WHATIF_MERGED + "test_what_if_predicts_every_pool_the_merged_run_reserved_on_the_gpu",),
         "which graph pools a segment-free run releases is read off the recording, not the mapped simulation",
     ),
@@ -1517,6 +1519,23 @@ MUTATIONS = (
         "        if False:",
         ("tests/test_attribution.py::test_every_capture_is_listed_so_their_numbers_have_no_gaps",),
         "a capture that added no segment is listed with 0, so the numbers shown have no gaps",
+    ),
+    # -- the trace walk on expandable segments (issue 36, item 8)
+    Mutation(
+        "walk_splits_expandable_blocks_as_large_ones",
+        "kit/analysis/trace/rows.py",
+        "    split = should_split(gap - rounded, seg.small, expandable)",
+        "    split = should_split(gap - rounded, seg.small)",
+        ("tests/test_expandable.py::test_the_walk_ends_at_every_expandable_recording",),
+        "under expandable_segments:True every pool splits as the small pool does: the walk must too",
+    ),
+    Mutation(
+        "unmap_shrinks_only_the_first_range",
+        "kit/analysis/trace/state.py",
+        "        for seg in covered:\n",
+        "        for seg in covered[:1]:\n",
+        ("tests/test_expandable.py::test_the_walk_ends_at_every_expandable_recording",),
+        "one unmap can cover two ranges the walk holds apart: both lose their pages",
     ),
 )
 

@@ -227,3 +227,26 @@ def test_table_and_reuse_say_when_segments_are_expandable_and_verdicts_say_mappe
     plain = str(RECORDINGS / "expandable" / "expandable_306.pickle")  # the same workload, the setting off
     assert not load_snapshot(plain).expandable and "note:" not in run_kit("table", plain).stdout
     assert all("cudaMalloc'ed" in v for v in stranding_report(plain)["verdict"])
+
+
+# --- the trace walk (reuse, check) on expandable segments ---------------------------------------
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.stem)
+def test_the_walk_ends_at_every_expandable_recording(workload):
+    """Blocks split as the small pool's do, and one unmap can cover ranges mapped apart: the walk replays the
+    H100 recordings to their snapshots, so `check` and `reuse` give verdicts instead of refusing."""
+    from kit.analysis.trace.walk import walk_trace
+
+    snap = load_snapshot(str(EXPANDABLE / f"{workload.stem}_expandable.pickle"))
+    walk = walk_trace(snap)
+    assert walk.mismatches == []
+    assert len(walk.allocs) == sum(e.action == "alloc" for e in snap.require_trace(0))
+
+
+def test_check_gives_a_verdict_on_an_expandable_recording_it_once_refused():
+    from .helpers import run_kit
+
+    done = run_kit("check", str(EXPANDABLE / "expandable_306_expandable.pickle"))
+    assert done.returncode == 1, done.stderr  # graph pools stranded on a second stream, not "does not replay"
+    assert "stranded" in done.stdout + done.stderr

@@ -17,8 +17,10 @@ address, and the whole gap when `should_split` says the rest stays with it.
 Expandable segments (`expandable_segments:True`) grow and shrink by mapping
 pages (`segment_map`, `segment_unmap`), and a snapshot lists one segment per
 mapped range; the walk does the same, so an allocation that needed pages
-mapped counts as a new segment of the mapped bytes. Graph pools never use
-expandable segments. A trace that contradicts the snapshot (a free of a block
+mapped counts as a new segment of the mapped bytes; its blocks split as the
+small pool's do (`should_split(..., expandable=True)`), and one unmap can take
+pages from ranges the walk holds apart (`Layout.unmap`). It ends at the
+snapshot on all 24 recordings of `kit/recordings/expandable`. A trace that contradicts the snapshot (a free of a block
 never allocated, a segment freed twice) never stops the walk: what does not
 add up is reported in `mismatches`. Actions a newer torch adds are skipped.
 
@@ -97,6 +99,7 @@ def initial_state(snap: Snapshot, entries, device: int) -> tuple[Layout, int]:
 def walk_rows(snap: Snapshot, device: int) -> TraceWalk:
     """Walk the snapshot's trace entry by entry from its rewound start; classify every alloc."""
     entries = snap.require_trace(device)
+    expandable = snap.expandable
     layout, rewound = initial_state(snap, entries, device)
     final = _final_layout(snap, device)
     freed_later = _freed_later(entries)
@@ -118,7 +121,7 @@ def walk_rows(snap: Snapshot, device: int) -> TraceWalk:
             if seg is not None:
                 seg.release(e.addr)
         elif action == "alloc":
-            row = _placed_alloc(layout, i, e, fresh)
+            row = _placed_alloc(layout, i, e, fresh, expandable)
             if row is not None:
                 rows.append(row)
             fresh.clear()
@@ -154,14 +157,17 @@ def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later: bool
     return seg
 
 
-def _placed_alloc(layout: Layout, i: int, e: TraceEntry, fresh: list[tuple[int, int]]) -> dict | None:
+def _placed_alloc(
+    layout: Layout, i: int, e: TraceEntry, fresh: list[tuple[int, int]], expandable: bool = False
+) -> dict | None:
     """Place alloc entry `i` in its segment and classify it: its row of `TraceWalk.allocs`; None if no segment."""
     seg = layout.find(e.addr)
     if seg is None:
         return None
     rounded = round_size(e.size)
     gap = seg.gap_at(e.addr)
-    seg.activate(e.addr, rounded if should_split(gap - rounded, seg.small) else max(gap, rounded))
+    split = should_split(gap - rounded, seg.small, expandable)  # expandable segments split as the small pool does
+    seg.activate(e.addr, rounded if split else max(gap, rounded))
     row = {
         "index": i,
         "time_us": e.time_us,

@@ -133,18 +133,28 @@ class Layout:
         return seg
 
     def unmap(self, address: int, size: int) -> None:
-        """Pages [address, address + size) unmapped: the range holding them shrinks, or splits in two."""
-        seg = self.find(address)
-        if seg is None:
-            return
-        end = min(address + size, seg.address + seg.size)
-        self.remove(seg.address)
-        for low, high in ((seg.address, address), (end, seg.address + seg.size)):
-            if high > low:
-                part = WalkSegment(low, high - low, seg.pool, seg.stream, seg.small)
-                for a, s in seg.blocks_in(low, high):
-                    part.activate(a, s)
-                self.add(part)
+        """Pages [address, address + size) unmapped: every range they cover shrinks, splits in two, or goes.
+
+        One unmap can cover ranges the walk holds apart (mapped at different
+        times and not merged): each loses its part of the pages.
+        """
+        end = address + size
+        first = self.find(address)
+        covered = [first] if first is not None else []
+        covered += [
+            self.by_start[a] for a in self.starts[bisect_right(self.starts, address) : bisect_left(self.starts, end)]
+        ]
+        for seg in covered:
+            self.remove(seg.address)
+            for low, high in (
+                (seg.address, min(address, seg.address + seg.size)),
+                (max(end, seg.address), seg.address + seg.size),
+            ):
+                if high > low:
+                    part = WalkSegment(low, high - low, seg.pool, seg.stream, seg.small)
+                    for a, s in seg.blocks_in(low, high):
+                        part.activate(a, s)
+                    self.add(part)
 
 
 @dataclass
