@@ -249,7 +249,9 @@ def test_inconsistent_traces_take_the_search_and_agree(make, monkeypatch):
 def test_expandable_segments_are_walked_entry_by_entry():
     events = [("segment_map", BASE, 2 * MIB, 0), ("alloc", BASE, 4096, 0), ("segment_map", BASE + 2 * MIB, 2 * MIB, 0)]
     events += [("alloc", BASE + 4096, 3 * MIB, 0)]
-    final = [segment(BASE, [(4096, "active_allocated"), (4 * MIB - 4096, "active_allocated")])]  # no room to split
+    # Under expandable_segments:True every pool splits as the small pool does: the 3 MiB block leaves the rest free.
+    final = [segment(BASE, [(4096, "active_allocated"), (3 * MIB, "active_allocated"), (MIB - 4096, "inactive")])]
+    final[0]["is_expandable"] = True
     snap = Snapshot({"segments": final, "device_traces": [_trace(*events)]})
     assert fast_walk(snap) is None
     replay = walk_trace(snap)
