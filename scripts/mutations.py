@@ -1537,6 +1537,23 @@ MUTATIONS = (
         ("tests/test_expandable.py::test_the_walk_ends_at_every_expandable_recording",),
         "one unmap can cover two ranges the walk holds apart: both lose their pages",
     ),
+    # -- the walk kept beside the cache (issue 36, item 10)
+    Mutation(
+        "kept_walk_never_read",
+        "kit/analysis/trace/walk.py",
+        "    if snap.cache_source is None or device not in snap.trace_columns:\n        return None",
+        "    if True:\n        return None",
+        ("tests/test_cache.py::test_the_walk_is_kept_once_and_equals_a_fresh_walk",),
+        "a large file's walk is kept beside its cache and read back, not walked by every command",
+    ),
+    Mutation(
+        "kept_walk_trusted_unchecked",
+        "kit/analysis/trace/walk.py",
+        '            raise ValueError("its arrays do not fit the trace")',
+        "            pass",
+        ("tests/test_cache.py::test_a_damaged_kept_walk_is_named_and_walked_again",),
+        "a kept walk whose rows do not fit the trace is named and walked again, never trusted",
+    ),
 )
 
 

@@ -292,6 +292,7 @@ def capture_replica_like(fail: str | None, sizes=(16, 8)):
     manager.capture(create_forward_fn_for(model_forward(fail), manager.pool))
     return manager
 
+
 # Recordings the kit's tests check once they are made on the H200, not made yet (no H200 could be started in the
 # session that added their presets). A test of one of them passes while it is listed here and absent, and fails
 # once it is recorded and still listed, so the real checks start the day it lands.

@@ -638,3 +638,54 @@ def test_the_header_layout_is_what_the_docstring_says(snapshot_file):
     header = json.loads(data[24 : 24 + length])
     assert header["format"] == cache.FORMAT and header["source"]["size"] == snapshot_file.stat().st_size
     assert all(spec["offset"] % cache.ALIGN == 0 for spec in header["arrays"].values())
+
+
+# -- the walk kept beside the cache -----------------------------------------------------------------
+
+
+def _same_walk(a, b) -> None:
+    pd.testing.assert_frame_equal(a.allocs.drop(columns="frames"), b.allocs.drop(columns="frames"))
+    assert [list(f) for f in a.allocs["frames"]] == [list(f) for f in b.allocs["frames"]]
+    pd.testing.assert_frame_equal(a.new_segments, b.new_segments)
+    assert (a.mismatches, a.rewound_segments, a.device) == (b.mismatches, b.rewound_segments, b.device)
+
+
+def test_the_walk_is_kept_once_and_equals_a_fresh_walk(snapshot_file, monkeypatch, capsys):
+    from kit.analysis.trace import columnar, walk
+
+    first = walk.walk_trace(load_snapshot(snapshot_file))
+    kept = walk.KIND + "0"
+    assert snapshot_file.with_name(snapshot_file.name + f".kit{kept}").exists()
+    assert (first.allocs["served"] == "stranded").any()  # the kept walk has every kind of row to get right
+    with monkeypatch.context() as m:
+        m.setattr(columnar, "walk_columns", lambda *a: pytest.fail("walked again instead of reading the kept walk"))
+        m.setattr(walk, "walk_columns", lambda *a: pytest.fail("walked again instead of reading the kept walk"))
+        again = walk.walk_trace(load_snapshot(snapshot_file))
+    _same_walk(again, first)
+    _same_walk(again, walk.walk_trace(plain(snapshot_file)))  # a dict: never cached, walked afresh
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "other rows"])
+def test_a_damaged_kept_walk_is_named_and_walked_again(snapshot_file, capsys, damage):
+    from kit.analysis.trace import walk
+
+    fresh = walk.walk_trace(load_snapshot(snapshot_file))
+    kept = snapshot_file.with_name(snapshot_file.name + f".kit{walk.KIND}0")
+    data = bytearray(kept.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "flipped":
+        data[-9] ^= 0xFF
+    else:  # a well-formed file whose rows point past the trace: checked, not trusted
+        header, arrays = cache.open_extra(snapshot_file, cache.stamp_of_path(snapshot_file), walk.KIND + "0")
+        arrays = {k: np.array(v) for k, v in arrays.items()}
+        arrays["allocs.index"][0] = 10**12
+        described = {k: header[k] for k in ("device", "rewound", "mismatches")}
+        cache.save_extra(snapshot_file, cache.stamp_of_path(snapshot_file), walk.KIND + "0", arrays, described)
+        data = bytearray(kept.read_bytes())
+    kept.write_bytes(bytes(data))
+    again = walk.walk_trace(load_snapshot(snapshot_file))
+    _same_walk(again, fresh)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("walking again" in err or "making it again" in err), err

@@ -217,7 +217,9 @@ def test_a_renamed_module_a_dropped_flag_and_a_missing_target_are_named(helps):
 
 
 def test_invocations_read_flags_up_to_the_next_command():
-    command = "python scripts/record_replica.py --out DIR (with --speculator: -m kit.experiments.scenarios x --preset a)"  # noqa: E501
+    command = (
+        "python scripts/record_replica.py --out DIR (with --speculator: -m kit.experiments.scenarios x --preset a)"  # noqa: E501
+    )
     assert invocations(command) == [
         ("script", "scripts/record_replica.py", ("--out",), ("--out", "DIR")),
         ("module", "kit.experiments.scenarios", ("--preset",), ("x", "--preset", "a")),

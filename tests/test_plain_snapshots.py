@@ -318,8 +318,9 @@ def test_the_readmes_debug_your_own_snapshot_path_runs_as_written(tmp_path):
         outputs.setdefault(argv[3], done.stdout)  # the first what-if is --rank's
     second, first = "stream of capture_second (two_captures.py:61)", "stream of capture_first (two_captures.py:44)"
     best = f"Best map, simulated: --map '{second}={first}', saves 22.00 MiB of graph pool"
-    assert best in outputs["explain"] and f"1. --map '{second}={first}': saves 22.00 MiB of graph pool" in (
-        outputs["what-if"]
+    assert (
+        best in outputs["explain"]
+        and f"1. --map '{second}={first}': saves 22.00 MiB of graph pool" in (outputs["what-if"])
     )
     assert (
         "graph pool 1 (0, 1): 56.00 MiB reserved as recorded, 34.00 MiB predicted (saves 22.00 MiB)"

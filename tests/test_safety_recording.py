@@ -59,9 +59,7 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
         assert (rows["outputs"] == len(meta["outputs"])).all()
         dispatched = rows[rows["dispatchable"]]
         assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
-    took_effect = [
-        (data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in recorded
-    ]
+    took_effect = [(data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in recorded]
     planted = [(True, False)] * (len(recorded) - len(UNPLANTED))  # the planted scenario runs the PR's capture
     assert took_effect == [(True, False), (False, False), (True, True), *planted], "a policy did not take effect"
     for policy in ("pr", "unpatched"):

@@ -133,8 +133,10 @@ def test_a_compressed_file_or_an_archive_is_named_as_such():
             "gzip expands past 256 MiB (100 times its size): not a snapshot the kit reads compressed; decompress it "
             "yourself if it is one",
         ),
-        "bzip2, truncated": (bz2.compress(snapshot)[:200], "a damaged bzip2 file (Compressed file ended before the "
-                             "end-of-stream marker was reached)"),
+        "bzip2, truncated": (
+            bz2.compress(snapshot)[:200],
+            "a damaged bzip2 file (Compressed file ended before the end-of-stream marker was reached)",
+        ),
         "bzip2 inside gzip": (gzip.compress(bz2.compress(snapshot)), "bzip2 inside gzip; not a snapshot"),
         "xz inside bzip2": (bz2.compress(lzma.compress(snapshot)), "xz inside bzip2; not a snapshot"),
         "xz": (lzma.compress(snapshot), "compressed with xz: unxz it first"),

@@ -53,9 +53,10 @@ def test_the_replica_presets_take_vllms_sizes(name):
     assert config.window == numbers["window"] and config.max_num_seqs == numbers["max_num_seqs"]
     # the replica's own sizing of replay graphs gives what vLLM's DecoderReplayCudaGraphManager gave
     assert config.decoder_replay_cudagraph_capture_sizes == numbers["decoder_replay_cudagraph_capture_sizes"]
-    assert default_replay_capture_sizes(
-        numbers["max_cudagraph_capture_size"], numbers["max_num_seqs"], numbers["window"]
-    ) == numbers["decoder_replay_cudagraph_capture_sizes"]
+    assert (
+        default_replay_capture_sizes(numbers["max_cudagraph_capture_size"], numbers["max_num_seqs"], numbers["window"])
+        == numbers["decoder_replay_cudagraph_capture_sizes"]
+    )
 
 
 def test_h200_default_breaks_no_model_graph_and_gb200_default_dispatches_mostly_r_over_n():

@@ -104,6 +104,15 @@ def stamp_of(fd: int) -> Stamp:
     return Stamp(st.st_size, st.st_mtime_ns, digest.hexdigest())
 
 
+def stamp_of_path(path: Path) -> Stamp:
+    """The stamp of the file at `path`."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return stamp_of(fd)
+    finally:
+        os.close(fd)
+
+
 def user_folder() -> Path:
     """The cache folder for snapshots in folders the kit cannot write: `KIT_CACHE_DIR`, else the user's."""
     if os.environ.get("KIT_CACHE_DIR"):
@@ -239,6 +248,11 @@ def _aligned(n: int) -> int:
 def write(path: Path, stamp: Stamp, columns: SegmentColumns, traces: dict[int, TraceColumns], kit_key: Any) -> Path:
     """Write the cache of snapshot `path` (as `stamp` identifies it); returns where. Raises `Unencodable`, OSError."""
     arrays, described = _contents(columns, traces, kit_key)
+    return _write_file(target(path), stamp, arrays, described)
+
+
+def _write_file(where: Path, stamp: Stamp, arrays: dict[str, np.ndarray], described: dict) -> Path:
+    """One cache file: the header (`described` in it) and `arrays`, written atomically to `where`."""
     layout, offset, crc = {}, 0, 0
     for name, value in arrays.items():
         start = _aligned(offset)
@@ -256,7 +270,6 @@ def write(path: Path, stamp: Stamp, columns: SegmentColumns, traces: dict[int, T
         **described,
     }
     text = json.dumps(header, separators=(",", ":")).encode()
-    where = target(path)
     with atomic_write(where, "wb") as f:
         f.write(PREFIX.pack(MAGIC, len(text), zlib.crc32(text)))
         f.write(text)
@@ -341,8 +354,8 @@ def _trace(meta: dict, arrays: dict[str, np.ndarray]) -> TraceColumns:
     return TraceColumns(device, fields, Stacks.from_arrays(meta["frames"], starts, flat, decode))
 
 
-def read(cache: Path, stamp: Stamp) -> Cached:
-    """The cache at `cache` of the snapshot `stamp` identifies, memory-mapped; `Rejected` if it is not usable."""
+def _read_file(cache: Path, stamp: Stamp) -> tuple[dict, dict[str, np.ndarray]]:
+    """A cache file's header and arrays (memory-mapped), every check passed; `Rejected` otherwise."""
     with open(cache, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         header, start = _header(f, size)
@@ -351,7 +364,15 @@ def read(cache: Path, stamp: Stamp) -> Cached:
         data = np.memmap(cache, dtype=np.uint8, mode="r", offset=start) if size > start else np.zeros(0, np.uint8)
         if zlib.crc32(data) != header["data_crc32"]:
             raise Rejected("damaged (its data's checksum does not match)")
-        arrays = _arrays(header, data)
+        return header, _arrays(header, data)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise Rejected(f"damaged ({type(e).__name__} reading it)") from None
+
+
+def read(cache: Path, stamp: Stamp) -> Cached:
+    """The cache at `cache` of the snapshot `stamp` identifies, memory-mapped; `Rejected` if it is not usable."""
+    header, arrays = _read_file(cache, stamp)
+    try:
         fields = {k.removeprefix("segments."): v for k, v in arrays.items() if k.startswith("segments.")}
         columns = SegmentColumns(fields)
         if len({len(v) for k, v in fields.items() if not k.startswith("block_")}) > 1:
@@ -383,3 +404,43 @@ def save(path: Path, stamp: Stamp, columns: SegmentColumns, traces: dict[int, Tr
         pass  # an unusual snapshot (a set in its kit key, frames not shared): loaded in full each time
     except OSError as e:
         note(f"no cache for {path}: {e.strerror or e}")
+
+
+# -- what an analysis derived from a snapshot, kept beside its cache -------------------------------
+
+
+def extra_places(path: Path, kind: str) -> list[Path]:
+    """Where a `kind` cache of `path` may be (`<snapshot>.kit<kind>` beside it, else in the cache folder)."""
+    return [p.with_name(p.name.removesuffix(SUFFIX) + f".kit{kind}") for p in places(path)]
+
+
+def save_extra(path: Path, stamp: Stamp, kind: str, arrays: dict[str, np.ndarray], described: dict) -> None:
+    """Keep what an analysis derived from snapshot `path` (integer arrays and plain JSON); never raises.
+
+    Checked as the columns' cache is when read again (`open_extra`): the same
+    stamp, kit and format, checksums, and its `kind`.
+    """
+    try:
+        where = target(path)
+        where = where.with_name(where.name.removesuffix(SUFFIX) + f".kit{kind}")
+        _write_file(where, stamp, {k: _array(k, v) for k, v in arrays.items()}, {"kind": kind, **described})
+    except Unencodable:
+        pass
+    except OSError as e:
+        note(f"no {kind} cache for {path}: {e.strerror or e}")
+
+
+def open_extra(path: Path, stamp: Stamp, kind: str) -> tuple[dict, dict[str, np.ndarray]] | None:
+    """The header and arrays `save_extra` kept for `path`, if a usable one is found (an unusable one is named)."""
+    for cache in extra_places(path, kind):
+        try:
+            header, arrays = _read_file(cache, stamp)
+            if header.get("kind") != kind:
+                raise Rejected(f"not a {kind} cache")
+            return header, arrays
+        except FileNotFoundError:
+            continue
+        except (Rejected, OSError) as e:
+            reason = e if isinstance(e, Rejected) else f"unreadable ({e.strerror or e})"
+            note(f"cache {cache} is {reason}; making it again")
+    return None

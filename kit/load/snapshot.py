@@ -98,12 +98,15 @@ def open_file(path: Path, origin: str, cache: bool) -> Snapshot:
         if cached:
             found = caches.open_cached(path, stamp)
             if found is not None:
-                return Snapshot.from_columns(
+                snap = Snapshot.from_columns(
                     found.columns, found.traces, found.kit_key, origin=origin, reread=_rereader(path, stamp)
                 )
+                snap.cache_source = (path, stamp)
+                return snap
         snap = _read(path, fd, stamp, origin)
         if cached:
             caches.save(path, stamp, snap.columns, snap.trace_columns, snap.kit_key)
+            snap.cache_source = (path, stamp)
         return snap
     finally:
         os.close(fd)
@@ -172,7 +175,11 @@ class Snapshot:
     A snapshot loaded from a file keeps only its columns (a large file's raw
     dicts would double its memory): `raw`, and the records made from it
     (`segments`, `traces`, `trace`), read the file again on first use.
+    `cache_source` is the file and its stamp where the snapshot may be cached
+    (`kit.load.cache`); None where it is not (a small file, `cache=False`, a dict).
     """
+
+    cache_source: tuple[Path, caches.Stamp] | None = None
 
     def __init__(
         self,

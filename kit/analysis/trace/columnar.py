@@ -116,7 +116,7 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceWalk:
     new_rows = _walk_forward(events, holder, rounded, asks, instances, live)
     pools = np.empty(len(instances), dtype=object)
     pools[:] = [seg.pool for seg in instances]
-    allocs = _alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, new_rows)
+    allocs = alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, new_rows)
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
     return TraceWalk(allocs, new_segments, _compare(snap, live, device), rewound, device)
 
@@ -538,7 +538,7 @@ def _walk_forward(
     return new_rows
 
 
-def _alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, new_rows: dict) -> pd.DataFrame:
+def alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, new_rows: dict) -> pd.DataFrame:
     """One row per alloc the walk placed (`rows`: their trace indices), columns as the walk by entry makes them."""
     n = len(rows)
     if not n:

@@ -32,6 +32,8 @@ requests on the stream its segment was allocated on; a block freed after
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import numpy as np
 import pandas as pd
 
@@ -128,6 +130,22 @@ def stranding_report(
     """
     snap = load_snapshot(snapshot)
     walk = walk or walk_trace(snap)
+    rows = [row for either, row in _verdict_rows(snap, walk) if either >= min_bytes]
+    table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
+    table = table.astype({c: "int64" for c in ("stream", *REPORT_BYTE_COLUMNS)})
+    table.attrs["source"] = snap.source_label
+    table.attrs["byte_columns"] = REPORT_BYTE_COLUMNS
+    return table
+
+
+_VERDICT_ROWS: WeakKeyDictionary = WeakKeyDictionary()  # snapshot -> (the walk, its rows): the report asks twice
+
+
+def _verdict_rows(snap: Snapshot, walk: TraceWalk) -> list[tuple[int, dict]]:
+    """Every group's verdict row with its bytes of new segments of either kind, in `stranding_report`'s order."""
+    done = _VERDICT_ROWS.get(snap)
+    if done is not None and done[0] is walk:
+        return done[1]
     tc = snap.trace_columns[walk.device]
     a = walk.allocs
     new = a[a["segment_bytes"] > 0]
@@ -157,17 +175,13 @@ def stranding_report(
             "frames": user_frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
         }
         row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
-        if either >= min_bytes:
-            target = int(stranded["other_stream"].mode().min()) if not stranded.empty else None
-            pending_labels = [streams.get(s, str(s)) for s in row["pending_streams"]]
-            row["verdict"] = _verdict(row, pending_labels, target, streams.get(target, str(target)), snap.expandable)
-            rows.append((either, row))
-    rows = [row for _, row in sorted(rows, key=_verdict_order)]
-    table = pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
-    table = table.astype({c: "int64" for c in ("stream", *REPORT_BYTE_COLUMNS)})
-    table.attrs["source"] = snap.source_label
-    table.attrs["byte_columns"] = REPORT_BYTE_COLUMNS
-    return table
+        target = int(stranded["other_stream"].mode().min()) if not stranded.empty else None
+        pending_labels = [streams.get(s, str(s)) for s in row["pending_streams"]]
+        row["verdict"] = _verdict(row, pending_labels, target, streams.get(target, str(target)), snap.expandable)
+        rows.append((either, row))
+    rows.sort(key=_verdict_order)
+    _VERDICT_ROWS[snap] = (walk, rows)
+    return rows
 
 
 def stranding_verdicts(snapshot: Snapshot | str | dict, *, min_bytes: int = MIN_BYTES) -> list[str]:
