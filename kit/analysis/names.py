@@ -96,11 +96,16 @@ def user_frame(frames: object) -> str | None:
 
 def trace_stream_order(snapshot: Snapshot) -> list[int]:
     """The streams in the order the trace first uses them, every device in turn."""
+    return list(_trace_stream_order(snapshot))
+
+
+@_per_snapshot
+def _trace_stream_order(snapshot: Snapshot) -> tuple[int, ...]:
     order: dict[int, None] = {}
     for _, columns in sorted(snapshot.trace_columns.items()):
         first = np.sort(np.unique(columns.stream, return_index=True)[1])
         order.update(dict.fromkeys(columns.stream[first].tolist()))
-    return list(order)
+    return tuple(order)
 
 
 @_per_snapshot
