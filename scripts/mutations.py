@@ -1554,6 +1554,14 @@ MUTATIONS = (
         ("tests/test_cache.py::test_a_damaged_kept_walk_is_named_and_walked_again",),
         "a kept walk whose rows do not fit the trace is named and walked again, never trusted",
     ),
+    Mutation(
+        "report_lost_to_a_what_if_it_cannot_make",
+        "kit/show/report.py",
+        "        except KitError as e:  # a map the what-if cannot model here",
+        "        except ZeroDivisionError as e:  # a map the what-if cannot model here",
+        ("tests/test_report.py::test_a_what_if_refused_for_a_valid_map_leaves_the_rest_of_the_report",),
+        "a valid map the what-if refuses is one line in its section; the rest of the page is written",
+    ),
 )
 
 

@@ -42,7 +42,7 @@ from kit.analysis.attribution import capture_attribution
 from kit.analysis.names import naming_hint, pool_labels
 from kit.analysis.tables import format_bytes, segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_report
-from kit.analysis.whatif import WhatIf, reserved_by_pool, what_if
+from kit.analysis.whatif import WhatIf, reserved_by_pool, resolve_stream_map, what_if
 from kit.errors import KitError
 from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -67,8 +67,11 @@ def render_report(snapshot: Snapshot | str | dict, *, stream_map: Mapping[str, s
     """The report page as one HTML string.
 
     `stream_map` (streams named as `table` prints them, or ids) adds the
-    what-if of those streams moved onto their targets; a what-if it cannot
-    make raises `KitError`, as `what_if` does.
+    what-if of those streams moved onto their targets. A map naming a stream
+    the snapshot lacks raises `KitError`; a what-if that cannot be made for a
+    valid map (a capture moved onto the default stream, an expandable trace
+    that starts with pages mapped) is said in its section, and every other
+    section is written.
     """
     snapshot = load_snapshot(snapshot)
     sections = [
@@ -254,7 +257,11 @@ def _what_if_section(snapshot: Snapshot, stream_map: Mapping[str, str] | None) -
     """With a map, the prediction (a failure raises); without, the identity map as a self-check (a failure: a line)."""
     title = "What-if: streams mapped onto others"
     if stream_map:
-        result = what_if(snapshot, dict(stream_map))  # asked for: a KitError is the caller's to see
+        resolve_stream_map(snapshot, dict(stream_map))  # a stream the snapshot lacks: the caller's mistake, raised
+        try:
+            result = what_if(snapshot, dict(stream_map))
+        except KitError as e:  # a map the what-if cannot model here: said in its place, the rest of the page kept
+            return _section(title, _WHAT_IF, snapshot.source_label, _note(f"no what-if for this map: {e}"))
         source = result.predicted.attrs.get("source", snapshot.source_label)
         return _section(title, _WHAT_IF, source, _prediction_body(snapshot, stream_map, result))
     hint = _note(
