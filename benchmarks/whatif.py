@@ -33,7 +33,6 @@ import json
 import os
 import pickle
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scale import peak_gib  # noqa: E402  (this process's peak resident memory, as the scale benchmark reads it)
+
 DEFAULT_FILE = ROOT / "build" / "bench" / "whatif_300k.pickle"
 DEFAULT_MAP = "s2=s1"
 SIDES = ("pickle.load", "one simulation", "what-if", "report")
@@ -52,11 +54,6 @@ TARGETS = {  # ratio -> (numerator, denominator, at most)
     "peak what-if / pickle.load": ("peak what-if", "peak pickle.load", 2.0),
     "peak report / pickle.load": ("peak report", "peak pickle.load", 2.0),
 }
-
-
-def peak_gib() -> float:
-    """This process's peak resident memory so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def make_default_file(path: Path) -> None:

@@ -712,8 +712,8 @@ MUTATIONS = (
     Mutation(
         "capture_attribution_counts_the_segment_made_at_its_end",
         "kit/analysis/attribution.py",
-        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]',
-        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] <= window["trace_end"])]',
+        'hi = bisect_left(self.index, window["trace_end"])',
+        'hi = bisect_left(self.index, window["trace_end"] + 1)',
         (
             "tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",
         ),
@@ -722,8 +722,8 @@ MUTATIONS = (
     Mutation(
         "capture_attribution_skips_the_segment_made_at_its_begin",
         "kit/analysis/attribution.py",
-        'inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]',
-        'inside = made[(made["index"] > window["trace_begin"]) & (made["index"] < window["trace_end"])]',
+        'lo = bisect_left(self.index, window["trace_begin"])',
+        'lo = bisect_left(self.index, window["trace_begin"] + 1)',
         (
             "tests/test_boundaries.py::test_a_capture_window_holds_the_segments_made_from_its_begin_to_just_before_its_end",
         ),

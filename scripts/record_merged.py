@@ -45,7 +45,6 @@ SETS = {
     "merged": [(100 + i, 400 + 150 * i, 0.04, 3) for i in range(12)] + [(200, 12000, 0.004, 3)],
     "spread": [(300 + i, 3000 + 1500 * i, 0.006, 4) for i in range(12)],
 }
-PREFIX = {"merged": "merged", "spread": "spread"}
 
 
 def command(which: str) -> str:
@@ -63,12 +62,12 @@ def merged(workload: dict, moved: str = MOVED, onto: str = ONTO) -> dict:
 
 
 def workloads(which: str = "merged") -> dict[str, dict]:
-    """NAME -> workload, for every pair of a set: `PREFIX_SEED` as generated and `PREFIX_SEED_merged`."""
+    """NAME -> workload, for every pair of a set: `SET_SEED` as generated and `SET_SEED_merged`."""
     out = {}
     for seed, n_ops, rate, streams in SETS[which]:
         w = generate_workload(seed, n_ops=n_ops, n_streams=streams, capture_rate=rate, max_live_bytes=8 << 30)
-        out[f"{PREFIX[which]}_{seed}"] = w
-        out[f"{PREFIX[which]}_{seed}_merged"] = merged(w)
+        out[f"{which}_{seed}"] = w
+        out[f"{which}_{seed}_merged"] = merged(w)
     return out
 
 

@@ -678,11 +678,12 @@ def test_a_damaged_kept_walk_is_named_and_walked_again(snapshot_file, capsys, da
     elif damage == "flipped":
         data[-9] ^= 0xFF
     else:  # a well-formed file whose rows point past the trace: checked, not trusted
-        header, arrays = cache.open_extra(snapshot_file, cache.stamp_of_path(snapshot_file), walk.KIND + "0")
+        stamp = load_snapshot(snapshot_file).cache_source[1]
+        header, arrays = cache.open_extra(snapshot_file, stamp, walk.KIND + "0")
         arrays = {k: np.array(v) for k, v in arrays.items()}
         arrays["allocs.index"][0] = 10**12
         described = {k: header[k] for k in ("device", "rewound", "mismatches")}
-        cache.save_extra(snapshot_file, cache.stamp_of_path(snapshot_file), walk.KIND + "0", arrays, described)
+        cache.save_extra(snapshot_file, stamp, walk.KIND + "0", arrays, described)
         data = bytearray(kept.read_bytes())
     kept.write_bytes(bytes(data))
     again = walk.walk_trace(load_snapshot(snapshot_file))

@@ -36,6 +36,8 @@ malformed window raises a one-line `KitError` (the command line exits 2).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 import pandas as pd
 
@@ -206,14 +208,14 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
     run outside the capture, so outside the graph pool).
     """
     captures = captures_by_name(snapshot)
-    made = walk_trace(snapshot).new_segments if captures else None
+    made = _Made(walk_trace(snapshot).new_segments) if captures else None
     labels = stream_labels(snapshot)
     pools = pool_labels(snapshot)
     rows = []
     for name, mine in captures.items():
         first, last, pool = mine[0], mine[-1], tuple(mine[0]["pool"])
-        inside = _made_by(made, {**first, "trace_end": last["trace_end"]})
-        in_pool = inside["pool"].map(lambda p, pool=pool: tuple(p) == pool).astype(bool)
+        inside = made.by({**first, "trace_end": last["trace_end"]})
+        in_pool = [size for p, _, size in inside if p == pool]
         rows.append(
             {
                 "manager": first.get("manager", name),
@@ -224,9 +226,9 @@ def capture_table(snapshot: Snapshot) -> pd.DataFrame:
                 "pool_label": pools.get(pool, pool_label(pool)),
                 "graphs": len(mine),
                 "eager_breaks": len(mine) - 1,
-                "new_segments": int(in_pool.sum()),
-                "new_segment_bytes": int(inside[in_pool]["size"].sum()),
-                "break_segment_bytes": int(inside[~in_pool]["size"].sum()),
+                "new_segments": len(in_pool),
+                "new_segment_bytes": sum(in_pool),
+                "break_segment_bytes": sum(size for _, _, size in inside) - sum(in_pool),
                 "trace_begin": first["trace_begin"],
                 "trace_end": last["trace_end"],
             }
@@ -252,32 +254,23 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     `windows` are dicts with `graph`, `trace_begin` and `trace_end` (trace
     indices); by default the snapshot's own, or inferred (`capture_windows`).
     A window with a `pool` and `stream` takes only what its capture made
-    (`_made_by`), not what other streams allocated eagerly meanwhile.
+    (`_Made.by`), not what other streams allocated eagerly meanwhile.
     """
     snap = load_snapshot(snapshot)
     inferred = windows is None and _inferred(snap)
     windows = windows if windows is not None else capture_windows(snap)
-    made = walk_trace(snap).new_segments
-    order = np.argsort(made["index"].to_numpy(), kind="stable")  # trace order, to cut each window out by bisection
-    index = made["index"].to_numpy()[order]
-    listed = made["pool"].tolist()
-    made_pool = [tuple(listed[i]) for i in order.tolist()]
-    made_stream, made_size = made["stream"].to_numpy()[order].tolist(), made["size"].to_numpy()[order].tolist()
+    made = _Made(walk_trace(snap).new_segments)
     labels = stream_labels(snap)
     pools = pool_labels(snap)
     rows = []
     for w in windows:
-        own = (tuple(w["pool"]), int(w["stream"])) if "pool" in w and "stream" in w else None
-        lo, hi = np.searchsorted(index, [w["trace_begin"], w["trace_end"]]).tolist()
         groups: dict[tuple, list[int]] = {}
-        for j in range(lo, hi):
-            key = (made_pool[j], int(made_stream[j]))
-            if own is None or _takes(own, *key):
-                group = groups.setdefault(key, [0, 0])
-                group[0] += 1
-                group[1] += int(made_size[j])
-        if not groups and own is not None:  # a capture that added nothing is listed all the same
-            groups[own] = [0, 0]
+        for pool, stream, size in made.by(w):
+            group = groups.setdefault((pool, stream), [0, 0])
+            group[0] += 1
+            group[1] += size
+        if not groups and "pool" in w and "stream" in w:  # a capture that added nothing is listed all the same
+            groups[tuple(w["pool"]), int(w["stream"])] = [0, 0]
         for (pool, stream), (segments, size) in sorted(groups.items()):
             rows.append(
                 {
@@ -296,15 +289,25 @@ def capture_attribution(snapshot: Snapshot | str | dict, windows: list[dict] | N
     return table
 
 
-def _made_by(made: pd.DataFrame, window: dict) -> pd.DataFrame:
-    """The segments made within a window that its capture made: in its pool (any stream: forked streams
-    allocate there too) or on its stream; never another stream's eager allocations, nor another capture's.
-    A window that names no pool and stream (one a caller wrote) takes everything made within it."""
-    inside = made[(made["index"] >= window["trace_begin"]) & (made["index"] < window["trace_end"])]
-    if "pool" not in window or "stream" not in window or inside.empty:
-        return inside
-    own = (tuple(window["pool"]), int(window["stream"]))
-    return inside[[_takes(own, tuple(p), int(x)) for p, x in zip(inside["pool"], inside["stream"], strict=True)]]
+class _Made:
+    """The segments a trace walk saw made, in trace order, to cut each capture window out of by bisection."""
+
+    def __init__(self, made: pd.DataFrame) -> None:
+        order = np.argsort(made["index"].to_numpy(), kind="stable").tolist()
+        index, pool = made["index"].tolist(), made["pool"].tolist()
+        stream, size = made["stream"].tolist(), made["size"].tolist()
+        self.index = [int(index[i]) for i in order]
+        self.made = [(tuple(pool[i]), int(stream[i]), int(size[i])) for i in order]
+
+    def by(self, window: dict) -> list[tuple[tuple[int, int], int, int]]:
+        """(pool, stream, bytes) of each segment made within `window` that its capture made (`_takes`); a window
+        that names no pool and stream (one a caller wrote) takes everything made within it."""
+        lo = bisect_left(self.index, window["trace_begin"])
+        hi = bisect_left(self.index, window["trace_end"])
+        if "pool" not in window or "stream" not in window:
+            return self.made[lo:hi]
+        own = (tuple(window["pool"]), int(window["stream"]))
+        return [m for m in self.made[lo:hi] if _takes(own, m[0], m[1])]
 
 
 def _takes(own: tuple[tuple[int, int], int], pool: tuple[int, int], stream: int) -> bool:

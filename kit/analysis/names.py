@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Collection, Mapping
-from functools import wraps
-from typing import TypeVar
-from weakref import WeakKeyDictionary
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -41,7 +38,7 @@ from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
 from kit.analysis.frames import frame_line, is_user_frame
 from kit.errors import KitError
 from kit.load.rows import TRACE_ACTIONS
-from kit.load.snapshot import Snapshot
+from kit.load.snapshot import Snapshot, per_snapshot
 
 DEFAULT_STREAM_LABEL = "default stream"
 DEFAULT_POOL_LABEL = "default pool"
@@ -56,22 +53,6 @@ SPECULATOR_STREAM_LABEL = f"{SPECULATOR_GRAPHS_LABEL} stream"
 _ALLOC = TRACE_ACTIONS.index("alloc")
 _DIGITS = re.compile(r"(\d+)")
 _SEGMENT_ALLOC = TRACE_ACTIONS.index("segment_alloc")
-
-
-T = TypeVar("T")
-
-
-def _per_snapshot(scan: Callable[[Snapshot], T]) -> Callable[[Snapshot], T]:
-    """Scan a snapshot's trace once while the snapshot lives: every table, verdict and command asks again."""
-    done: WeakKeyDictionary[Snapshot, T] = WeakKeyDictionary()
-
-    @wraps(scan)
-    def cached(snapshot: Snapshot) -> T:
-        if snapshot not in done:
-            done[snapshot] = scan(snapshot)
-        return done[snapshot]
-
-    return cached
 
 
 def letters(i: int) -> str:
@@ -99,7 +80,7 @@ def trace_stream_order(snapshot: Snapshot) -> list[int]:
     return list(_trace_stream_order(snapshot))
 
 
-@_per_snapshot
+@per_snapshot
 def _trace_stream_order(snapshot: Snapshot) -> tuple[int, ...]:
     order: dict[int, None] = {}
     for _, columns in sorted(snapshot.trace_columns.items()):
@@ -108,7 +89,7 @@ def _trace_stream_order(snapshot: Snapshot) -> tuple[int, ...]:
     return tuple(order)
 
 
-@_per_snapshot
+@per_snapshot
 def _first_alloc_frames(snapshot: Snapshot) -> dict[int, str]:
     """Per stream, the user frame of its first allocation in the trace that has one."""
     out: dict[int, str] = {}
@@ -174,7 +155,7 @@ def pool_order(snapshot: Snapshot) -> list[tuple[int, int]]:
     return list(_pool_order(snapshot))
 
 
-@_per_snapshot
+@per_snapshot
 def _pool_order(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     c = snapshot.columns
     pools = c.pools()
@@ -233,7 +214,7 @@ def pool_frames(snapshot: Snapshot) -> FrozenMap:
     return _pool_frames(snapshot)
 
 
-@_per_snapshot
+@per_snapshot
 def _pool_frames(snapshot: Snapshot) -> FrozenMap:
     c = snapshot.columns
     graph = np.flatnonzero((c.pool_a != 0) | (c.pool_b != 0)) if len(c) else np.zeros(0, dtype=np.int64)

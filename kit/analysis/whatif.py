@@ -39,7 +39,6 @@ import random
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from weakref import WeakKeyDictionary
 
 import pandas as pd
 
@@ -55,7 +54,7 @@ from kit.analysis.trace.walk import walk_trace
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
 from kit.load.columns import INACTIVE
-from kit.load.snapshot import Snapshot, load_snapshot
+from kit.load.snapshot import Snapshot, load_snapshot, per_snapshot
 
 
 @dataclass
@@ -196,16 +195,10 @@ EXPANDABLE_CAVEAT = (
 )
 
 
-_REWOUND: WeakKeyDictionary = WeakKeyDictionary()  # snapshot -> {device: rewound_segments}: every try seeds the same
-
-
+@per_snapshot
 def _rewound(snap: Snapshot, device: int) -> list[tuple]:
-    """`rewound_segments` of a snapshot's device, computed once while the snapshot lives (the simulator only reads
-    them)."""
-    done = _REWOUND.setdefault(snap, {})
-    if device not in done:
-        done[device] = rewound_segments(snap, snap.trace_view(device), device)
-    return done[device]
+    """`rewound_segments` of a snapshot's device: every simulation seeds the same (and only reads them)."""
+    return rewound_segments(snap, snap.trace_view(device), device)
 
 
 def rewound_segments(snap: Snapshot, entries, device: int = 0) -> list[tuple]:
@@ -337,22 +330,23 @@ def simulate_trace(
     return Snapshot(raw, origin=origin)
 
 
-_BASELINES: WeakKeyDictionary = WeakKeyDictionary()  # snapshot -> {device: its trace simulated as recorded}
-
-
 def baseline_table(snap: Snapshot, walk: TraceWalk) -> pd.DataFrame:
-    """The segment table of the trace simulated as recorded, once per snapshot and device (what-if, the ranking and
-    the report all compare against it); a copy, so that a caller may change it."""
-    done = _BASELINES.setdefault(snap, {})
-    if walk.device not in done:
-        simulated = simulate_trace(snap, {}, walk=walk, device=walk.device, trace=False)
-        done[walk.device] = segment_table(simulated, stream_names=None)
-    return done[walk.device].copy()
+    """The segment table of the trace simulated as recorded (what-if, the ranking and the report all compare against
+    it), simulated once per snapshot and device; a copy, so that a caller may change it."""
+    return _baseline(snap, walk.device).copy()
 
 
-def simulated_reserved(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> dict[tuple[int, int], int]:
+@per_snapshot
+def _baseline(snap: Snapshot, device: int) -> pd.DataFrame:
+    simulated = simulate_trace(snap, {}, walk=walk_trace(snap, device), device=device, trace=False)
+    return segment_table(simulated, stream_names=None)
+
+
+def simulated_reserved(
+    snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, placement: str = RECORDED
+) -> dict[tuple[int, int], int]:
     """Reserved bytes per pool of the trace simulated with `moves` (ids resolved), nothing else built."""
-    return _run_trace(snap, moves, walk, walk.device, RECORDED)[0].reserved_by_pool()
+    return _run_trace(snap, moves, walk, walk.device, placement)[0].reserved_by_pool()
 
 
 def trace_decisions(snapshot: Snapshot | str | dict, *, walk: TraceWalk | None = None, device: int = 0) -> list:
@@ -568,9 +562,7 @@ def placement_spread(
         return {}
     if snap.check_trace(walk.device) > SPREAD_EVENTS:
         return None
-    tries = [predicted] + [
-        _run_trace(snap, moves, walk, walk.device, placement)[0].reserved_by_pool() for placement in PLACEMENTS
-    ]
+    tries = [predicted] + [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]
     spread = {}
     for pool in sorted(set().union(*tries)):
         figures = [t.get(pool, 0) for t in tries]

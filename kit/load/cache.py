@@ -38,9 +38,10 @@ import os
 import struct
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +57,8 @@ ALIGN = 64
 HASHED_BYTES = 1 << 20  # of the snapshot's head and of its tail
 DTYPES = {"|i1", "|b1", "<i4", "<i8"}  # the only array types a cache holds
 TRACE_FIELDS = ("action", "addr", "size", "stream", "time_us", "stack")
+
+T = TypeVar("T")
 
 _enabled = True
 
@@ -102,15 +105,6 @@ def stamp_of(fd: int) -> Stamp:
     digest.update(os.pread(fd, HASHED_BYTES, 0))
     digest.update(os.pread(fd, HASHED_BYTES, max(0, st.st_size - HASHED_BYTES)))
     return Stamp(st.st_size, st.st_mtime_ns, digest.hexdigest())
-
-
-def stamp_of_path(path: Path) -> Stamp:
-    """The stamp of the file at `path`."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return stamp_of(fd)
-    finally:
-        os.close(fd)
 
 
 def user_folder() -> Path:
@@ -385,9 +379,14 @@ def read(cache: Path, stamp: Stamp) -> Cached:
 
 def open_cached(path: Path, stamp: Stamp) -> Cached | None:
     """The first usable cache of `path`; a cache found unusable is named on stderr (it will be made again)."""
-    for cache in places(path):
+    return _first_usable(places(path), lambda cache: read(cache, stamp))
+
+
+def _first_usable(candidates: list[Path], read_one: Callable[[Path], T]) -> T | None:
+    """What `read_one` makes of the first candidate that exists and reads; each unusable one named on stderr."""
+    for cache in candidates:
         try:
-            return read(cache, stamp)
+            return read_one(cache)
         except FileNotFoundError:
             continue
         except (Rejected, OSError) as e:
@@ -409,9 +408,9 @@ def save(path: Path, stamp: Stamp, columns: SegmentColumns, traces: dict[int, Tr
 # -- what an analysis derived from a snapshot, kept beside its cache -------------------------------
 
 
-def extra_places(path: Path, kind: str) -> list[Path]:
-    """Where a `kind` cache of `path` may be (`<snapshot>.kit<kind>` beside it, else in the cache folder)."""
-    return [p.with_name(p.name.removesuffix(SUFFIX) + f".kit{kind}") for p in places(path)]
+def _extra(cache: Path, kind: str) -> Path:
+    """The `kind` cache that goes where the columns' cache `cache` goes: `<snapshot>.kit<kind>`."""
+    return cache.with_name(cache.name.removesuffix(SUFFIX) + f".kit{kind}")
 
 
 def save_extra(path: Path, stamp: Stamp, kind: str, arrays: dict[str, np.ndarray], described: dict) -> None:
@@ -421,9 +420,8 @@ def save_extra(path: Path, stamp: Stamp, kind: str, arrays: dict[str, np.ndarray
     stamp, kit and format, checksums, and its `kind`.
     """
     try:
-        where = target(path)
-        where = where.with_name(where.name.removesuffix(SUFFIX) + f".kit{kind}")
-        _write_file(where, stamp, {k: _array(k, v) for k, v in arrays.items()}, {"kind": kind, **described})
+        arrays = {k: _array(k, v) for k, v in arrays.items()}
+        _write_file(_extra(target(path), kind), stamp, arrays, {"kind": kind, **described})
     except Unencodable:
         pass
     except OSError as e:
@@ -432,15 +430,11 @@ def save_extra(path: Path, stamp: Stamp, kind: str, arrays: dict[str, np.ndarray
 
 def open_extra(path: Path, stamp: Stamp, kind: str) -> tuple[dict, dict[str, np.ndarray]] | None:
     """The header and arrays `save_extra` kept for `path`, if a usable one is found (an unusable one is named)."""
-    for cache in extra_places(path, kind):
-        try:
-            header, arrays = _read_file(cache, stamp)
-            if header.get("kind") != kind:
-                raise Rejected(f"not a {kind} cache")
-            return header, arrays
-        except FileNotFoundError:
-            continue
-        except (Rejected, OSError) as e:
-            reason = e if isinstance(e, Rejected) else f"unreadable ({e.strerror or e})"
-            note(f"cache {cache} is {reason}; making it again")
-    return None
+
+    def read_kind(cache: Path) -> tuple[dict, dict[str, np.ndarray]]:
+        header, arrays = _read_file(cache, stamp)
+        if header.get("kind") != kind:
+            raise Rejected(f"not a {kind} cache")
+        return header, arrays
+
+    return _first_usable([_extra(cache, kind) for cache in places(path)], read_kind)

@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from functools import cached_property
+from functools import cached_property, wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -323,10 +324,7 @@ class Snapshot:
         """The device's trace as `TraceEntry` records made from its columns when read (`require_trace`'s errors):
         for a pass over the trace that needs no more than action, address, size, stream, time and frames."""
         self.check_trace(device)
-        views = self.__dict__.setdefault("_trace_views", {})
-        if device not in views:
-            views[device] = TraceView(self.trace_columns[device])
-        return views[device]
+        return _trace_view(self, device)
 
     def check_trace(self, device: int = 0) -> int:
         """The device's trace length, or `require_trace`'s error; read off the columns, no entry parsed."""
@@ -379,3 +377,30 @@ class Snapshot:
     def __repr__(self) -> str:
         events = sum(len(t) for t in self.trace_columns.values())
         return f"<Snapshot {self.origin}: {len(self.columns)} segments, {events} trace entries>"
+
+
+T = TypeVar("T")
+
+
+def per_snapshot(compute: Callable[..., T]) -> Callable[..., T]:
+    """`compute(snapshot, *args)` once per snapshot and arguments, while the snapshot lives.
+
+    A loaded snapshot is read-only, and every table, verdict and command of
+    one session asks the same questions of it again. `args` must be hashable
+    (a device number, say).
+    """
+    done: WeakKeyDictionary[Snapshot, dict[tuple, T]] = WeakKeyDictionary()
+
+    @wraps(compute)
+    def cached(snapshot: Snapshot, *args) -> T:
+        mine = done.setdefault(snapshot, {})
+        if args not in mine:
+            mine[args] = compute(snapshot, *args)
+        return mine[args]
+
+    return cached
+
+
+@per_snapshot
+def _trace_view(snapshot: Snapshot, device: int) -> TraceView:
+    return TraceView(snapshot.trace_columns[device])
