@@ -19,27 +19,14 @@ The public API: what the notebooks, the README and the docs call as `kit.X`, by 
 
 Everything else is imported from its module (`from kit.load.rows import Segment`,
 `from kit.analysis.liveness import liveness_verdicts`); `docs/architecture.md` maps the
-modules. Plotly is imported only when a picture is asked for, so the kit's tables load
-on a machine (such as the GPU machine) that has pandas but no plotly.
+modules. Each public name is imported from its module on first use (`kit.__getattr__`), so
+`import kit` loads nothing heavy: vLLM's plugin loader imports `kit.vllm_plugin` in every
+process it starts, the API front end included. Plotly is imported only when a picture is
+asked for, so the kit's tables load on a machine (such as the GPU machine) that has pandas
+but no plotly.
 """
 
-from kit.allocator.simulator import simulate
-from kit.allocator.workload import generate_workload, load_workload, parse_workload, pr_scenario
-from kit.analysis.attribution import capture_attribution, capture_table
-from kit.analysis.check import assert_no_stranding, check_snapshot
-from kit.analysis.equivalence import Equivalence, check_equivalence
-from kit.analysis.liveness import liveness_table
-from kit.analysis.names import pool_labels, stream_labels
-from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
-from kit.analysis.readwrite import readwrite_table
-from kit.analysis.tables import diff_summary, diff_tables, format_bytes, pool_summary, segment_table, style_table
-from kit.analysis.trace.reports import reuse_table, stranding_report
-from kit.analysis.trace.walk import walk_trace
-from kit.analysis.whatif import WhatIf, simulate_trace, what_if
-from kit.errors import KitError
-from kit.load.snapshot import Snapshot, load_snapshot
-from kit.record.readwrite import ReadWriteRecorder
-from kit.record.recorder import CaptureRecorder
+import importlib
 
 __all__ = [
     # snapshots and tables
@@ -90,17 +77,59 @@ __all__ = [
 ]
 
 
+_HOMES = {  # public name -> the module it lives in, imported on first use
+    "simulate": "kit.allocator.simulator",
+    "generate_workload": "kit.allocator.workload",
+    "load_workload": "kit.allocator.workload",
+    "parse_workload": "kit.allocator.workload",
+    "pr_scenario": "kit.allocator.workload",
+    "capture_attribution": "kit.analysis.attribution",
+    "capture_table": "kit.analysis.attribution",
+    "assert_no_stranding": "kit.analysis.check",
+    "check_snapshot": "kit.analysis.check",
+    "Equivalence": "kit.analysis.equivalence",
+    "check_equivalence": "kit.analysis.equivalence",
+    "liveness_table": "kit.analysis.liveness",
+    "pool_labels": "kit.analysis.names",
+    "stream_labels": "kit.analysis.names",
+    "load_ranks": "kit.analysis.ranks",
+    "rank_table": "kit.analysis.ranks",
+    "rank_verdicts": "kit.analysis.ranks",
+    "readwrite_table": "kit.analysis.readwrite",
+    "diff_summary": "kit.analysis.tables",
+    "diff_tables": "kit.analysis.tables",
+    "format_bytes": "kit.analysis.tables",
+    "pool_summary": "kit.analysis.tables",
+    "segment_table": "kit.analysis.tables",
+    "style_table": "kit.analysis.tables",
+    "reuse_table": "kit.analysis.trace.reports",
+    "stranding_report": "kit.analysis.trace.reports",
+    "walk_trace": "kit.analysis.trace.walk",
+    "WhatIf": "kit.analysis.whatif",
+    "simulate_trace": "kit.analysis.whatif",
+    "what_if": "kit.analysis.whatif",
+    "KitError": "kit.errors",
+    "Snapshot": "kit.load.snapshot",
+    "load_snapshot": "kit.load.snapshot",
+    "ReadWriteRecorder": "kit.record.readwrite",
+    "CaptureRecorder": "kit.record.recorder",
+    "group_bar_figure": "kit.show.pictures",
+    "segment_map_figure": "kit.show.pictures",
+    "show_in": "kit.show.pictures",
+    "run_on_gpu": "kit.record.workload",
+    "write_report": "kit.show.report",
+}
+
+
 def __getattr__(name: str):
-    if name in ("group_bar_figure", "segment_map_figure", "show_in"):
-        from kit.show import pictures
+    """Import a public name's module on first use: `import kit` (a vLLM plugin, the CLI) stays light."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return getattr(pictures, name)
-    if name == "run_on_gpu":
-        from kit.record.workload import run_on_gpu
 
-        return run_on_gpu
-    if name == "write_report":
-        from kit.show.report import write_report
-
-        return write_report
-    raise AttributeError(f"module 'kit' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
