@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 
@@ -38,7 +39,7 @@ def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty
         return
     shown = table.copy()
     for col in byte_columns(shown):
-        shown[col] = shown[col].map(format_bytes)
+        shown[col] = shown[col].map(lambda n: "-" if n is None else format_bytes(n))
     made_up = table.attrs.get("generated_labels")
     if made_up:
         print(
@@ -267,14 +268,45 @@ def _print_what_if(result) -> None:
 
 
 def cmd_ranks(args: argparse.Namespace) -> None:
-    from kit.analysis.ranks import load_ranks, rank_table, rank_verdicts
+    from kit.analysis.ranks import (
+        estimate_lines,
+        load_manifests,
+        load_ranks,
+        rank_differences,
+        rank_summary,
+        rank_table,
+        rank_verdicts,
+    )
+    from kit.analysis.tables import table_records
 
-    table = rank_table(load_ranks(args.folder), args.figure)
+    snapshots = load_ranks(args.folder)
+    summary = rank_summary(snapshots, load_manifests(args.folder))
+    table = rank_table(snapshots, args.figure)
+    differences, estimates, verdicts = rank_differences(summary), estimate_lines(summary), rank_verdicts(table)
     if args.json:
-        _print_table(table, True)
+        answer = {
+            "source": table.attrs.get("source"),
+            "ranks": table_records(summary),
+            "differences": differences,
+            "estimates": estimates,
+            "groups": table_records(table),
+            "verdicts": verdicts,
+        }
+        json.dump(answer, sys.stdout, indent=1)
+        sys.stdout.write("\n")
         return
+    shown = summary.drop(columns=["by_stream", "stranded_why"])
+    plain = [c for c in shown.columns if c not in shown.attrs["byte_columns"]]
+    shown[plain] = shown[plain].map(lambda v: "-" if v is None else v)
+    _print_table(shown, False)
+    for line in estimates + (differences or ["the ranks agree on their graph pools"]):
+        print(line)
+    for row in summary.itertuples():
+        if row.stranded_why:
+            print(f"rank {row.rank}: stranded not computed ({row.stranded_why})")
+    print()
     _print_table(table, False)
-    for line in rank_verdicts(table) or ["the ranks agree: no group differs by more than 5% and 2 MiB"]:
+    for line in verdicts or ["the ranks agree: no group differs by more than 5% and 2 MiB"]:
         print(line)
 
 
@@ -293,6 +325,14 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from kit.show.report import write_report
 
+    if os.path.isdir(args.snapshot):  # a folder of ranks: every rank on one page
+        from kit.show.rank_report import write_rank_report
+
+        if args.map:
+            raise KitError("--map is for one snapshot; a folder of ranks is reported without one")
+        write_rank_report(args.snapshot, args.output)
+        print(f"wrote {args.output}")
+        return
     stream_map = parse_stream_map(args.map) if args.map else None  # given: a what-if that fails exits 2
     write_report(args.snapshot, args.output, stream_map=stream_map)
     print(f"wrote {args.output}")
@@ -539,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("report", help="self-contained HTML page of tables, figures, verdicts and attribution")
-    p.add_argument("snapshot")
+    p.add_argument("snapshot", help="a snapshot file, or a folder of per-rank snapshots (every rank on one page)")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
     p.add_argument(
         "--map",

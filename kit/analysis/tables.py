@@ -288,6 +288,11 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _bytes_or_dash(n: float | None) -> str:
+    """`format_bytes`, and "-" for a figure that is not known (None, NaN)."""
+    return "-" if n is None or n != n else format_bytes(n)
+
+
 def byte_columns(table: pd.DataFrame) -> list[str]:
     """The columns that hold bytes, `_before` and `_after` ones of a diff included, and any a table names."""
     named = set(table.attrs.get("byte_columns", ()))
@@ -319,7 +324,7 @@ def style_table(table: pd.DataFrame):
     ("stream of <module> (...)" lost its `<module>`).
     """
     styler = _text_styler()(table).format_index(column_header, escape="html", axis=1)
-    styler = styler.format({c: format_bytes for c in byte_columns(table)}).hide(axis="index")
+    styler = styler.format({c: _bytes_or_dash for c in byte_columns(table)}).hide(axis="index")
     source = table.attrs.get("source")
     return styler.set_caption(html_text(f"source: {source}")) if source else styler
 

@@ -1,0 +1,75 @@
+"""The report of a multi-GPU run: every rank of a folder on one self-contained page.
+
+`python -m kit report DIR` writes it for a folder of per-rank snapshots (the
+vLLM plugin's `KIT_CAPTURE_DIR`, or `rank<N>.pickle` files made another way).
+It opens with the ranks compared (`kit.analysis.ranks`): per rank the graph
+pool by stream, stranded bytes, the replay graphs' own stream, vLLM's
+estimate against the graph pool reserved, the ranks that differ, and the
+groups side by side. Then each rank gets the first sections of the one-file
+report (`kit.show.report`): the answer and its segment-by-stream table. The
+per-rank trace sections (reuse, verdicts, attribution, what-if) stay with
+`python -m kit report DIR/rank<N>.pickle`: a page per rank would repeat them
+for every rank of a large run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import plotly.offline
+
+from kit.analysis.ranks import (
+    estimate_lines,
+    load_manifests,
+    load_ranks,
+    rank_differences,
+    rank_summary,
+    rank_table,
+    rank_verdicts,
+)
+from kit.fileio import atomic_write
+from kit.markup import html_text
+from kit.show.report import _PAGE, _answer_section, _section, _segments_section, _table_html
+
+
+def render_rank_report(folder: str | os.PathLike) -> str:
+    """The ranks' page as one HTML string."""
+    snapshots = load_ranks(folder)
+    summary = rank_summary(snapshots, load_manifests(folder))
+    groups = rank_table(snapshots)
+    lines = [
+        *estimate_lines(summary),
+        *(rank_differences(summary) or ["the ranks agree on their graph pools"]),
+        *(rank_verdicts(groups) or ["the ranks agree: no group differs by more than 5% and 2 MiB"]),
+    ]
+    shown = summary.drop(columns=["by_stream", "stranded_why"])
+    source = groups.attrs["source"]
+    sections = [
+        _section(
+            "The ranks compared",
+            "kit.analysis.ranks.rank_summary, rank_differences",
+            source,
+            _table_html(shown, list(shown.columns))
+            + "<ul>"
+            + "".join(f"<li>{html_text(x)}</li>" for x in lines)
+            + "</ul>",
+        ),
+        _section(
+            "Groups side by side", "kit.analysis.ranks.rank_table", source, _table_html(groups, list(groups.columns))
+        ),
+    ]
+    for rank, snapshot in snapshots.items():
+        sections += [f"<h1>Rank {rank}</h1>", _answer_section(snapshot), _segments_section(snapshot)]
+    return _PAGE.format(
+        title=html_text(f"Ranks of {os.fspath(folder)}"),
+        source=html_text(source),
+        plotlyjs=plotly.offline.get_plotlyjs(),
+        sections="\n".join(sections),
+    )
+
+
+def write_rank_report(folder: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Write the ranks' page to `path`, atomically."""
+    page = render_rank_report(folder)
+    with atomic_write(path) as f:
+        f.write(page)
