@@ -286,6 +286,8 @@ def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any
         **{k: v for k, v in machine().items() if k in ("gpu", "torch", "cuda")},
         "date": utc_now(),
         "pid": os.getpid(),
+        "command": " ".join(sys.argv),
+        "asked_by": {name: os.environ.get(name) for name in (CAPTURE_DIR, PATCH_POLICY)},
         "model": _text(getattr(getattr(config, "model_config", None), "model", None)),
         "capture_sizes": _ints(getattr(getattr(config, "compilation_config", None), "cudagraph_capture_sizes", None)),
         "replay_sizes": _replay_sizes(runner),

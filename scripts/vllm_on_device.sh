@@ -23,6 +23,9 @@
 # run.txt); KIT_VLLM_RECORDINGS=DIR pytest tests/test_vllm_recording.py checks them first.
 # KIT_VLLM_SCENARIOS=a,b records only those scenarios (a run under the GPU machine's 10-minute limit).
 # Exits 0 only if every scenario was recorded; whatever was had is under DIR either way.
+# KIT_VLLM_RUN=plugin runs, instead of the scenarios, vLLM's estimate and capture with the kit installed as a
+# vLLM plugin and turned on by KIT_CAPTURE_DIR / KIT_VLLM_PATCH alone (scripts/vllm_plugin_capture.py),
+# unpatched and patched: DIR/unpatched, DIR/patched (rank0.pickle, rank0.json) and DIR/<arm>.run.json.
 set -u
 DIR=${1:?usage: bash scripts/vllm_on_device.sh OUT_DIR}
 PY=${PYTHON:-python3}
@@ -69,6 +72,38 @@ done
 export PYTHONPATH="$WORK/site:$WORK/src:$WORK/stubs:$PWD"
 export KIT_VLLM_BUNDLE="$BUNDLE" VLLM_USE_BREAKABLE_CUDAGRAPH=1 VLLM_USE_V2_MODEL_RUNNER=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} TOKENIZERS_PARALLELISM=false
+
+if [ "${KIT_VLLM_RUN:-scenarios}" = plugin ]; then
+    # The kit as a plugin (scripts/vllm_plugin_capture.py): installed, so vLLM finds its entry point, and
+    # turned on by environment variables only; DIR/unpatched and DIR/patched get rank0.pickle and rank0.json.
+    echo "== install the kit (its vllm.general_plugins entry point) -> $WORK/kit"
+    rm -rf "$WORK/kit"
+    if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$WORK/kit" "$PWD"
+    then  # no setuptools to build with: the distribution's metadata alone, which is what entry points are read from
+        echo "pip could not build the kit here; writing its dist-info (METADATA, entry_points.txt) by hand"
+        "$PY" - "$WORK/kit" <<'EOF'
+import pathlib, sys, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+info = pathlib.Path(sys.argv[1]) / f"kit-{project['version']}.dist-info"
+info.mkdir(parents=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kit\nVersion: {project['version']}\n")
+groups = project["entry-points"]
+(info / "entry_points.txt").write_text("".join(
+    f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items()))
+EOF
+    fi
+    export PYTHONPATH="$PYTHONPATH:$WORK/kit"
+    status=0
+    for arm in unpatched patched; do
+        policy=""
+        [ "$arm" = patched ] && policy=pr
+        echo "== $arm: KIT_CAPTURE_DIR=$DIR/$arm KIT_VLLM_PATCH=$policy"
+        KIT_CAPTURE_DIR="$DIR/$arm" KIT_VLLM_PATCH="$policy" VLLM_LOGGING_LEVEL=INFO \
+            "$PY" scripts/vllm_plugin_capture.py || status=1
+    done
+    ls -laR "$DIR"
+    return $status
+fi
 
 echo "== import probe"
 "$PY" -m kit.experiments.vllm_capture --probe --out "$DIR"
