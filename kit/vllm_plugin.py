@@ -7,7 +7,7 @@ one more than once in a process. The kit's entry point is `register`
 (pyproject.toml: `kit = "kit.vllm_plugin:register"`), so installing the kit
 into vLLM's environment is all it takes. It does nothing unless asked:
 
-- `KIT_CAPTURE_DIR=DIR`: each worker records memory history from the first
+- `KIT_CAPTURE_DIR_VARIABLE=DIR`: each worker records memory history from the first
   graph capture vLLM asks for (`profile_cudagraph_memory`, the estimate made
   before the KV cache is sized) to the end of `capture_model()`, with the
   kit's capture labels (`kit.CaptureRecorder`: model graphs, replay graphs,
@@ -29,7 +29,7 @@ wrong in the recording is logged and never raised into vLLM; an error in
 vLLM's own capture stops the recording and propagates unchanged.
 
     pip install kit        # into vLLM's environment
-    KIT_CAPTURE_DIR=caps KIT_VLLM_PATCH=pr vllm serve MODEL ...
+    KIT_CAPTURE_DIR_VARIABLE=caps KIT_VLLM_PATCH=pr vllm serve MODEL ...
     python -m kit ranks caps
 """
 
@@ -47,8 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CAPTURE_DIR = "KIT_CAPTURE_DIR"
-PATCH_POLICY = "KIT_VLLM_PATCH"
+CAPTURE_DIR_VARIABLE = "KIT_CAPTURE_DIR_VARIABLE"
+PATCH_VARIABLE = "KIT_VLLM_PATCH"
 RUNNER_MODULES = ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner")  # V2, V1
 MANIFEST_VERSION = 1
 ALLOCATOR_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
@@ -62,7 +62,7 @@ def register() -> None:
     """vLLM's entry point: read the two variables, and wait for a GPU model runner to be imported."""
     if _state["registered"]:
         return
-    folder, policy = os.environ.get(CAPTURE_DIR, "").strip(), os.environ.get(PATCH_POLICY, "").strip()
+    folder, policy = os.environ.get(CAPTURE_DIR_VARIABLE, "").strip(), os.environ.get(PATCH_VARIABLE, "").strip()
     if not folder and not policy:
         return
     _state["registered"] = True
@@ -70,7 +70,7 @@ def register() -> None:
         from kit.patch.policy import STREAM_POLICIES
 
         if policy not in STREAM_POLICIES:
-            _state["refused"] = f"{PATCH_POLICY}={policy} is not one of {', '.join(STREAM_POLICIES)}"
+            _state["refused"] = f"{PATCH_VARIABLE}={policy} is not one of {', '.join(STREAM_POLICIES)}"
             logger.error("kit: %s; vLLM runs unpatched", _state["refused"])
             policy = ""
     _state["policy"] = policy or None
@@ -287,7 +287,7 @@ def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any
         "date": utc_now(),
         "pid": os.getpid(),
         "command": " ".join(sys.argv),
-        "asked_by": {name: os.environ.get(name) for name in (CAPTURE_DIR, PATCH_POLICY)},
+        "asked_by": {name: os.environ.get(name) for name in (CAPTURE_DIR_VARIABLE, PATCH_VARIABLE)},
         "model": _text(getattr(getattr(config, "model_config", None), "model", None)),
         "capture_sizes": _ints(getattr(getattr(config, "compilation_config", None), "cudagraph_capture_sizes", None)),
         "replay_sizes": _replay_sizes(runner),

@@ -2,6 +2,7 @@
 
 - `pictures`: the group bar chart, the segment map, `show_in` for widgets;
 - `report`: a self-contained HTML page for one snapshot;
+- `rank_report`: every rank of a folder on one page (`python -m kit report DIR`);
 - `stepthrough`: the root cause one allocator request at a time (`StepThrough`,
   and notebook 02's slider view `StepView`);
 - `before_after`: two runs side by side and what changed (notebook 01's two captures,
