@@ -131,41 +131,21 @@ def infer_capture_windows(snapshot: Snapshot, device: int = 0) -> list[dict]:
     if allocs.empty:
         return []
     streams = allocs["stream"].to_numpy()
-    pools = allocs["pool"].tolist()
     index = allocs["index"].to_numpy()
+    codes, pools = pd.factorize(allocs["pool"].to_numpy())  # the pools as small numbers: a million rows, few pools
+    pools = [tuple(p) for p in pools]
     labels, pool_names = stream_labels(snapshot), pool_labels(snapshot)
-    runs: dict[int, list] = {}  # stream -> [pool, first index, last index] of its current run
-    windows = []
-
-    def close(stream: int) -> None:
-        pool, first, last = runs.pop(stream)
-        if pool != DEFAULT_POOL:
-            windows.append((first, last + 1, stream, pool))
-
-    for stream, pool, i in zip(streams.tolist(), pools, index.tolist(), strict=True):
-        pool = tuple(pool)
-        run = runs.get(stream)
-        if run is not None and run[0] == pool:
-            run[2] = i
-            continue
-        if run is not None:
-            close(stream)
-        runs[stream] = [pool, i, i]
-    for stream in list(runs):
-        close(stream)
+    in_graph_pool = codes != pools.index(DEFAULT_POOL) if DEFAULT_POOL in pools else np.ones(len(codes), dtype=bool)
     actions = snapshot.trace_columns[device].action
-    pool_allocs = [
-        (i, s) for i, s, p in zip(index.tolist(), streams.tolist(), pools, strict=True) if tuple(p) != DEFAULT_POOL
-    ]
-    frees = np.flatnonzero(actions == SEGMENT_FREE)
+    between = _Between(index[in_graph_pool], streams[in_graph_pool], np.flatnonzero(actions == SEGMENT_FREE))
     counts: dict[tuple, int] = {}
     last: dict[tuple, dict] = {}  # (stream, pool) -> its latest window
     out = []
-    for begin, end, stream, pool in sorted(windows):
+    for begin, end, stream, pool in sorted(_runs(streams, codes, index, pools)):
         if begin and actions[begin - 1] == SEGMENT_ALLOC:
             begin -= 1  # the segment made for the window's first allocation is the window's
         before = last.get((stream, pool))
-        if before is not None and _one_capture(before, begin, stream, pool_allocs, frees):
+        if before is not None and between.one_capture(before["trace_end"], begin, stream):
             window = {**before, "index": before["index"] + 1}
         else:
             counts[pool] = counts.get(pool, 0) + 1
@@ -179,17 +159,45 @@ def infer_capture_windows(snapshot: Snapshot, device: int = 0) -> list[dict]:
     return out
 
 
-def _one_capture(before: dict, begin: int, stream: int, pool_allocs: list, frees) -> bool:
-    """Whether a window continues the capture of `before` after an eager break.
+def _runs(streams: np.ndarray, codes: np.ndarray, index: np.ndarray, pools: list[tuple]) -> list[tuple]:
+    """`(first index, last index + 1, stream, pool)` of each run of one stream's allocations into one graph pool.
 
-    Between two graphs of one capture only the break runs: nothing else
-    allocates into a graph pool, and no `empty_cache` (which each
-    `torch.cuda.graph` runs as it begins) frees a segment.
+    A stream's run goes on while its allocations stay in one pool, whatever
+    other streams allocate meanwhile: the rows are taken stream by stream, in
+    their order, and a run ends where the stream or the pool changes.
     """
-    low, high = before["trace_end"], begin
-    if ((frees >= low) & (frees < high)).any():
-        return False
-    return not any(low <= i < high and s != stream for i, s in pool_allocs)
+    order = np.argsort(streams, kind="stable")
+    stream, code = streams[order], codes[order]
+    starts = np.flatnonzero(np.concatenate(([True], (stream[1:] != stream[:-1]) | (code[1:] != code[:-1]))))
+    ends = np.append(starts[1:], len(order)) - 1
+    runs = zip(
+        index[order[starts]].tolist(),
+        index[order[ends]].tolist(),
+        stream[starts].tolist(),
+        code[starts].tolist(),
+        strict=True,
+    )
+    return [(first, last + 1, s, pools[c]) for first, last, s, c in runs if pools[c] != DEFAULT_POOL]
+
+
+class _Between:
+    """What happened in the trace between two windows: graph-pool allocations (by stream) and segment frees."""
+
+    def __init__(self, index: np.ndarray, streams: np.ndarray, frees: np.ndarray) -> None:
+        order = np.argsort(index, kind="stable")
+        self.index, self.streams, self.frees = index[order], streams[order], frees
+
+    def one_capture(self, low: int, high: int, stream: int) -> bool:
+        """Whether a window from `high` continues the capture of one on `stream` that ended at `low`.
+
+        Between two graphs of one capture only the eager break runs: nothing
+        else allocates into a graph pool, and no `empty_cache` (which each
+        `torch.cuda.graph` runs as it begins) frees a segment.
+        """
+        if np.searchsorted(self.frees, low) < np.searchsorted(self.frees, high):
+            return False
+        lo, hi = np.searchsorted(self.index, low), np.searchsorted(self.index, high)
+        return not (self.streams[lo:hi] != stream).any()
 
 
 def captures_by_name(snapshot: Snapshot) -> dict[str, list[dict]]:

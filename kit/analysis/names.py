@@ -37,6 +37,7 @@ import numpy as np
 from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM
 from kit.analysis.frames import frame_line, is_user_frame
 from kit.errors import KitError
+from kit.load.columns import TraceColumns
 from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot, per_snapshot
 
@@ -100,11 +101,18 @@ def _first_alloc_frames(snapshot: Snapshot) -> dict[int, str]:
             if sid in out or sid == DEFAULT_STREAM:
                 continue
             for i in allocs[streams == sid][:64].tolist():  # the first few: a stack-less entry is rare
-                frame = user_frame(columns.frames[i])
+                frame = user_frame(_frames_at(columns, i))
                 if frame:
                     out[sid] = frame
                     break
     return out
+
+
+def _frames_at(columns: TraceColumns, i: int) -> object:
+    """Entry `i`'s frames, by its stack number where the trace has them (not making every entry's list)."""
+    if columns.stack is not None and columns.stacks is not None:
+        return columns.stacks.lists()[int(columns.stack[i])]
+    return columns.frames[i]
 
 
 def _all_streams(snapshot: Snapshot) -> list[int]:
@@ -243,13 +251,12 @@ def _pool_frames(snapshot: Snapshot) -> FrozenMap:
             continue
         pools, pool_of = np.unique(np.stack([c.pool_a[mine], c.pool_b[mine]], axis=1), axis=0, return_inverse=True)
         codes = pool_of.reshape(-1)[seg[inside]]
-        frames = columns.frames
         # One look per (pool, stack), not per allocation: a trace repeats a few stacks millions of times.
         if columns.stack is not None:  # numbered from 0
             stacks = np.asarray(columns.stack[entries], dtype=np.int64)
             n_stacks = int(stacks.max()) + 1 if stacks.min() >= 0 else 0
         else:  # entries of one stack share one list of frames
-            stacks = np.fromiter(map(id, map(frames.__getitem__, entries.tolist())), np.int64, len(entries))
+            stacks = np.fromiter(map(id, map(columns.frames.__getitem__, entries.tolist())), np.int64, len(entries))
             n_stacks = 0
         if 0 < n_stacks and len(pools) * n_stacks <= 1 << 24:  # no sort: one slot per (pool, stack)
             slots = np.full(len(pools) * n_stacks, -1, dtype=np.int64)
@@ -261,7 +268,7 @@ def _pool_frames(snapshot: Snapshot) -> FrozenMap:
         lines: dict[int, str | None] = {}
         for i, code, stack in zip(entries[first].tolist(), codes[first].tolist(), stacks[first].tolist(), strict=True):
             if stack not in lines:
-                lines[stack] = user_frame(frames[i])
+                lines[stack] = user_frame(_frames_at(columns, i))
             if lines[stack]:
                 pool = (int(pools[code][0]), int(pools[code][1]))
                 found.setdefault((device, pool), set()).add(lines[stack])

@@ -32,6 +32,7 @@ requests on the stream its segment was allocated on; a block freed after
 
 from __future__ import annotations
 
+from collections import Counter
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -149,39 +150,72 @@ def _verdict_rows(snap: Snapshot, walk: TraceWalk) -> list[tuple[int, dict]]:
     tc = snap.trace_columns[walk.device]
     a = walk.allocs
     new = a[a["segment_bytes"] > 0]
-    made = _segments_of(tc, new, walk.new_segments)
-    kept = _still_reserved(snap, tc, walk)
+    kept = _kept_per_alloc(tc, new, walk.new_segments, _still_reserved(snap, tc, walk))
     waits = _pending_waits(snap, tc, a, new)
-    streams, pools = stream_labels(snap), pool_labels(snap)
-    rows = []
-    for (pool, stream), group in new.groupby(["pool", "stream"], sort=True):
-        stranded = group[group["served"] == "stranded"]
-        waited = np.array([i in waits for i in group["index"].tolist()], dtype=bool)
-        pending = group[waited]
-        if stranded.empty and pending.empty:
-            continue
-        either = int(group["segment_bytes"][(group["served"] == "stranded").to_numpy() | waited].sum())
-        row = {
-            "pool": tuple(pool),
-            "stream": int(stream),
-            "pool_label": pools.get(tuple(pool), str(tuple(pool))),
-            "stream_label": streams.get(int(stream), str(stream)),
-            "stranded_bytes": int(stranded["segment_bytes"].sum()),
-            "still_reserved": _kept_bytes(stranded, made, kept, walk.new_segments),
-            "other_streams": sorted({int(s) for s in stranded["other_stream"]}),
-            "pending_bytes": int(pending["segment_bytes"].sum()),
-            "pending_still_reserved": _kept_bytes(pending, made, kept, walk.new_segments),
-            "pending_streams": sorted({s for i in pending["index"].tolist() for s in waits[i]}),
-            "frames": user_frame_line((stranded if not stranded.empty else pending)["frames"].iloc[0]),
-        }
-        row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
-        target = int(stranded["other_stream"].mode().min()) if not stranded.empty else None
-        pending_labels = [streams.get(s, str(s)) for s in row["pending_streams"]]
-        row["verdict"] = _verdict(row, pending_labels, target, streams.get(target, str(target)), snap.expandable)
-        rows.append((either, row))
+    labels = stream_labels(snap), pool_labels(snap)
+    stranded = (new["served"] == "stranded").to_numpy()
+    waited = np.isin(new["index"].to_numpy(), np.fromiter(waits, dtype=np.int64, count=len(waits)))
+    columns = _VerdictColumns(new, stranded, waited, kept, waits)
+    rows = [
+        _verdict_row(columns, members, labels, snap.expandable)
+        for members in _groups(new)
+        if (stranded[members] | waited[members]).any()
+    ]
     rows.sort(key=_verdict_order)
     _VERDICT_ROWS[snap] = (walk, rows)
     return rows
+
+
+def _groups(new: pd.DataFrame) -> list[np.ndarray]:
+    """The rows (positions) of each (pool, stream) group of `new`, groups in order, each group's rows in order."""
+    group = new.groupby(["pool", "stream"], sort=True).ngroup().to_numpy()
+    order = np.argsort(group, kind="stable")
+    starts = np.flatnonzero(np.diff(group[order], prepend=-1))
+    return np.split(order, starts[1:]) if len(order) else []
+
+
+class _VerdictColumns:
+    """The columns of the new-memory allocs a verdict row reads, as arrays (a group's rows: positions in them)."""
+
+    def __init__(self, new: pd.DataFrame, stranded: np.ndarray, waited: np.ndarray, kept: np.ndarray, waits: dict):
+        self.pool, self.stream = new["pool"].to_numpy(), new["stream"].to_numpy()
+        self.index, self.frames = new["index"].to_numpy(), new["frames"].to_numpy()
+        self.bytes, self.other_stream = new["segment_bytes"].to_numpy(), new["other_stream"].to_numpy()
+        self.stranded, self.waited, self.kept, self.waits = stranded, waited, kept, waits
+
+
+def _verdict_row(c: _VerdictColumns, members: np.ndarray, labels: tuple[dict, dict], expandable: bool) -> tuple:
+    """One group's verdict row (`members`: its rows, in order, some stranded or pending) and its bytes of either."""
+    streams, pools = labels
+    stranded, pending = members[c.stranded[members]], members[c.waited[members]]
+    pool, stream = tuple(c.pool[members[0]]), int(c.stream[members[0]])
+    others = c.other_stream[stranded].tolist()
+    row = {
+        "pool": pool,
+        "stream": stream,
+        "pool_label": pools.get(pool, str(pool)),
+        "stream_label": streams.get(stream, str(stream)),
+        "stranded_bytes": int(c.bytes[stranded].sum()),
+        "still_reserved": int(c.kept[stranded].sum()),
+        "other_streams": sorted({int(s) for s in others}),
+        "pending_bytes": int(c.bytes[pending].sum()),
+        "pending_still_reserved": int(c.kept[pending].sum()),
+        "pending_streams": sorted({s for i in c.index[pending].tolist() for s in c.waits[i]}),
+        "frames": user_frame_line(c.frames[stranded[0] if stranded.size else pending[0]]),
+    }
+    row["other_labels"] = [streams.get(s, str(s)) for s in row["other_streams"]]
+    target = _most_often(others) if others else None
+    pending_labels = [streams.get(s, str(s)) for s in row["pending_streams"]]
+    row["verdict"] = _verdict(row, pending_labels, target, streams.get(target, str(target)), expandable)
+    either = int(c.bytes[members[c.stranded[members] | c.waited[members]]].sum())
+    return either, row
+
+
+def _most_often(values: list) -> int:
+    """The value that comes most often (the least of those that tie), as an int."""
+    counts = Counter(values)
+    most = max(counts.values())
+    return int(min(v for v, n in counts.items() if n == most))
 
 
 def stranding_verdicts(snapshot: Snapshot | str | dict, *, min_bytes: int = MIN_BYTES) -> list[str]:
@@ -257,30 +291,32 @@ def map_argument(source_label: str, source: int, target_label: str, target: int 
     return f"'{source_label}={target_label}'"
 
 
-def _segments_of(tc: TraceColumns, allocs: pd.DataFrame, new_segments: pd.DataFrame) -> dict[int, list[int]]:
-    """Per alloc that needed new memory (its trace index): the rows of `new_segments` made for it.
+def _kept_per_alloc(tc: TraceColumns, allocs: pd.DataFrame, new_segments: pd.DataFrame, kept: np.ndarray) -> np.ndarray:
+    """Per row of `allocs` (allocs that needed new memory): the bytes of the segments made for it still kept at the end.
 
-    As the walk counts `segment_bytes`: the segments made after the alloc
-    before it whose range meets the alloc's rounded range.
+    As the walk counts `segment_bytes`: the segments made for an alloc are
+    those made after the alloc before it whose range meets the alloc's rounded
+    range; `kept` says, per row of `new_segments`, whether it is still reserved.
     """
+    out = np.zeros(len(allocs), dtype=np.int64)
     if new_segments.empty or allocs.empty:
-        return {}
+        return out
     every_alloc = np.flatnonzero(tc.action == _ALLOC)
-    made_at = new_segments["index"].to_numpy(dtype=np.int64)
-    at = np.searchsorted(every_alloc, made_at)
+    at = np.searchsorted(every_alloc, new_segments["index"].to_numpy(dtype=np.int64))
     has = at < every_alloc.size
-    nxt = np.full(made_at.size, -1, dtype=np.int64)
-    nxt[has] = every_alloc[at[has]]
-    wanted = set(allocs["index"].tolist())
-    out: dict[int, list[int]] = {}
-    seg_addr, seg_size = new_segments["addr"].tolist(), new_segments["size"].tolist()
-    for k, alloc in enumerate(nxt.tolist()):
-        if alloc not in wanted:
-            continue
-        lo = int(tc.addr[alloc])
-        hi = lo + round_size(int(tc.size[alloc]))
-        if seg_addr[k] < hi and lo < seg_addr[k] + seg_size[k]:
-            out.setdefault(alloc, []).append(k)
+    made = np.flatnonzero(has)  # rows of new_segments with an alloc after them
+    alloc = every_alloc[at[made]]
+    index = allocs["index"].to_numpy(dtype=np.int64)
+    by_index = np.argsort(index, kind="stable")
+    pos = np.minimum(np.searchsorted(index, alloc, sorter=by_index), index.size - 1)
+    row = by_index[pos]
+    lo, need = tc.addr[alloc], round_sizes(tc.size[alloc])
+    seg_addr = new_segments["addr"].to_numpy()[made]
+    seg_size = new_segments["size"].to_numpy()[made]
+    # The ranges meet: seg_addr < lo + need and lo < seg_addr + seg_size, as differences (no overflow).
+    meets = (seg_addr - lo < need) & (lo - seg_addr < seg_size)
+    counted = (index[row] == alloc) & meets & kept[made]
+    np.add.at(out, row[counted], seg_size[counted])
     return out
 
 
@@ -313,12 +349,6 @@ def _still_reserved(snap: Snapshot, tc: TraceColumns, walk: TraceWalk) -> np.nda
     j = np.searchsorted(starts, addr, side="right") - 1
     inside = (j >= 0) & (addr < ends[np.maximum(j, 0)]) if starts.size else np.zeros(addr.size, dtype=bool)
     return kept & inside
-
-
-def _kept_bytes(rows: pd.DataFrame, made: dict[int, list[int]], kept: np.ndarray, new_segments: pd.DataFrame) -> int:
-    """Bytes of the segments made for `rows` that are still in the final snapshot."""
-    sizes = new_segments["size"].tolist()
-    return sum(sizes[k] for i in rows["index"].tolist() for k in made.get(i, ()) if kept[k])
 
 
 def _pending_waits(snap: Snapshot, tc: TraceColumns, allocs: pd.DataFrame, new: pd.DataFrame) -> dict[int, set[int]]:

@@ -105,8 +105,7 @@ def _kept(snap: Snapshot, device: int) -> TraceWalk | None:
             and header["device"] == device
         ):
             raise ValueError("its arrays do not fit the trace")
-        row_pools = np.empty(n, dtype=object)
-        row_pools[:] = list(zip(get["allocs.pool_a"].tolist(), get["allocs.pool_b"].tolist(), strict=True))
+        row_pools = _pools(get["allocs.pool_a"], get["allocs.pool_b"])
         stranded = zip(*(get[f"stranded.{c}"].tolist() for c in _STRANDED), strict=True)
         new_rows = {r: (block, size, stream) for r, block, size, stream in stranded}
         allocs = alloc_frame(tc, rows, row_pools, fresh, new_rows)
@@ -124,3 +123,14 @@ def _kept(snap: Snapshot, device: int) -> TraceWalk | None:
     except (KeyError, TypeError, ValueError) as e:
         caches.note(f"the walk kept for {path} is damaged ({e}); walking again")
         return None
+
+
+def _pools(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each row's pool `(a, b)` as a tuple of ints, one tuple per distinct pool (a million rows have a few pools)."""
+    codes_a, values_a = pd.factorize(a)
+    codes_b, values_b = pd.factorize(b)
+    codes, pairs = pd.factorize(codes_a * len(values_b) + codes_b)
+    firsts, seconds = values_a[pairs // len(values_b)].tolist(), values_b[pairs % len(values_b)].tolist()
+    tuples = np.empty(len(pairs), dtype=object)
+    tuples[:] = list(zip(firsts, seconds, strict=True))
+    return tuples[codes]
