@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CAPTURE_DIR_VARIABLE = "KIT_CAPTURE_DIR_VARIABLE"
+CAPTURE_DIR_VARIABLE = "KIT_CAPTURE_DIR"
 PATCH_VARIABLE = "KIT_VLLM_PATCH"
 RUNNER_MODULES = ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner")  # V2, V1
 MANIFEST_VERSION = 1

@@ -1562,6 +1562,55 @@ MUTATIONS = (
         ("tests/test_report.py::test_a_what_if_refused_for_a_valid_map_leaves_the_rest_of_the_report",),
         "a valid map the what-if refuses is one line in its section; the rest of the page is written",
     ),
+    # -- issue 37: the vLLM plugin and kit ranks
+    Mutation(
+        "plugin_hooks_with_no_variable_set",
+        "kit/vllm_plugin.py",
+        '    if not folder and not policy:\n        return\n    _state["registered"] = True',
+        '    _state["registered"] = True',
+        ("tests/test_vllm_plugin.py::test_register_imports_nothing_heavy_and_without_the_variables_does_nothing",),
+        "without KIT_CAPTURE_DIR or KIT_VLLM_PATCH the plugin must do nothing at all",
+    ),
+    Mutation(
+        "plugin_applies_the_pr_to_any_vllm_release",
+        "kit/vllm_plugin.py",
+        "    if vllm.__version__ != vllm_patch.SUPPORTED_VERSION:",
+        "    if False:",
+        ("tests/test_vllm_plugin.py::test_vllm_untouched_when_not_asked_and_an_unknown_vllm_refused_with_one_line",),
+        "a vLLM release the kit does not know is refused in one log line and runs unpatched",
+    ),
+    Mutation(
+        "plugin_ends_the_recording_at_the_estimates_capture",
+        "kit/vllm_plugin.py",
+        '        if recording.profiling or kwargs.get("profile_only"):',
+        "        if False:",
+        ("tests/test_vllm_plugin.py::test_two_worker_processes_record_their_rank_through_the_plugin_alone",),
+        "the recording runs to the end of the real capture_model(), past the estimate's capture",
+    ),
+    Mutation(
+        "ranks_read_the_plugin_manifest_as_a_snapshot",
+        "kit/analysis/ranks.py",
+        '    return path.suffix == ".json" and any(',
+        "    return False and any(",
+        ("tests/test_ranks.py",),
+        "rank{R}.json beside rank{R}.pickle is the plugin's manifest, not a rank's snapshot",
+    ),
+    Mutation(
+        "ranks_estimate_difference_the_wrong_way_round",
+        "kit/analysis/ranks.py",
+        "        short = reserved - estimate if isinstance(estimate, int) else None",
+        "        short = estimate - reserved if isinstance(estimate, int) else None",
+        ("tests/test_ranks.py",),
+        "beyond_estimate is the graph pool reserved minus vLLM's estimate",
+    ),
+    Mutation(
+        "ranks_name_one_of_two_disagreeing_ranks_as_the_odd_one",
+        "kit/analysis/ranks.py",
+        "        if 2 * len(peers[largest]) > len(known):",
+        "        if 2 * len(peers[largest]) >= len(known):",
+        ("tests/test_ranks.py",),
+        "a rank is named as the one that differs only against a majority that agrees",
+    ),
 )
 
 

@@ -48,6 +48,7 @@ def main() -> int:
     folder = Path(os.environ["KIT_CAPTURE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
     from kit.experiments import vllm_import
+    from kit.fileio import atomic_write
 
     vllm_import.set_vllm_env()
     vllm_import.stub_missing_extensions()
@@ -83,7 +84,8 @@ def main() -> int:
         done["capture_model"] = int(runner.capture_model())
     except Exception:
         done["failed"] = done["failed"] or {"step": "capture_model", "error": traceback.format_exc()[-3000:]}
-    folder.with_name(f"{folder.name}.run.json").write_text(json.dumps(done, indent=1) + "\n")
+    with atomic_write(folder.with_name(f"{folder.name}.run.json")) as f:
+        f.write(json.dumps(done, indent=1) + "\n")
     print(json.dumps(done)[:2000])
     return 1 if done["failed"] else 0
 

@@ -158,9 +158,10 @@ def test_each_ranks_graph_pool_by_stream_stranded_and_the_estimate_against_it(tm
         assert summary.loc[rank, "beyond_estimate"] == beyond
         assert summary.loc[rank, "kv_blocks"] == beyond / BLOCK
     line = estimate_lines(summary.reset_index())[0]
-    words = f"{format_bytes(_graph_pool('unpatched') - 30 * MIB)} more than the estimate"
+    words = f"{format_bytes(_graph_pool('unpatched') - 30 * MIB)} ("
     assert line.startswith("rank 0: vLLM estimated 30.00 MiB") and words in line
-    assert f"{(_graph_pool('unpatched') - 30 * MIB) / BLOCK:,.1f} KV-cache blocks" in line
+    assert f"({(_graph_pool('unpatched') - 30 * MIB) / BLOCK:,.1f} KV-cache blocks)" in line
+    assert "memory the KV cache was sized for" in line
 
 
 def test_the_rank_that_differs_is_named_against_the_others(tmp_path):

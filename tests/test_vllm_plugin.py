@@ -122,7 +122,7 @@ def test_two_worker_processes_record_their_rank_through_the_plugin_alone(tmp_pat
     seen = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [s["rank"] for s in seen] == [0, 1]
     assert [s["streams"] for s in seen] == [2, 3]  # the PR on rank 0 only: the replay graphs share the model's
-    assert all(s["wrapped"] for s in seen)
+    assert all(s["wrapped_by"].endswith("kit/vllm_plugin.py") for s in seen)  # the plugin wrapped vLLM's
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "rank0.pickle", "rank1.json", "rank1.pickle"]
     assert "kit: rank 0 captured with PR 63155 applied (policy pr)" in outputs[0][0] + outputs[0][1]
 

@@ -70,8 +70,7 @@ def main(rank: int) -> None:
             {
                 "rank": rank,
                 "streams": len({id(stream) for _, stream in entered}),  # model, replay, speculator: 3 unpatched
-                "capture_model": model_runner.GPUModelRunner.capture_model.__module__,
-                "wrapped": hasattr(model_runner.GPUModelRunner.capture_model, "__wrapped__"),
+                "wrapped_by": model_runner.GPUModelRunner.capture_model.__code__.co_filename,
             }
         )
     )

@@ -199,25 +199,30 @@ def rank_differences(summary: pd.DataFrame, *, tolerance: float = 0.05, min_byte
 
 
 def estimate_lines(summary: pd.DataFrame) -> list[str]:
-    """Per rank with an estimate: vLLM's estimate against the graph pool reserved, in KV-cache blocks where known."""
+    """Per rank with an estimate: vLLM's estimate against the graph pool reserved, in KV-cache blocks where known.
+
+    vLLM takes its estimate off the KV cache before sizing it: a graph pool
+    above the estimate took memory the KV cache was sized for; below it, the
+    KV cache gave up memory the graphs did not take.
+    """
     lines = []
     for row in summary.to_dict(orient="records"):
-        if row["estimate"] is None or pd.isna(row["estimate"]):
+        if row["estimate"] is None:
             continue
-        gap = int(row["beyond_estimate"])
-        blocks = (
-            ""
-            if row["kv_blocks"] is None or pd.isna(row["kv_blocks"])
-            else f", {abs(row['kv_blocks']):,.1f} KV-cache blocks"
-        )
-        side = "more than" if gap > 0 else "within"
-        applied = (
-            "" if row["estimate_applied"] is not False else " (not applied: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"
-        )
+        gap, blocks = int(row["beyond_estimate"]), row["kv_blocks"]
+        worth = "" if blocks is None else f" ({abs(blocks):,.1f} KV-cache blocks)"
+        if gap > 0:
+            means = f"{format_bytes(gap)}{worth} more than the estimate: memory the KV cache was sized for"
+        elif gap < 0:
+            means = (
+                f"{format_bytes(-gap)}{worth} less than the estimate: KV cache given up that the graphs did not take"
+            )
+        else:
+            means = "exactly the estimate"
+        off = " (not applied: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)" if row["estimate_applied"] is False else ""
         lines.append(
-            f"rank {row['rank']}: vLLM estimated {format_bytes(int(row['estimate']))} of graph memory{applied}; "
-            f"the graph pool reserved {format_bytes(int(row['graph_pool']))} at the end of capture, "
-            f"{format_bytes(abs(gap))} {side} the estimate{blocks}"
+            f"rank {row['rank']}: vLLM estimated {format_bytes(int(row['estimate']))} of graph memory{off}; "
+            f"the graph pool reserved {format_bytes(int(row['graph_pool']))} at the end of capture, {means}"
         )
     return lines
 
