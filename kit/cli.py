@@ -268,45 +268,34 @@ def _print_what_if(result) -> None:
 
 
 def cmd_ranks(args: argparse.Namespace) -> None:
-    from kit.analysis.ranks import (
-        estimate_lines,
-        load_manifests,
-        load_ranks,
-        rank_differences,
-        rank_summary,
-        rank_table,
-        rank_verdicts,
-    )
+    from kit.analysis.ranks import compare_ranks
     from kit.analysis.tables import table_records
 
-    snapshots = load_ranks(args.folder)
-    summary = rank_summary(snapshots, load_manifests(args.folder))
-    table = rank_table(snapshots, args.figure)
-    differences, estimates, verdicts = rank_differences(summary), estimate_lines(summary), rank_verdicts(table)
+    ranks = compare_ranks(args.folder, args.figure)
     if args.json:
         answer = {
-            "source": table.attrs.get("source"),
-            "ranks": table_records(summary),
-            "differences": differences,
-            "estimates": estimates,
-            "groups": table_records(table),
-            "verdicts": verdicts,
+            "source": ranks.groups.attrs.get("source"),
+            "ranks": table_records(ranks.summary),
+            "differences": ranks.differences,
+            "estimates": ranks.estimates,
+            "groups": table_records(ranks.groups),
+            "verdicts": ranks.verdicts,
         }
         json.dump(answer, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    shown = summary.drop(columns=["by_stream", "stranded_why"])
+    shown = ranks.summary.drop(columns=["by_stream", "stranded_why"])
     plain = [c for c in shown.columns if c not in shown.attrs["byte_columns"]]
     shown[plain] = shown[plain].map(lambda v: "-" if v is None else v)
     _print_table(shown, False)
-    for line in estimates + (differences or ["the ranks agree on their graph pools"]):
+    for line in ranks.estimates + (ranks.differences or ["the ranks agree on their graph pools"]):
         print(line)
-    for row in summary.itertuples():
+    for row in ranks.summary.itertuples():
         if row.stranded_why:
             print(f"rank {row.rank}: stranded not computed ({row.stranded_why})")
     print()
-    _print_table(table, False)
-    for line in verdicts or ["the ranks agree: no group differs by more than 5% and 2 MiB"]:
+    _print_table(ranks.groups, False)
+    for line in ranks.verdicts or ["the ranks agree: no group differs by more than 5% and 2 MiB"]:
         print(line)
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,28 @@ def estimate_lines(summary: pd.DataFrame) -> list[str]:
             f"the graph pool reserved {format_bytes(int(row['graph_pool']))} at the end of capture, {means}"
         )
     return lines
+
+
+@dataclass
+class RankComparison:
+    """Everything `kit ranks FOLDER` and the ranks' report say about a folder, computed once."""
+
+    snapshots: dict[int, Snapshot]
+    summary: pd.DataFrame  # rank_summary
+    groups: pd.DataFrame  # rank_table
+    estimates: list[str]
+    differences: list[str]
+    verdicts: list[str]
+
+
+def compare_ranks(folder: str | os.PathLike, figure: str = "reserved") -> RankComparison:
+    """A folder's ranks read (snapshots and the plugin's manifests) and compared."""
+    snapshots = load_ranks(folder)
+    summary = rank_summary(snapshots, load_manifests(folder))
+    groups = rank_table(snapshots, figure)
+    return RankComparison(
+        snapshots, summary, groups, estimate_lines(summary), rank_differences(summary), rank_verdicts(groups)
+    )
 
 
 def _by_rank(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot]) -> dict[int, Snapshot]:

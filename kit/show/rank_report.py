@@ -18,15 +18,7 @@ import os
 
 import plotly.offline
 
-from kit.analysis.ranks import (
-    estimate_lines,
-    load_manifests,
-    load_ranks,
-    rank_differences,
-    rank_summary,
-    rank_table,
-    rank_verdicts,
-)
+from kit.analysis.ranks import compare_ranks
 from kit.fileio import atomic_write
 from kit.markup import html_text
 from kit.show.report import _PAGE, _answer_section, _section, _segments_section, _table_html
@@ -34,13 +26,12 @@ from kit.show.report import _PAGE, _answer_section, _section, _segments_section,
 
 def render_rank_report(folder: str | os.PathLike) -> str:
     """The ranks' page as one HTML string."""
-    snapshots = load_ranks(folder)
-    summary = rank_summary(snapshots, load_manifests(folder))
-    groups = rank_table(snapshots)
+    ranks = compare_ranks(folder)
+    summary, groups = ranks.summary, ranks.groups
     lines = [
-        *estimate_lines(summary),
-        *(rank_differences(summary) or ["the ranks agree on their graph pools"]),
-        *(rank_verdicts(groups) or ["the ranks agree: no group differs by more than 5% and 2 MiB"]),
+        *ranks.estimates,
+        *(ranks.differences or ["the ranks agree on their graph pools"]),
+        *(ranks.verdicts or ["the ranks agree: no group differs by more than 5% and 2 MiB"]),
     ]
     shown = summary.drop(columns=["by_stream", "stranded_why"])
     source = groups.attrs["source"]
@@ -58,7 +49,7 @@ def render_rank_report(folder: str | os.PathLike) -> str:
             "Groups side by side", "kit.analysis.ranks.rank_table", source, _table_html(groups, list(groups.columns))
         ),
     ]
-    for rank, snapshot in snapshots.items():
+    for rank, snapshot in ranks.snapshots.items():
         sections += [f"<h1>Rank {rank}</h1>", _answer_section(snapshot), _segments_section(snapshot)]
     return _PAGE.format(
         title=html_text(f"Ranks of {os.fspath(folder)}"),
