@@ -265,7 +265,7 @@ def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any
     real = recording.recorder.records[recording.real_from :]
     pools = sorted({tuple(r.pool) for r in real if r.pool is not None})
     table = segment_table(snapshot)
-    reserved = int(table.loc[[tuple(p) in pools for p in table["pool"]], "segment_bytes"].sum()) if len(table) else 0
+    reserved = int(table.loc[[tuple(p) in pools for p in table["pool"]], "reserved"].sum()) if len(table) else 0
     ranks = parallel_ranks()
     patch = _state["patch"]
     if patch is not None:
