@@ -1604,6 +1604,14 @@ MUTATIONS = (
         "beyond_estimate is the graph pool reserved minus vLLM's estimate",
     ),
     Mutation(
+        "ranks_find_the_replay_stream_by_the_label_the_estimate_gave",
+        "kit/analysis/ranks.py",
+        '    first = manifest.get("profile_captures")',
+        "    first = None",
+        ("tests/test_vllm_plugin_recording.py",),
+        "in a plugin recording the real capture's replay stream is found by its capture records, not its label",
+    ),
+    Mutation(
         "ranks_name_one_of_two_disagreeing_ranks_as_the_odd_one",
         "kit/analysis/ranks.py",
         "        if 2 * len(peers[largest]) > len(known):",
