@@ -48,6 +48,7 @@ from kit.load.snapshot import Snapshot, load_snapshot
 from kit.units import MIB
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".json")
+PROVENANCE = "PROVENANCE.json"  # a recording folder's provenance, never a rank's snapshot
 MANIFEST_VERSION = 1  # kit.vllm_plugin.MANIFEST_VERSION: what `rank{R}.json` holds
 REPLAY_STREAM_LABEL = "decoder replay graphs stream"  # the recorder's name for the replay graphs' own stream
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
@@ -67,7 +68,11 @@ def load_ranks(folder: str | os.PathLike) -> dict[int, Snapshot]:
     folder = Path(folder)
     if not folder.is_dir():
         raise KitError(f"{folder}: not a folder of per-rank snapshots")
-    files = sorted(p for p in folder.iterdir() if p.suffix in SNAPSHOT_SUFFIXES and p.is_file() and not _is_manifest(p))
+    files = sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix in SNAPSHOT_SUFFIXES and p.is_file() and not _is_manifest(p) and p.name != PROVENANCE
+    )
     if not files:
         raise KitError(f"{folder}: no snapshot files ({', '.join(SNAPSHOT_SUFFIXES)})")
     ranks: dict[int, Snapshot] = {}
