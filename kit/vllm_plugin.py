@@ -293,7 +293,7 @@ def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any
         "replay_sizes": _replay_sizes(runner),
         "trim_threshold": _attr_int(runner, "model_state", "decoder_replay_layers", "trim_threshold"),
         "allocator": {name: os.environ.get(name) for name in ALLOCATOR_SETTINGS},
-        "expandable_segments": bool(snapshot.expandable) if hasattr(snapshot, "expandable") else None,
+        "expandable_segments": snapshot.expandable,
         "patch": {"asked": _state["policy"], "applied": patch is not None, "refused": _state["refused"]},
         "estimate": recording.estimate if isinstance(recording.estimate, int) else None,
         "estimate_applied": os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0",

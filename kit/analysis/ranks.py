@@ -141,7 +141,7 @@ def rank_summary(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], manifes
         except KitError as exc:
             stranded, why = None, str(exc)
         reserved = int(mine["reserved"].sum()) if len(mine) else 0
-        estimate = manifest.get("estimate")
+        estimate, patch = manifest.get("estimate"), manifest.get("patch") or {}
         per_block = (manifest.get("kv_cache") or {}).get("bytes_per_block")
         short = reserved - estimate if isinstance(estimate, int) else None
         rows.append(
@@ -156,9 +156,7 @@ def rank_summary(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], manifes
                 "estimate_applied": manifest.get("estimate_applied"),
                 "beyond_estimate": short,
                 "kv_blocks": short / per_block if short is not None and per_block else None,
-                "patch": (manifest.get("patch") or {}).get("asked")
-                if manifest.get("patch", {}).get("applied")
-                else None,
+                "patch": patch.get("asked") if patch.get("applied") else None,
                 "vllm": manifest.get("vllm"),
             }
         )
