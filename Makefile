@@ -10,7 +10,7 @@ LAB_DIR ?= notebooks
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: venv lab test walkthrough recordings plain-recordings lint browser-deps screenshots vllm-bundle vllm-recordings
-.PHONY: boundary-recordings mutations merged-recordings safety-recordings
+.PHONY: boundary-recordings mutations merged-recordings merged-spread-recordings safety-recordings
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium with playwright-core from npm;
 # no browser is ever downloaded. apt needs root: CI is root, elsewhere sudo is used.
@@ -89,6 +89,10 @@ plain-recordings:
 # onto s1, on the real allocator (needs CUDA); scripts/whatif_vs_merged.py compares them.
 merged-recordings:
 	$(PYTHON) scripts/record_merged.py --out kit/recordings/merged
+
+# The longer pairs where the default pool moves (kit/recordings/merged_spread, shipped gzipped).
+merged-spread-recordings:
+	$(PYTHON) scripts/record_merged.py --set spread --out kit/recordings/merged_spread
 
 # Record only the corpus's boundary workloads (every split rule on both sides) and add their provenance (needs CUDA).
 boundary-recordings:

@@ -318,6 +318,33 @@ MUTATIONS = (
         "a default-pool miss must come with a range that holds the measured figure",
     ),
     Mutation(
+        "whatif_shuffled_placement_ignores_recorded_addresses",
+        "kit/analysis/whatif.py",
+        "iter(recorded if placement in (RECORDED, SHUFFLED) else ())",
+        "iter(recorded if placement == RECORDED else ())",
+        (WHATIF_MERGED + "test_each_placement_lays_new_segments_where_its_docstring_says",),
+        "the shuffled try lays new segments at the recording's addresses in another order",
+    ),
+    Mutation(
+        "whatif_spread_share_loosened",
+        "kit/analysis/whatif.py",
+        "SPREAD_SEEN_OUTSIDE = 0.03",
+        "SPREAD_SEEN_OUTSIDE = 0.1",
+        (WHATIF_MERGED + "test_the_share_the_correction_line_states_is_what_the_spread_set_measured",),
+        "the share the correction line states is the one the spread set measured, not a looser one",
+    ),
+    Mutation(
+        "whatif_spread_margin_dropped",
+        "kit/analysis/whatif.py",
+        "    return low - SPREAD_SEEN_OUTSIDE * measured <= measured <= high + SPREAD_SEEN_OUTSIDE * measured",
+        "    return low <= measured <= high",
+        (
+            WHATIF_MERGED
+            + "test_on_the_spread_set_every_graph_pool_is_exact_and_the_default_pool_near_its_stated_range",
+        ),
+        "a default pool outside the placements' range is held to the share the correction line states",
+    ),
+    Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',

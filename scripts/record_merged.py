@@ -14,7 +14,9 @@ process and its snapshot is written beside it as `NAME.pickle` and
 `NAME_merged.pickle`. Trace frames are dropped (the workload's names are in the
 snapshot's `kit` key, and the files ship with the kit). `PROVENANCE.json` holds
 the GPU, the versions, the date, the command, and per file its trace length,
-segment frees and sha256. A workload whose recording frees no segment is an
+segment frees and sha256. The spread set's snapshots are long: they ship gzipped
+(`NAME.pickle.gz`, which every command reads) without their workloads, which
+`workloads("spread")` makes again from the seeds. A workload whose recording frees no segment is an
 error: these pairs exist to exercise `empty_cache`.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gzip
 import json
 import pickle
 import subprocess
@@ -45,6 +48,8 @@ SETS = {
     "merged": [(100 + i, 400 + 150 * i, 0.04, 3) for i in range(12)] + [(200, 12000, 0.004, 3)],
     "spread": [(300 + i, 3000 + 1500 * i, 0.006, 4) for i in range(12)],
 }
+PACKED = {"spread"}  # sets shipped as NAME.pickle.gz, workloads left to the seeds
+PACKED_AS = "NAME.pickle.gz for each NAME.pickle (gzip, no time stamp); sha256 is of NAME.pickle, what the run wrote"
 
 
 def command(which: str) -> str:
@@ -90,6 +95,16 @@ def record(name: str, out: Path) -> dict:
     return {"trace_entries": len(trace), "segment_frees": frees}
 
 
+def pack(out: Path, names: list[str]) -> None:
+    """Each `NAME.pickle` gzipped into `NAME.pickle.gz` (no time stamp, so the bytes repeat), its workload removed."""
+    for name in names:
+        plain = out / f"{name}.pickle"
+        with atomic_write(out / f"{name}.pickle.gz", "wb") as f:
+            f.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        plain.unlink()
+        (out / f"{name}.json").unlink()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="which", choices=sorted(SETS), default="merged", help="which workloads")
@@ -108,7 +123,8 @@ def main() -> int:
             f.write(json.dumps(workload) + "\n")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         facts = dict(zip(pairs, pool.map(lambda n: record(n, args.out), pairs), strict=True))
-    files = file_hashes(args.out / f"{name}{suffix}" for name in sorted(pairs) for suffix in (".json", ".pickle"))
+    shipped = (".pickle",) if args.which in PACKED else (".json", ".pickle")
+    files = file_hashes(args.out / f"{name}{suffix}" for name in sorted(pairs) for suffix in shipped)
     for name in sorted(pairs):
         print(f"{name}: {facts[name]['trace_entries']} trace entries, {facts[name]['segment_frees']} segment frees")
     manifest = {
@@ -117,6 +133,9 @@ def main() -> int:
         "runs": facts,
         "files": files,
     }
+    if args.which in PACKED:
+        pack(args.out, sorted(pairs))
+        manifest["shipped_as"] = PACKED_AS
     write_manifest(args.out, manifest)
     print(f"recorded {len(pairs)} workloads ({len(pairs) // 2} pairs) into {args.out}")
     return 0

@@ -12,7 +12,9 @@ graph pool, and a shared run never makes them.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import subprocess
 import sys
 
@@ -23,7 +25,8 @@ from kit.allocator.workload import load_workload
 from kit.analysis.names import stream_labels
 from kit.analysis.tables import segment_table
 from kit.analysis.trace.walk import walk_trace
-from kit.analysis.whatif import what_if
+from kit.analysis import whatif
+from kit.analysis.whatif import SPREAD_SEEN_OUTSIDE, what_if, within_seen_spread
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -33,6 +36,10 @@ from .helpers import MIB
 
 MERGED = RECORDINGS / "merged"
 PAIRS = sorted(p.stem for p in MERGED.glob("merged_*.pickle") if not p.stem.endswith("_merged"))
+SPREAD = RECORDINGS / "merged_spread"
+SPREAD_PAIRS = sorted(
+    p.name.removesuffix(".pickle.gz") for p in SPREAD.glob("spread_*.pickle.gz") if "_merged" not in p.name
+)
 
 
 def reserved_by_pool(table) -> dict[tuple[int, int], int]:
@@ -98,6 +105,66 @@ def test_the_two_default_pool_misses_are_within_the_stated_range_and_graph_pools
             total += 1
             exact += predicted.get(pool, 0) == measured.get(pool, 0)
     assert (exact, total) == (160, 162)  # docs/whatif.md's figures
+
+
+# --- the spread set: long, mostly eager work moved, the default pool decided by cudaMalloc's addresses ---
+
+
+@functools.cache
+def spread_pair(name: str) -> tuple:
+    """(what-if of `name` with s2 mapped onto s1, reserved by pool of the merged run on the GPU)."""
+    snap = load_snapshot(str(SPREAD / f"{name}.pickle.gz"))
+    streams = snap.kit["streams"]
+    result = what_if(snap, {streams["s2"]: streams["s1"]})
+    return result, reserved_by_pool(segment_table(str(SPREAD / f"{name}_merged.pickle.gz")))
+
+
+def test_the_spread_set_has_twelve_pairs_whose_default_pool_moves():
+    assert len(SPREAD_PAIRS) == 12
+    for name in SPREAD_PAIRS:
+        recorded = reserved_by_pool(segment_table(str(SPREAD / f"{name}.pickle.gz")))
+        assert recorded[(0, 0)] != spread_pair(name)[1][(0, 0)]
+
+
+@pytest.mark.parametrize("name", SPREAD_PAIRS)
+def test_on_the_spread_set_every_graph_pool_is_exact_and_the_default_pool_near_its_stated_range(name):
+    result, measured = spread_pair(name)
+    predicted = reserved_by_pool(result.predicted)
+    graph = {p for p in measured if p != (0, 0)}
+    assert {p: predicted.get(p, 0) for p in graph} == {p: measured[p] for p in graph}
+    assert set(predicted) <= set(measured)
+    if predicted[(0, 0)] != measured[(0, 0)]:
+        low, high = result.spread[(0, 0)]
+        assert within_seen_spread(measured[(0, 0)], low, high), (low, measured[(0, 0)], high)
+        assert any("(0, 0)" in line and "cannot bound" in line for line in result.corrections)
+
+
+def test_the_share_the_correction_line_states_is_what_the_spread_set_measured():
+    """SPREAD_SEEN_OUTSIDE is the smallest whole percent that holds every miss: neither looser nor tighter."""
+    outside = []
+    for name in SPREAD_PAIRS:
+        result, measured = spread_pair(name)
+        low, high = result.spread[(0, 0)]
+        want = measured[(0, 0)]
+        outside.append(max(low - want, want - high, 0) / want)
+    assert sum(share > 0 for share in outside) == 6
+    assert math.ceil(max(outside) * 100) / 100 == SPREAD_SEEN_OUTSIDE
+
+
+def test_each_placement_lays_new_segments_where_its_docstring_says():
+    """RECORDED takes the recording's addresses in order, SHUFFLED the same addresses in another order,
+    ASCENDING and DESCENDING none of them (above everything recorded)."""
+    recorded = [(10 + i) << 30 for i in range(8)]
+    laid = {}
+    for placement in (whatif.RECORDED, whatif.SHUFFLED, whatif.ASCENDING, whatif.DESCENDING):
+        sim = whatif._TraceSim(recorded, above=20 << 30, placement=placement)
+        laid[placement] = [sim._cuda_malloc(MIB) for _ in recorded]
+    assert laid[whatif.RECORDED] == recorded
+    assert sorted(laid[whatif.SHUFFLED]) == recorded and laid[whatif.SHUFFLED] != recorded
+    for placement in (whatif.ASCENDING, whatif.DESCENDING):
+        assert min(laid[placement]) >= 20 << 30 and len(set(laid[placement])) == len(recorded)
+    assert laid[whatif.ASCENDING] == sorted(laid[whatif.ASCENDING])
+    assert laid[whatif.DESCENDING] == sorted(laid[whatif.DESCENDING], reverse=True)
 
 
 # --- the cuBLAS workspace of a moved stream --------------------------------------------------------
