@@ -233,6 +233,7 @@ class _Recording:
             snapshot = self.recorder.stop()
             manifest = worker_manifest(runner, snapshot, self, took)
             rank = manifest["rank"]
+            name_phases(snapshot.raw["kit"], self.recorder.records, self.real_from)
             write_rank(self.folder, manifest, snapshot.raw)
             line = "kit: rank %s recorded %d captures into %s (graph pool %.2f GiB; vLLM's estimate %s)"
             estimate = "not made" if self.estimate is None else f"{self.estimate / (1 << 30):.2f} GiB"
@@ -250,6 +251,29 @@ class _Recording:
     def _give_up(self, why: str) -> None:
         self.done = True
         logger.error("kit: %s; vLLM goes on without the recording", why)
+
+
+ESTIMATE_PREFIX = "estimate's "
+
+
+def name_phases(kit: dict, records: list, real_from: int) -> None:
+    """Name streams and pools in `kit` after the real capture's records, the estimate's with `ESTIMATE_PREFIX`.
+
+    The recorder names a stream after the first manager it saw there, which in
+    a worker is the estimate's throwaway capture; `kit ranks` and the tables
+    should show the real capture's "decoder replay graphs stream" and "global
+    graph pool", the ones that stay.
+    """
+    from kit.record.recorder import pool_names, stream_names
+
+    estimate, real = records[:real_from], records[real_from:]
+    for key, names in (("streams", stream_names), ("pools", pool_names)):
+        named = names(real)
+        taken = [tuple(v) if isinstance(v, list) else v for v in named.values()]
+        for name, value in names(estimate).items():
+            if (tuple(value) if isinstance(value, list) else value) not in taken:
+                named[ESTIMATE_PREFIX + name] = value
+        kit[key] = named
 
 
 def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any) -> dict:

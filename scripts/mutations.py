@@ -345,6 +345,14 @@ MUTATIONS = (
         "a default pool outside the placements' range is held to the share the correction line states",
     ),
     Mutation(
+        "plugin_names_streams_after_the_estimate",
+        "kit/vllm_plugin.py",
+        "    estimate, real = records[:real_from], records[real_from:]",
+        "    estimate, real = records[:real_from], records",
+        ("tests/test_vllm_plugin.py::test_streams_and_pools_are_named_after_the_real_capture_not_the_estimates",),
+        "the real capture's streams and pools carry the plain names, the estimate's the prefix",
+    ),
+    Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',

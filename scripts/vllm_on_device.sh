@@ -25,7 +25,8 @@
 # Exits 0 only if every scenario was recorded; whatever was had is under DIR either way.
 # KIT_VLLM_RUN=plugin runs, instead of the scenarios, vLLM's estimate and capture with the kit installed as a
 # vLLM plugin and turned on by KIT_CAPTURE_DIR / KIT_VLLM_PATCH alone (scripts/vllm_plugin_capture.py),
-# unpatched and patched: DIR/unpatched, DIR/patched (rank0.pickle, rank0.json) and DIR/<arm>.run.json.
+# unpatched and patched: DIR/unpatched, DIR/patched (rank0.pickle, rank0.json) and DIR/<arm>.run.json, each
+# folder with its PROVENANCE.json (scripts/plugin_provenance.py): ship with cp -r DIR/. kit/recordings/vllm_plugin/.
 set -u
 DIR=${1:?usage: bash scripts/vllm_on_device.sh OUT_DIR}
 PY=${PYTHON:-python3}
@@ -101,6 +102,7 @@ EOF
         KIT_CAPTURE_DIR="$DIR/$arm" KIT_VLLM_PATCH="$policy" VLLM_LOGGING_LEVEL=INFO \
             "$PY" scripts/vllm_plugin_capture.py || status=1
     done
+    "$PY" scripts/plugin_provenance.py "$DIR" || status=1
     ls -laR "$DIR"
     return $status
 fi

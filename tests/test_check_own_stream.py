@@ -28,7 +28,7 @@ from kit.allocator.simulator import CachingAllocatorSim
 from kit.allocator.workload import parse_workload
 from kit.analysis.check import DEFAULT_OWN_STREAM, check_snapshot
 from kit.analysis.liveness import is_drafter_capture
-from kit.recordings import RECORDINGS
+from kit.recordings import RECORDINGS, shipped_bytes
 
 from .helpers import MIB, run_kit
 
@@ -340,7 +340,7 @@ def test_check_on_the_shipped_h200_drafter_run(tmp_path):
     `pr`): the drafter's graphs strand 24 MiB of the global graph pool on their own stream. Issue 28's failure (exit 1)
     with --own-stream none; exit 0 by default, the group listed as allowed by its manager. Under `share_all` (every
     capture on the model graphs' stream) nothing strands, so nothing is allowed either."""
-    variants = json.loads((RECORDINGS / "drafter" / "small.json").read_text())["variants"]
+    variants = json.loads(shipped_bytes(RECORDINGS / "drafter" / "small.json"))["variants"]
     path = _write(tmp_path, "pr", variants["pr"]["snapshot"])
     line = "global graph pool (0, 1), DFlash speculator graphs stream (stream "
     done = run_kit("check", path, "--own-stream", "none")

@@ -146,3 +146,25 @@ def test_two_worker_processes_record_their_rank_through_the_plugin_alone(tmp_pat
     answer = json.loads(done.stdout)
     ranks = [(r["rank"], r["estimate"], r["patch"]) for r in answer["ranks"]]
     assert ranks == [(0, ESTIMATE, "pr"), (1, ESTIMATE, None)]
+
+
+def test_streams_and_pools_are_named_after_the_real_capture_not_the_estimates():
+    """As recorded on the H100: the estimate captures first, on streams and into a pool of its own."""
+    from kit.record.recorder import CaptureRecord
+    from kit.vllm_plugin import name_phases
+
+    def record(manager: str, stream: int, pool: tuple, *, is_global: bool = True) -> CaptureRecord:
+        return CaptureRecord(manager, 8, stream, 0, 0, pool=pool, trace_end=1, global_pool=is_global)
+
+    estimate = [record("model graphs", 11, (0, 2)), record("decoder replay graphs", 12, (0, 2))]
+    for replay_stream, want in ((22, {"decoder replay graphs stream": 22}), (21, {})):  # unpatched, then the PR
+        kit: dict = {}
+        real = [record("model graphs", 21, (0, 1)), record("decoder replay graphs", replay_stream, (0, 1))]
+        name_phases(kit, estimate + real, len(estimate))
+        assert kit["streams"] == {
+            "model graphs stream": 21,
+            **want,
+            "estimate's model graphs stream": 11,
+            "estimate's decoder replay graphs stream": 12,
+        }
+        assert kit["pools"] == {"global graph pool": [0, 1], "estimate's global graph pool": [0, 2]}

@@ -434,7 +434,9 @@ def load_alternatives(preset: str = "small", path: str | Path | None = None, dra
     if drafter_path is None:
         shipped = path is None or Path(path) == alternatives.recording_path(preset)
         drafter_path = (RECORDINGS_DIR if shipped else Path(path).parent / "drafter") / f"{preset}.json"
-    if Path(drafter_path).is_file():
+    from kit.recordings import shipped
+
+    if shipped(Path(drafter_path)) is not None:  # NAME or NAME.gz
         with_drafter_analyses(data, load_recording(preset, drafter_path))
     return data
 
