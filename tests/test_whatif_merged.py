@@ -22,10 +22,10 @@ import pytest
 
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import load_workload
+from kit.analysis import whatif
 from kit.analysis.names import stream_labels
 from kit.analysis.tables import segment_table
 from kit.analysis.trace.walk import walk_trace
-from kit.analysis import whatif
 from kit.analysis.whatif import SPREAD_SEEN_OUTSIDE, what_if, within_seen_spread
 from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
