@@ -12,7 +12,8 @@ The public API: what the notebooks, the README and the docs call as `kit.X`, by 
   `what_if` (a `WhatIf`), `simulate_trace`
 - a guard for CI: `check_snapshot`, `assert_no_stranding` (for a pytest test)
 - capture recorder: `CaptureRecorder`, `capture_table`
-- ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`
+- ranks of a multi-GPU run: `load_ranks`, `rank_table`, `rank_verdicts`, `compare_ranks` (a folder the
+  vLLM plugin wrote: per rank the graph pool, stranded bytes and vLLM's estimate)
 - safety: `liveness_table`, `check_equivalence`, `Equivalence` (graphs against eager),
   `ReadWriteRecorder`, `readwrite_table` (the bytes each op reads and writes)
 - errors: `KitError`
@@ -66,6 +67,7 @@ __all__ = [
     "CaptureRecorder",
     "capture_table",
     "load_ranks",
+    "compare_ranks",
     "rank_table",
     "rank_verdicts",
     "liveness_table",
@@ -93,6 +95,7 @@ _HOMES = {  # public name -> the module it lives in, imported on first use
     "pool_labels": "kit.analysis.names",
     "stream_labels": "kit.analysis.names",
     "load_ranks": "kit.analysis.ranks",
+    "compare_ranks": "kit.analysis.ranks",
     "rank_table": "kit.analysis.ranks",
     "rank_verdicts": "kit.analysis.ranks",
     "readwrite_table": "kit.analysis.readwrite",

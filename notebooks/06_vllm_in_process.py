@@ -297,6 +297,95 @@ if llm is not None:
         display(kit.style_table(kit.segment_table(rank_snapshot)))
 
 # %% [markdown]
+# ## 6. In a deployment: every worker recorded, and vLLM's estimate
+#
+# **The question.** A served model runs one worker process per rank, where nothing above can
+# reach in. And before it sizes the KV cache, vLLM estimates the graphs' memory
+# (`GPUModelRunner.profile_cudagraph_memory`, which `Worker.determine_available_memory` takes
+# off the KV cache): does that estimate count the replay graphs' second pool, unpatched and
+# under the PR?
+#
+# The kit is also a vLLM general plugin (`kit.vllm_plugin`): installed into vLLM's environment,
+# it does nothing until an environment variable asks. `KIT_CAPTURE_DIR=DIR` has every worker
+# write `DIR/rank{R}.pickle` (from the estimate's first capture to the end of `capture_model()`)
+# and `DIR/rank{R}.json` (vLLM's estimate, the graph pool reserved, the parallel sizes and
+# ranks); `KIT_VLLM_PATCH=pr` applies the PR in every worker. Then `kit ranks DIR`:
+#
+# ```bash
+# pip install <the kit>                        # into vLLM's environment
+# KIT_CAPTURE_DIR=/tmp/caps KIT_VLLM_PATCH=pr vllm serve <model> --tensor-parallel-size 8
+# kit ranks /tmp/caps                          # or kit.compare_ranks("/tmp/caps") here
+# ```
+#
+# Below, the plugin's own recording: vLLM 0.33's `profile_cudagraph_memory` and
+# `capture_model()` around the stand-in of section 4b, once unpatched and once with
+# `KIT_VLLM_PATCH=pr`, the plugin turned on by the two variables alone. Stood in besides the
+# model (each arm's `run.json` lists them): the minimal KV cache of the estimate (there is
+# none), the runner's new graph manager after it, expert load balancing.
+
+# %%
+from kit.record.provenance import read_manifest
+
+plugin_runs = {
+    arm: kit.compare_ranks(recording(f"vllm_plugin/{arm}/rank0.json").parent) for arm in ("unpatched", "patched")
+}
+plugin_source = read_manifest(recording("vllm_plugin/PROVENANCE.json").parent)
+print(
+    f"data source: recorded, the kit's vLLM plugin on {plugin_source['gpu']}, torch {plugin_source['torch']}, "
+    f"vLLM {plugin_source['vllm']}, {plugin_source['date']} (kit/recordings/vllm_plugin)"
+)
+for arm, found in plugin_runs.items():
+    print(f"\n{arm}:")
+    display(kit.style_table(found.summary))
+    print("\n".join(found.estimates))
+display(kit.style_table(plugin_runs["unpatched"].groups))
+
+# %% [markdown]
+# Each rank's table is the same segment-by-stream table as everywhere in the kit, with the
+# real capture's streams named plainly and the estimate's throwaway captures prefixed
+# "estimate's". The estimate question is a difference between the arms:
+
+# %%
+figures = {}
+for arm, found in plugin_runs.items():
+    row = found.summary.iloc[0]
+    manifest = found.snapshots[0].kit["vllm_worker"]
+    figures[arm] = {
+        "estimate": row["estimate"],
+        "graph pool": row["graph_pool"],
+        "capture_model()": manifest.get("capture_model_bytes"),
+    }
+estimate_gap = figures["unpatched"]["estimate"] - figures["patched"]["estimate"]
+capture_gap = figures["unpatched"]["capture_model()"] - figures["patched"]["capture_model()"]
+pool_gap = figures["unpatched"]["graph pool"] - figures["patched"]["graph pool"]
+groups = plugin_runs["unpatched"].groups
+on_replay = groups[
+    (groups["stream_label"] == "decoder replay graphs stream") & (groups["pool_label"] == "default pool")
+]
+replay_default = int(on_replay["rank 0"].sum())
+print(f"vLLM's estimate, unpatched minus under the PR:      {kit.format_bytes(estimate_gap)}")
+print(f"capture_model()'s own figure, unpatched minus PR:   {kit.format_bytes(capture_gap)}")
+print(f"  graph pool reserved, unpatched minus PR:          {kit.format_bytes(pool_gap)}")
+print(f"  default-pool segments on the replay graphs' own stream (unpatched only): {kit.format_bytes(replay_default)}")
+if estimate_gap == capture_gap == pool_gap + replay_default:
+    print("the estimate counts what the replay graphs' own stream holds: its graph pool and its default-pool segments")
+else:
+    print("the estimate does not move by what the replay graphs' own stream holds")
+
+# %% [markdown]
+# **What it shows.** vLLM's estimate is larger unpatched by as much as `capture_model()`'s own
+# figure is, and both by exactly what the replay graphs' own stream holds: the second pool's
+# graph-pool segments and the default-pool segments made on that stream. An unpatched vLLM takes
+# that memory off the KV cache before the graphs are captured; under the PR the KV cache gets it
+# back.
+# The caveat: on the stand-in the estimate is far above the graph pool (a free-memory delta over
+# the whole estimate, its throwaway pool, eager work and cuBLAS workspaces included), so how many
+# KV blocks a real model gains needs the real model. `kit ranks` prints, per rank, the estimate
+# against the reserved pool and, where the manifest knows the KV cache's bytes per block, the
+# blocks the difference is worth. On several ranks it names a rank whose figures differ from the
+# others'.
+
+# %% [markdown]
 # **What it shows.** The PR's change is a handful of lines in seven functions, and it
 # applies to the installed vLLM without a rebuild: the stream the model graphs captured on
 # is handed down to the replay graphs, and to nothing else. On the H200, vLLM 0.33's own

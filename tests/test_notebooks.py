@@ -129,6 +129,9 @@ KEY_LINES = {
         "(256, 192), (256, 288), (512, 96), (512, 288), (512, 384), (512, 480), (512, 512), 5.88 MiB in all",
         "  graph-pool bytes the replay captures added: 2.00 MiB",
         "graph pool saved by the patch on vLLM's own code: 26.00 MiB (27262976 bytes)",
+        # section 6: the plugin's recording, vLLM's estimate moving by what the replay stream holds
+        "vLLM's estimate, unpatched minus under the PR:      86.00 MiB",
+        "the estimate counts what the replay graphs' own stream holds: its graph pool and its default-pool segments",
     )
     + (
         ("<PrPatch PR 63155 on vLLM 0.33.0 (pr): applied>", "patched:  graph_capture (device: torch.device, stream: ")
