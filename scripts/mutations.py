@@ -353,6 +353,14 @@ MUTATIONS = (
         "the real capture's streams and pools carry the plain names, the estimate's the prefix",
     ),
     Mutation(
+        "walk_ignores_capture_windows_for_freed_segments",
+        "kit/analysis/trace/columnar.py",
+        "            pool, small = captured.at(i, stream) or DEFAULT_POOL, is_small_segment(size)",
+        "            pool, small = DEFAULT_POOL, is_small_segment(size)",
+        ("tests/test_plain_snapshots.py::test_a_graph_pool_freed_within_the_trace_is_told_by_the_capture_windows",),
+        "a segment made in a recorded capture and freed within the trace is that capture's pool's",
+    ),
+    Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',

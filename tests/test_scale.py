@@ -11,6 +11,7 @@ the walk's slow paths.
 from __future__ import annotations
 
 import gc
+import html
 import json
 import pickle
 import subprocess
@@ -181,7 +182,8 @@ def _bars(figure) -> dict:
     """A segment map's bars and text: what the per-row reference computes. Colours, swatches and the legend's
     place are the figure's styling, drawn since the rewrite (tests/test_show.py and the browser test check it)."""
     drawn = figure.to_dict()
-    data = [{k: v for k, v in trace.items() if k != "marker"} for trace in drawn["data"]]
+    # Names are escaped for plotly's HTML ("estimate's" as "estimate&#x27;s"); the reference does not escape.
+    data = [{k: html.unescape(v) if k == "name" else v for k, v in t.items() if k != "marker"} for t in drawn["data"]]
     layout = {k: v for k, v in drawn["layout"].items() if k not in ("template", "legend", "height", "margin")}
     return {"data": data, "layout": layout, "legend title": drawn["layout"]["legend"]["title"]["text"]}
 

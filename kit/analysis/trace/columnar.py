@@ -36,7 +36,7 @@ import pandas as pd
 
 from kit import progress
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, round_sizes, split_limit
-from kit.analysis.trace.state import ALLOC_COLUMNS, TraceWalk, WalkSegment, segment_differences
+from kit.analysis.trace.state import ALLOC_COLUMNS, CapturePools, TraceWalk, WalkSegment, segment_differences
 from kit.errors import KitError
 from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns
 from kit.load.snapshot import Snapshot
@@ -105,7 +105,7 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceWalk:
     live = _rewound(final, events)  # address -> segment, in the walk's dict order
     rewound = len(live)
     instances = list(live.values())  # every segment of the walk: the rewound ones, then one per segment_alloc
-    made, made_by = _segments_made(final, events, instances)
+    made, made_by = _segments_made(final, events, instances, CapturePools(snap.kit))
     holder = _holders(live, instances, made_by, events.action, events.address)
     if (holder == -2).any():
         _search_holders(holder, live, instances, made_by, events.acts, events.addrs)
@@ -218,12 +218,12 @@ def _rewind_rows(final: _FinalSegments, events: _Events) -> list[int]:
     return np.flatnonzero(is_segment | held).tolist()
 
 
-def _segments_made(final: _FinalSegments, events: _Events, instances: list) -> tuple[list, dict]:
+def _segments_made(final: _FinalSegments, events: _Events, instances: list, captured: CapturePools) -> tuple:
     """A segment object for every segment_alloc, appended to `instances`; the `made` rows; event -> instance."""
     # A segment's pool is in the snapshot only for the segment there now. Addresses come
     # back after a segment_free, so an earlier segment at the same address, one freed
-    # within the trace, is taken as the default pool's (graph pools are not freed while
-    # their graphs live).
+    # within the trace, is the pool of the recorded capture it was made in, else the
+    # default pool's (graph pools are not freed while their graphs live).
     acts, addrs, sizes, streams = events.acts, events.addrs, events.sizes, events.streams
     known = dict(zip(final.address, zip(final.pool, final.small, strict=True), strict=True))
     segment_rows = np.flatnonzero((events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE)).tolist()
@@ -239,7 +239,10 @@ def _segments_made(final: _FinalSegments, events: _Events, instances: list) -> t
         if acts[r] != SEGMENT_ALLOC:
             continue
         i, addr, size, stream = trace_index[r], addrs[r], sizes[r], streams[r]
-        pool, small = (known.get(addr) if i not in freed_later else None) or (DEFAULT_POOL, is_small_segment(size))
+        if i in freed_later:
+            pool, small = captured.at(i, stream) or DEFAULT_POOL, is_small_segment(size)
+        else:
+            pool, small = known.get(addr) or (DEFAULT_POOL, is_small_segment(size))
         made_by[r] = len(instances)
         instances.append(_Segment(addr, size, pool, stream, small))
         made.append((i, addr, size, pool, stream))

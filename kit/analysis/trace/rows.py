@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, should_split
-from kit.analysis.trace.state import ALLOC_COLUMNS, Layout, TraceWalk, WalkSegment, segment_differences
+from kit.analysis.trace.state import ALLOC_COLUMNS, CapturePools, Layout, TraceWalk, WalkSegment, segment_differences
 from kit.load.columns import INACTIVE
 from kit.load.rows import TraceEntry
 from kit.load.snapshot import Snapshot
@@ -103,13 +103,14 @@ def walk_rows(snap: Snapshot, device: int) -> TraceWalk:
     layout, rewound = initial_state(snap, entries, device)
     final = _final_layout(snap, device)
     freed_later = _freed_later(entries)
+    captured = CapturePools(snap.kit)
     rows = []
     made = []
     fresh: list[tuple[int, int]] = []  # ranges cudaMalloc'ed or mapped since the last alloc
     for i, e in enumerate(entries):
         action = e.action
         if action == "segment_alloc" or action == "segment_map":
-            seg = _new_segment(layout, final, e, i in freed_later)
+            seg = _new_segment(layout, final, e, captured.at(i, e.stream) if i in freed_later else False)
             fresh.append((e.addr, e.size))
             made.append((i, e.addr, e.size, seg.pool, e.stream))
         elif action == "segment_free":
@@ -134,8 +135,8 @@ def _freed_later(entries) -> set[int]:
     """The segment_allocs (entry numbers) whose segment the trace frees again."""
     # A segment's pool is in the snapshot only for the segment there now. Addresses come
     # back after a segment_free, so an earlier segment at the same address, one freed
-    # within the trace, is taken as the default pool's (graph pools are not freed while
-    # their graphs live).
+    # within the trace, gets its pool from the capture windows (`CapturePools`), else the
+    # default pool's (graph pools are not freed while their graphs live).
     freed_later = set()
     last_alloc: dict[int, int] = {}
     for i, e in enumerate(entries):
@@ -146,12 +147,19 @@ def _freed_later(entries) -> set[int]:
     return freed_later
 
 
-def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later: bool) -> WalkSegment:
-    """The segment a segment_alloc makes, or the one a segment_map grows; its pool as the snapshot says."""
+def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later) -> WalkSegment:
+    """The segment a segment_alloc makes, or the one a segment_map grows; its pool as the snapshot says.
+
+    `freed_later`: False for a segment the trace does not free again, else the pool of the
+    recorded capture it was made in (None where none is known: the default pool's).
+    """
     if e.action == "segment_map":
         return layout.map(e.addr, e.size, e.stream, *_pool_at(final, e.addr, e.size))
-    known = final.by_start.get(e.addr) if not freed_later else None
-    pool, small = (known.pool, known.small) if known else (DEFAULT_POOL, is_small_segment(e.size))
+    known = final.by_start.get(e.addr) if freed_later is False else None
+    if known:
+        pool, small = known.pool, known.small
+    else:
+        pool, small = freed_later or DEFAULT_POOL, is_small_segment(e.size)
     seg = WalkSegment(e.addr, e.size, pool, e.stream, small)
     layout.add(seg)
     return seg

@@ -8,6 +8,14 @@ segment's active blocks (sorted start addresses and their sizes) and answers
 live segments by address, and grows and shrinks expandable segments' mapped
 ranges. `TraceWalk` is what a walk returns.
 
+The pool of a segment the trace makes is the snapshot's where the segment is
+still there at the end. One the trace also frees is the default pool's, as
+graph pools are not freed while their graphs live, unless the recorder's
+capture windows (the `kit` key) put its segment_alloc inside a capture on
+its stream: vLLM's graph-memory estimate captures into a pool of its own and
+frees it again, and a plain trace cannot tell those segments apart
+(`CapturePools`).
+
 There are two walks over this state, on purpose: `kit.analysis.trace.rows`
 walks entry by entry over typed records (the reference, and the only walk
 for expandable segments), `kit.analysis.trace.columnar` walks the numpy
@@ -166,6 +174,34 @@ class TraceWalk:
     mismatches: list[str] = field(default_factory=list)
     rewound_segments: int = 0
     device: int = 0
+
+
+class CapturePools:
+    """The pool a segment made during a recorded capture belongs to, from the snapshot's `kit` key.
+
+    Each window (trace indices `trace_begin` to `trace_end`, its stream, its
+    pool) says that a segment_alloc on that stream between them was made for
+    the capture's pool. A plain snapshot has no windows: nothing is known.
+    Windows are read as plain integers; one that is not is skipped here (the
+    commands check windows before anything else, `checked_capture_windows`).
+    """
+
+    def __init__(self, kit: dict | None) -> None:
+        self.windows: list[tuple[int, int, int, tuple[int, int]]] = []
+        for c in (kit or {}).get("captures") or []:
+            try:
+                window = (int(c["trace_begin"]), int(c["trace_end"]), int(c["stream"]), tuple(map(int, c["pool"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if len(window[3]) == 2:
+                self.windows.append(window)
+
+    def at(self, index: int, stream: int) -> tuple[int, int] | None:
+        """The pool of the capture running on `stream` at trace entry `index`, or None."""
+        for begin, end, on, pool in self.windows:
+            if begin <= index <= end and on == stream:
+                return pool
+        return None
 
 
 def segment_differences(want: dict[int, tuple[int, dict[int, int]]], segments: dict) -> list[str]:
