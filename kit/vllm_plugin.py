@@ -291,21 +291,24 @@ def worker_manifest(runner: Any, snapshot: Any, recording: _Recording, took: Any
     table = segment_table(snapshot)
     reserved = int(table.loc[[tuple(p) in pools for p in table["pool"]], "reserved"].sum()) if len(table) else 0
     ranks = parallel_ranks()
+    sizes = {
+        key: int(getattr(parallel, attr, 1) or 1)
+        for key, attr in (
+            ("tp", "tensor_parallel_size"),
+            ("pp", "pipeline_parallel_size"),
+            ("pcp", "prefill_context_parallel_size"),
+            ("dp", "data_parallel_size"),
+        )
+    }
+    ranks["world_rank"] = ranks["rank"]
+    ranks["rank"] = global_rank(ranks["rank"], ranks.pop("world_size", None), sizes, ranks.get("dp_rank", 0))
     patch = _state["patch"]
     if patch is not None:
         logger.info("kit: rank %s captured with PR 63155 applied (policy %s)", ranks["rank"], patch.policy)
     return {
         "kit_manifest": MANIFEST_VERSION,
         **ranks,
-        "sizes": {
-            key: int(getattr(parallel, attr, 1) or 1)
-            for key, attr in (
-                ("tp", "tensor_parallel_size"),
-                ("pp", "pipeline_parallel_size"),
-                ("pcp", "prefill_context_parallel_size"),
-                ("dp", "data_parallel_size"),
-            )
-        },
+        "sizes": sizes,
         "vllm": vllm.__version__,
         **{k: v for k, v in machine().items() if k in ("gpu", "torch", "cuda")},
         "date": utc_now(),
@@ -344,7 +347,26 @@ def parallel_ranks() -> dict[str, int]:
             ranks[key] = int(getattr(ps, getter)().rank_in_group)
         except Exception:  # not initialised (one process without distributed), or no such group
             ranks[key] = 0
+    try:
+        ranks["world_size"] = int(ps.get_world_group().world_size)
+    except Exception:
+        pass
     return ranks
+
+
+def global_rank(rank: int, world_size: int | None, sizes: dict[str, int], dp_rank: int) -> int:
+    """The rank a worker's files are named by, unique across data-parallel replicas.
+
+    vLLM's world group spans data parallelism (its rank is offset by the DP
+    rank) except where it is launched externally or with elastic EP: there
+    each replica's world holds only its own TP x PP x PCP ranks, and the
+    same world rank would name one file in every replica. Then the rank is
+    offset as vLLM offsets it, `dp_rank * (tp * pp * pcp) + rank`.
+    """
+    inner = sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("pcp", 1)
+    if sizes.get("dp", 1) > 1 and world_size == inner:
+        return dp_rank * inner + rank
+    return rank
 
 
 def write_rank(folder: Path, manifest: dict, raw: dict) -> None:

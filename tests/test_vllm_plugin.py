@@ -168,3 +168,15 @@ def test_streams_and_pools_are_named_after_the_real_capture_not_the_estimates():
             "estimate's decoder replay graphs stream": 12,
         }
         assert kit["pools"] == {"global graph pool": [0, 1], "estimate's global graph pool": [0, 2]}
+
+
+def test_data_parallel_replicas_never_share_a_file_name():
+    """Where each replica's world holds only its own ranks (external launcher, elastic EP), the rank is offset
+    by the DP rank as vLLM offsets it; where the world spans DP (vLLM's default), its rank is already unique."""
+    from kit.vllm_plugin import global_rank
+
+    sizes = {"tp": 2, "pp": 1, "pcp": 1, "dp": 2}
+    per_replica = {global_rank(rank, 2, sizes, dp) for dp in (0, 1) for rank in (0, 1)}
+    assert per_replica == {0, 1, 2, 3}
+    assert [global_rank(rank, 4, sizes, rank // 2) for rank in range(4)] == [0, 1, 2, 3]
+    assert global_rank(1, None, {"tp": 2, "pp": 1, "pcp": 1, "dp": 1}, 0) == 1
