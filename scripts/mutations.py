@@ -360,6 +360,113 @@ MUTATIONS = (
         ("tests/test_plain_snapshots.py::test_a_graph_pool_freed_within_the_trace_is_told_by_the_capture_windows",),
         "a segment made in a recorded capture and freed within the trace is that capture's pool's",
     ),
+    # --- issue 38's planted bugs, each once passed by the whole suite ---
+    Mutation(
+        "simulator_capture_routes_every_stream_into_the_pool",
+        "kit/allocator/simulator.py",
+        "        if self.capture and self.capture[0] == stream:",
+        "        if self.capture:",
+        ("tests/test_simulator.py",),
+        "during a capture only the capturing stream's allocations go to the capture's pool",
+    ),
+    Mutation(
+        "whatif_spread_forgets_the_recorded_placement",
+        "kit/analysis/whatif.py",
+        "    tries = [predicted] + [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
+        "    tries = [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
+        ("tests/test_whatif_merged.py", "tests/test_ranking.py"),
+        "the stated range includes the prediction made with the recording's addresses",
+    ),
+    Mutation(
+        "whatif_forgets_the_moved_streams_workspaces",
+        "kit/analysis/whatif.py",
+        "    made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}",
+        "    made = set()",
+        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py"),
+        "a workspace made before the trace on a stream counts as made for the stream it moves onto",
+    ),
+    Mutation(
+        "whatif_baseline_says_more_for_less",
+        "kit/analysis/whatif.py",
+        "{'more' if off > 0 else 'less'} than the recording ",
+        "{'less' if off > 0 else 'more'} than the recording ",
+        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        "the baseline's line says which way it differs from the recording",
+    ),
+    Mutation(
+        "workspaces_by_size_take_one_freed_and_made_again",
+        "kit/analysis/workspaces.py",
+        "        if last_alloc[e.addr] != i or e.addr not in live_at_end:",
+        "        if e.addr not in live_at_end:",
+        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        "a workspace told by size is the last allocation at its address, still live at the end",
+    ),
+    Mutation(
+        "workspace_kinds_swapped",
+        "kit/analysis/workspaces.py",
+        """        if _LT.search(name):
+            return "cuBLASLt"
+        if _CUBLAS.search(name):
+            return "cuBLAS"""",
+        """        if _LT.search(name):
+            return "cuBLAS"
+        if _CUBLAS.search(name):
+            return "cuBLASLt"""",
+        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        "cuBLAS's and cuBLASLt's workspaces are told apart by their getters' names",
+    ),
+    Mutation(
+        "attribution_counts_one_eager_break_too_many",
+        "kit/analysis/attribution.py",
+        '                "eager_breaks": len(mine) - 1,',
+        '                "eager_breaks": len(mine),',
+        ("tests/test_attribution.py", "tests/test_plain_snapshots.py"),
+        "a capture of G graphs has G - 1 eager breaks",
+    ),
+    Mutation(
+        "patched_block_keeps_the_inner_policy",
+        "kit/patch/pr.py",
+        "                    handle.policy = previous",
+        "                    pass",
+        ("tests/test_vllm_patch.py", "tests/test_replica.py"),
+        "a patched() block's end puts back the policy of the block around it",
+    ),
+    Mutation(
+        "apply_again_patches_on_top",
+        "kit/patch/pr.py",
+        """            if self._applied is not None:
+                self._applied.policy = policy
+                return self._applied""",
+        """            if False:
+                self._applied.policy = policy
+                return self._applied""",
+        ("tests/test_vllm_patch.py", "tests/test_replica.py"),
+        "applying the PR again returns the patch already on, with the new policy",
+    ),
+    Mutation(
+        "vllm_patch_checks_only_direct_subclasses",
+        "kit/patch/vllm.py",
+        "        pending.extend(cls.__subclasses__())",
+        "        pass",
+        ("tests/test_vllm_patch.py",),
+        "every model state below ModelState, not only its children, is checked for a stream parameter",
+    ),
+    Mutation(
+        "html_text_leaves_ampersands",
+        "kit/markup.py",
+        '_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;"',
+        '_ESCAPES = str.maketrans({"<": "&lt;"',
+        ("tests/test_show.py", "tests/test_tables.py", "tests/test_report.py"),
+        "`&` is escaped too, or `&lt;` in a label would show as `<`",
+    ),
+    Mutation(
+        "replay_on_model_stream_when_one_of_several",
+        "kit/experiments/summary.py",
+        '        "replay_on_model_stream": replay_streams == [model_stream],',
+        '        "replay_on_model_stream": model_stream in replay_streams,',
+        ("tests/test_vllm_recording.py", "tests/test_replica.py"),
+        "the replay graphs are on the model graphs' stream only when every one of them is",
+    ),
     Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
