@@ -404,14 +404,14 @@ MUTATIONS = (
     Mutation(
         "workspace_kinds_swapped",
         "kit/analysis/workspaces.py",
-        """        if _LT.search(name):
+        '''        if _LT.search(name):
             return "cuBLASLt"
         if _CUBLAS.search(name):
-            return "cuBLAS"""",
-        """        if _LT.search(name):
+            return "cuBLAS"''',
+        '''        if _LT.search(name):
             return "cuBLAS"
         if _CUBLAS.search(name):
-            return "cuBLASLt"""",
+            return "cuBLASLt"''',
         ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
         "cuBLAS's and cuBLASLt's workspaces are told apart by their getters' names",
     ),
