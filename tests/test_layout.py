@@ -518,3 +518,91 @@ def test_pool_stream_and_manager_labels_are_written_once():
 def test_the_label_check_sees_a_literal_but_not_a_docstring():
     source = '"""The model graphs stream."""\nstreams = {"model graphs stream": 1}\n'
     assert label_literals("kit.x", source, recorder_labels()) == ["kit.x:2 'model graphs stream'"]
+
+
+# --- patching: only through kit.patch ----------------------------------------------------------
+
+
+def patching_outside_kit_patch(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, target) of every attribute another object is patched at by hand: an imported module's or class's
+    attribute assigned or deleted (or set with setattr/delattr), or any object's attribute given a function
+    defined in the function doing it. `kit.patch.install.Patch` does this and puts everything back."""
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    found = []
+
+    def target_name(node: ast.AST) -> str | None:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id not in ("self", "cls")
+        ):
+            return f"{node.value.id}.{node.attr}"
+        return None
+
+    for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:
+        nested = {n.name for n in ast.walk(function) if isinstance(n, ast.FunctionDef) and n is not function}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+                targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+                value = getattr(node, "value", None)
+                flat = [e for target in targets for e in (target.elts if isinstance(target, ast.Tuple) else [target])]
+                for t in flat:
+                    name = target_name(t)
+                    local_function = isinstance(value, ast.Name) and value.id in nested
+                    if name and (name.split(".")[0] in imported or local_function):
+                        found.append((node.lineno, name))
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")
+            ):
+                first = node.args[0] if node.args else None
+                if isinstance(first, ast.Name) and first.id in imported:
+                    found.append((node.lineno, f"{node.func.id}({first.id}, ...)"))
+    return found
+
+
+# Not patches: what these set up stays for the process's life, or mirrors vLLM's own code.
+NOT_PATCHES = {
+    # the stand-in's process groups, set as vLLM's initialize_model_parallel sets them
+    ("kit.experiments.vllm_standin", "setattr(parallel_state, ...)"),
+    # the stand-in's model state, built with object.__new__ and given its methods
+    ("kit.experiments.vllm_standin", "state.prepare_attn"),
+    ("kit.experiments.vllm_standin", "state._prepare_replay_batch"),
+    ("kit.experiments.vllm_standin", "state.replay_batch"),
+    # the replica's estimate swaps its own global pool for a throwaway one, as vLLM's profile_cudagraph_memory does
+    ("kit.replica.model_runner", "cudagraph_utils._global_graph_pool"),
+}
+
+
+def test_no_module_outside_kit_patch_patches_another_objects_attributes():
+    offenders = []
+    for name, path in MODULES.items():
+        if name == "kit.patch" or name.startswith("kit.patch."):
+            continue
+        found = patching_outside_kit_patch(ast.parse(path.read_text()))
+        offenders += [f"{name}:{line} {target}" for line, target in found if (name, target) not in NOT_PATCHES]
+    assert offenders == []
+
+
+def test_the_patching_check_finds_a_hand_made_patch():
+    planted = ast.parse(
+        "import torch\nfrom vllm import Coordinator\n"
+        "def spy(wrapper):\n"
+        "    def replay(*args):\n        pass\n"
+        "    wrapper._replay = replay\n"
+        "    Coordinator.graph_capture = None\n"
+        "    del torch.cuda\n"
+        "    setattr(torch, 'x', 1)\n"
+        "    self_made = object()\n"
+        "    self_made.value = 1\n"
+    )
+    assert [t for _, t in patching_outside_kit_patch(planted)] == [
+        "wrapper._replay",
+        "Coordinator.graph_capture",
+        "torch.cuda",
+        "setattr(torch, ...)",
+    ]

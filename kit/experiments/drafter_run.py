@@ -62,6 +62,7 @@ from kit.analysis.readwrite import (
 )
 from kit.errors import check_one_of
 from kit.experiments import recorded
+from kit.patch.install import Patch
 from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
 
@@ -118,15 +119,16 @@ def drafter_phases(runner, recorder) -> Iterator[None]:
             recorder.set_phase(None)
             step["size"] = None
 
-    manager._capture_full, manager.run_fullgraph = capture_by_phase, replay_by_phase
-    runner.execute_model, runner.propose = execute_by_phase, propose_by_phase
+    replacements = [
+        (manager, "_capture_full", capture_by_phase),
+        (manager, "run_fullgraph", replay_by_phase),
+        (runner, "execute_model", execute_by_phase),
+        (runner, "propose", propose_by_phase),
+    ]
     try:
-        yield
+        with Patch("the drafter's phases", replacements):
+            yield
     finally:
-        for obj, name in ((manager, "_capture_full"), (manager, "run_fullgraph")):
-            vars(obj).pop(name, None)
-        for name in ("execute_model", "propose"):
-            vars(runner).pop(name, None)
         recorder.set_phase(None)
 
 

@@ -81,6 +81,7 @@ from kit.analysis.tables import format_bytes
 from kit.errors import check_one_of
 from kit.experiments import recorded
 from kit.experiments.safety_run import SAFETY_SCENARIOS
+from kit.patch.install import Patch
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -123,16 +124,13 @@ def replica_phases(runner, recorder) -> Iterator[None]:
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
-    run_layers = layers.run_layers
-    BreakableCUDAGraphWrapper._capture = capture_by_phase
-    BreakableCUDAGraphCapture.add_eager = break_by_phase(recorder, add_eager)
-    layers.run_layers = replay_layers_by_phase(recorder, run_layers)
-    try:
+    replacements = [
+        (BreakableCUDAGraphWrapper, "_capture", capture_by_phase),
+        (BreakableCUDAGraphCapture, "add_eager", break_by_phase(recorder, add_eager)),
+        (layers, "run_layers", replay_layers_by_phase(recorder, layers.run_layers)),
+    ]
+    with Patch("the replica's read/write phases", replacements):
         yield
-    finally:
-        BreakableCUDAGraphWrapper._capture = capture
-        BreakableCUDAGraphCapture.add_eager = add_eager
-        layers.run_layers = run_layers
 
 
 def break_by_phase(recorder, add_eager):

@@ -96,6 +96,7 @@ from kit.experiments.dispatch import (
 )
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
+from kit.patch.install import Patch
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
@@ -119,7 +120,6 @@ UNPLANTED = tuple(s for s in SAFETY_SCENARIOS if s not in PLANTED)  # what recor
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
 PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
-_MISSING = object()
 
 
 # --- which pairs ---------------------------------------------------------------
@@ -200,7 +200,6 @@ def adversary(
     if replay_size is not None and (graphs is None or replay_size not in graphs.breakable_cg_runner.captures):
         raise KitError(f"no replay graph of {replay_size} rows was captured to replay as an adversary")
     hook = Adversary(replay_size, poison)
-    saved = vars(model_state).get("prepare_replay_batch", _MISSING)
     prepare = model_state.prepare_replay_batch
 
     def prepare_then_arm(*args, **kwargs) -> None:
@@ -209,14 +208,8 @@ def adversary(
         if batch is not None:
             hook.arm(batch)
 
-    model_state.prepare_replay_batch = prepare_then_arm
-    try:
+    with Patch("the adversary", [(model_state, "prepare_replay_batch", prepare_then_arm)]):
         yield hook
-    finally:
-        if saved is _MISSING:
-            del model_state.prepare_replay_batch
-        else:
-            model_state.prepare_replay_batch = saved
 
 
 # --- running the pairs (CUDA) ------------------------------------------------------

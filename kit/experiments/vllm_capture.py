@@ -132,6 +132,7 @@ from kit.experiments.vllm_standin import (  # noqa: F401 - re-exported: the entr
     vllm_config,
 )
 from kit.fileio import atomic_write
+from kit.patch.install import Patch
 from kit.record.provenance import add_entry, provenance, require_cuda
 
 
@@ -207,11 +208,8 @@ def graph_capture_streams():
                 seen.append(int(context.stream.cuda_stream))
             yield context
 
-    GroupCoordinator.graph_capture = graph_capture
-    try:
+    with Patch("graph_capture() streams", [(GroupCoordinator, "graph_capture", graph_capture)]):
         yield seen
-    finally:
-        GroupCoordinator.graph_capture = original
 
 
 def capture_graphs(runner, path: str) -> None:

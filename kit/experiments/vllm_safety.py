@@ -85,6 +85,7 @@ from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
 from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
 from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
+from kit.patch.install import Patch
 
 SEED = 4321
 NOT_RUN = (
@@ -140,15 +141,13 @@ def vllm_phases(runner, recorder) -> Iterator[None]:
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
-    BreakableCUDAGraphWrapper._capture = capture_by_phase
-    BreakableCUDAGraphCapture.add_eager = break_by_phase(recorder, add_eager)
-    layers.run_layers = replay_layers_by_phase(recorder, run_layers)
-    try:
+    replacements = [
+        (BreakableCUDAGraphWrapper, "_capture", capture_by_phase),
+        (BreakableCUDAGraphCapture, "add_eager", break_by_phase(recorder, add_eager)),
+        (layers, "run_layers", replay_layers_by_phase(recorder, run_layers)),
+    ]
+    with Patch("vLLM's read/write phases", replacements):
         yield
-    finally:
-        BreakableCUDAGraphWrapper._capture = capture
-        BreakableCUDAGraphCapture.add_eager = add_eager
-        layers.run_layers = run_layers
 
 
 def phases_seen(recording: ReadWriteRecording) -> dict:
@@ -322,11 +321,8 @@ def replays_seen(runner) -> Iterator[list[int]]:
         seen.append(int(entry.batch_descriptor.num_tokens))
         return replay(entry, args, kwargs)
 
-    wrapper._replay = spy
-    try:
+    with Patch("replays seen", [(wrapper, "_replay", spy)]):  # reverted: the class's method again
         yield seen
-    finally:
-        del wrapper._replay  # the class's method again
 
 
 @contextlib.contextmanager
@@ -340,11 +336,8 @@ def poisoned_replays(runner, poison: Callable[[Any], None]) -> Iterator[None]:
         poison(outputs)  # R's outputs keep their values: the break reads them as R's result
         return outputs
 
-    wrapper._replay = replay_then_poison
-    try:
+    with Patch("poisoned replays", [(wrapper, "_replay", replay_then_poison)]):
         yield
-    finally:
-        del wrapper._replay  # the class's method again
 
 
 def vllm_pool_poison(runner) -> PoolPoison:
