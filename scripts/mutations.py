@@ -366,7 +366,7 @@ MUTATIONS = (
         "kit/allocator/simulator.py",
         "        if self.capture and self.capture[0] == stream:",
         "        if self.capture:",
-        ("tests/test_simulator.py",),
+        ("tests/test_simulator.py::test_during_a_capture_only_the_capturing_streams_allocations_go_to_its_pool",),
         "during a capture only the capturing stream's allocations go to the capture's pool",
     ),
     Mutation(
@@ -374,7 +374,7 @@ MUTATIONS = (
         "kit/analysis/whatif.py",
         "    tries = [predicted] + [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
         "    tries = [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
-        ("tests/test_whatif_merged.py", "tests/test_ranking.py"),
+        (WHATIF_MERGED + "test_the_share_the_correction_line_states_is_what_the_spread_set_measured",),
         "the stated range includes the prediction made with the recording's addresses",
     ),
     Mutation(
@@ -382,7 +382,7 @@ MUTATIONS = (
         "kit/analysis/whatif.py",
         "    made = {(kind, moves.get(stream, stream)) for kind, stream in workspaces.seeded.values()}",
         "    made = set()",
-        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py"),
+        (WHATIF_MERGED + "test_a_workspace_made_before_the_trace_counts_for_the_stream_moved_onto_it",),
         "a workspace made before the trace on a stream counts as made for the stream it moves onto",
     ),
     Mutation(
@@ -390,7 +390,7 @@ MUTATIONS = (
         "kit/analysis/whatif.py",
         "{'more' if off > 0 else 'less'} than the recording ",
         "{'less' if off > 0 else 'more'} than the recording ",
-        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        (WHATIF_MERGED + "test_the_baseline_line_says_which_way_the_replay_is_off",),
         "the baseline's line says which way it differs from the recording",
     ),
     Mutation(
@@ -398,7 +398,7 @@ MUTATIONS = (
         "kit/analysis/workspaces.py",
         "        if last_alloc[e.addr] != i or e.addr not in live_at_end:",
         "        if e.addr not in live_at_end:",
-        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        (WHATIF_MERGED + "test_told_apart_by_size_a_workspace_is_the_allocation_still_live_at_its_address",),
         "a workspace told by size is the last allocation at its address, still live at the end",
     ),
     Mutation(
@@ -412,7 +412,7 @@ MUTATIONS = (
             return "cuBLAS"
         if _CUBLAS.search(name):
             return "cuBLASLt"''',
-        ("tests/test_whatif_merged.py", "tests/test_plain_snapshots.py", "tests/test_trace.py"),
+        (WHATIF_MERGED + "test_workspaces_are_found_by_their_cpp_frames",),
         "cuBLAS's and cuBLASLt's workspaces are told apart by their getters' names",
     ),
     Mutation(
@@ -420,7 +420,7 @@ MUTATIONS = (
         "kit/analysis/attribution.py",
         '                "eager_breaks": len(mine) - 1,',
         '                "eager_breaks": len(mine),',
-        ("tests/test_attribution.py", "tests/test_plain_snapshots.py"),
+        ("tests/test_attribution.py::test_vllms_model_graphs_break_once_and_its_replay_graphs_never",),
         "a capture of G graphs has G - 1 eager breaks",
     ),
     Mutation(
@@ -428,7 +428,7 @@ MUTATIONS = (
         "kit/patch/pr.py",
         "                    handle.policy = previous",
         "                    pass",
-        ("tests/test_vllm_patch.py", "tests/test_replica.py"),
+        ("tests/test_replica.py::test_nested_patched_blocks_put_back_the_outer_policy",),
         "a patched() block's end puts back the policy of the block around it",
     ),
     Mutation(
@@ -440,7 +440,7 @@ MUTATIONS = (
         """            if False:
                 self._applied.policy = policy
                 return self._applied""",
-        ("tests/test_vllm_patch.py", "tests/test_replica.py"),
+        (VLLM_PATCH + "test_revert_restores_every_original_and_applying_twice_wraps_once",),
         "applying the PR again returns the patch already on, with the new policy",
     ),
     Mutation(
@@ -448,7 +448,7 @@ MUTATIONS = (
         "kit/patch/vllm.py",
         "        pending.extend(cls.__subclasses__())",
         "        pass",
-        ("tests/test_vllm_patch.py",),
+        (VLLM_PATCH + "test_a_model_state_deeper_down_that_takes_no_stream_is_refused",),
         "every model state below ModelState, not only its children, is checked for a stream parameter",
     ),
     Mutation(
@@ -456,7 +456,7 @@ MUTATIONS = (
         "kit/markup.py",
         '_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;"',
         '_ESCAPES = str.maketrans({"<": "&lt;"',
-        ("tests/test_show.py", "tests/test_tables.py", "tests/test_report.py"),
+        ("tests/test_report.py::test_html_text_shows_an_entity_reference_as_written",),
         "`&` is escaped too, or `&lt;` in a label would show as `<`",
     ),
     Mutation(
@@ -464,7 +464,7 @@ MUTATIONS = (
         "kit/experiments/summary.py",
         '        "replay_on_model_stream": replay_streams == [model_stream],',
         '        "replay_on_model_stream": model_stream in replay_streams,',
-        ("tests/test_vllm_recording.py", "tests/test_replica.py"),
+        ("tests/test_vllm_recording.py::test_replay_graphs_split_over_two_streams_are_not_on_the_model_graphs_stream",),
         "the replay graphs are on the model graphs' stream only when every one of them is",
     ),
     Mutation(

@@ -220,3 +220,15 @@ def test_every_capture_is_listed_so_their_numbers_have_no_gaps():
     assert all(n == set(range(1, len(n) + 1)) for n in numbers.values())
     assert (taken["bytes"] == 0).sum() >= 5
     assert set(taken["graph"]) == {w["graph"] for w in capture_windows(snap)}
+
+
+def test_vllms_model_graphs_break_once_and_its_replay_graphs_never():
+    """On vLLM's own capture path (the H200 recording): each model graph is two graphs around one eager break (the
+    replay layers), each replay graph one graph."""
+    from kit.recordings import recording
+
+    table = capture_table(load_snapshot(recording("vllm/unpatched.pickle")))
+    by_manager = {
+        m: set(zip(rows["graphs"], rows["eager_breaks"], strict=True)) for m, rows in table.groupby("manager")
+    }
+    assert by_manager == {"model graphs": {(2, 1)}, "decoder replay graphs": {(1, 0)}}

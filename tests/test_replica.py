@@ -119,6 +119,14 @@ def test_patched_block_reverts_after_an_exception():
     assert originals() == before
 
 
+def test_nested_patched_blocks_put_back_the_outer_policy():
+    with replica_patch.patched("pr") as outer:
+        with replica_patch.patched("separate") as inner:
+            assert inner is outer and outer.policy == "separate"
+        assert outer.policy == "pr" and replica_patch.is_applied()
+    assert not replica_patch.is_applied()
+
+
 def test_a_patch_that_fails_midway_leaves_nothing_patched():
     class Owner:
         first = staticmethod(lambda: "first")

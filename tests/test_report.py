@@ -283,3 +283,8 @@ def test_figures_show_the_snapshots_markup_as_text():
     escaped = html_text(MODULE_LABEL)
     assert f"{html_text(POOL_NAME)} / {escaped}" in bars.data[0].y
     assert f"{escaped}: allocated" in {t.name for t in segment_map.data}
+
+
+def test_html_text_shows_an_entity_reference_as_written():
+    """A label that already holds `&lt;` must show `&lt;`, not `<`: the `&` is escaped first."""
+    assert html_text('x &lt;b&gt; & "y"') == "x &amp;lt;b&amp;gt; &amp; &#34;y&#34;"

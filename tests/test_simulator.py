@@ -208,3 +208,13 @@ def test_corpus_workloads_are_what_the_recorder_generates():
     assert {w.stem for w in WORKLOADS} - set(boundary) == set(expected)
     for w in WORKLOADS:
         assert json.loads(w.read_text()) == {**expected, **boundary}[w.stem], w.name
+
+
+def test_during_a_capture_only_the_capturing_streams_allocations_go_to_its_pool():
+    """Another stream's eager allocation while s1 captures (a workload cannot say it; a trace replay can) stays in
+    the default pool."""
+    sim = CachingAllocatorSim()
+    sim.capture_begin("g0", "p", "s1")
+    captured, eager = sim.malloc("captured", 4 * MIB, "s1"), sim.malloc("eager", 6 * MIB, "s2")
+    sim.capture_end("g0")
+    assert (captured.pool, eager.pool) == (sim.pool_ids["p"], (0, 0))

@@ -370,6 +370,26 @@ def test_a_loaded_model_state_that_takes_no_stream_is_refused():
     patch_vllm.apply().revert()
 
 
+def test_a_model_state_deeper_down_that_takes_no_stream_is_refused():
+    from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+    class PluginBase(ModelState):  # no override of its own
+        pass
+
+    class PluginGrandchild(PluginBase):
+        def capture_inner_cudagraphs(self, input_buffers, block_tables, attn_groups, kv_cache_config):
+            return None
+
+    try:
+        with pytest.raises(KitError, match="PluginGrandchild.capture_inner_cudagraphs takes no stream"):
+            patch_vllm.apply()
+        assert not patch_vllm.is_applied()
+    finally:
+        del PluginBase, PluginGrandchild
+        gc.collect()
+    patch_vllm.apply().revert()
+
+
 # --- the recorder's names for vLLM's managers -------------------------------------
 
 

@@ -149,6 +149,19 @@ def test_unpatched_replay_graphs_add_pool_segments_on_a_stream_graph_capture_mad
     assert set(s["replay_added_by_stream"]) == {REPLAY_STREAM}  # by the stream's name, as the replica's
 
 
+def test_replay_graphs_split_over_two_streams_are_not_on_the_model_graphs_stream(snapshots):
+    """One replay capture moved off the model graphs' stream: they are on it only where every one of them is."""
+    import copy
+
+    from kit.load.snapshot import Snapshot
+
+    raw = copy.deepcopy(snapshots["patched"].raw)
+    first = next(c for c in raw["kit"]["captures"] if "replay" in c["manager"])
+    first["stream"] = 12345
+    figures = summarize(Snapshot(raw, origin="patched, one replay capture on another stream"))
+    assert figures["model_stream"] in figures["replay_streams"] and not figures["replay_on_model_stream"]
+
+
 def test_patched_replay_graphs_capture_on_the_model_graphs_stream_and_add_a_fraction(recorded, snapshots):
     s = recorded["patched"]
     assert s["replay_stream_names"] == [MODEL_STREAM] and s["replay_on_model_stream"]

@@ -222,6 +222,52 @@ def test_what_if_json_on_the_vllm_shaped_run_predicts_the_shared_graph_pool():
     assert len(out["modelled"]) == 2 and out["spread"] == []
 
 
+def test_a_workspace_made_before_the_trace_counts_for_the_stream_moved_onto_it():
+    """Cut after the model graphs' stream made its workspaces: they are live blocks from before the trace, and the
+    replay stream's, moved onto that stream, are still left out."""
+    raw = dict(_replay_graphs("separate").raw)
+    raw["device_traces"] = [raw["device_traces"][0][100:]]
+    raw.pop("kit", None)
+    snap = Snapshot(raw, origin="replay_graphs_separate cut after the model stream's workspaces")
+    assert sorted(kind for kind, _ in find_workspaces(snap, snap.trace).seeded.values()).count("cuBLAS") == 2
+    model, replay = _capture_streams(snap)
+    result = what_if(snap, {replay: model})
+    assert _graph_pool(result.predicted) == _graph_pool(segment_table(_replay_graphs("shared"))) == 60 * MIB
+    assert len(result.modelled) == 2 and all("left out" in line for line in result.modelled)
+
+
+def test_the_baseline_line_says_which_way_the_replay_is_off():
+    import pandas as pd
+
+    def table(graph_pool: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"device": [0, 0], "pool": [(0, 0), (0, 1)], "pool_label": ["default pool", "graph pool 1"],
+             "reserved": [2 * MIB, graph_pool]}
+        )  # fmt: skip
+
+    (more,) = whatif._baseline_differences(table(4 * MIB), table(6 * MIB), 0)
+    (less,) = whatif._baseline_differences(table(6 * MIB), table(4 * MIB), 0)
+    assert "reserves 2.00 MiB more than the recording" in more and "2.00 MiB less than the recording" in less
+    assert more.startswith("graph pool 1 (0, 1)")
+
+
+def test_told_apart_by_size_a_workspace_is_the_allocation_still_live_at_its_address():
+    """32 MiB at one address on one stream, freed, then 32 MiB there again: the second is the workspace."""
+    from .helpers import segment
+
+    base, stream = 0x7F00_0000_0000, 7
+    events = [("segment_alloc", base, 64 * MIB), ("alloc", base, 32 * MIB), ("free_requested", base, 32 * MIB)]
+    events += [("free_completed", base, 32 * MIB), ("alloc", base, 32 * MIB)]
+    trace = [{"action": a, "addr": addr, "size": n, "stream": stream, "frames": []} for a, addr, n in events]
+    raw = {
+        "segments": [segment(base, [(32 * MIB, "active_allocated"), (32 * MIB, "inactive")], stream=stream)],
+        "device_traces": [trace],
+    }
+    snap = Snapshot(raw, origin="a workspace-sized block freed and made again")
+    found = find_workspaces(snap, snap.trace)
+    assert found.found_by == "size" and found.allocs == {4: "cuBLAS-sized"}
+
+
 def test_without_cpp_frames_workspaces_are_told_apart_by_size_and_the_correction_says_so():
     raw = dict(_replay_graphs("separate").raw)
     cpp = (".cpp", ".h", "??", "")
