@@ -448,7 +448,7 @@ MUTATIONS = (
         "kit/patch/vllm.py",
         "        pending.extend(cls.__subclasses__())",
         "        pass",
-        (VLLM_PATCH + "test_a_model_state_deeper_down_that_takes_no_stream_is_refused",),
+        (VLLM_PATCH + "test_a_loaded_model_state_that_takes_no_stream_is_refused[grandchild]",),
         "every model state below ModelState, not only its children, is checked for a stream parameter",
     ),
     Mutation(

@@ -353,39 +353,24 @@ def test_an_unsupported_vllm_is_refused_and_nothing_is_patched(monkeypatch, targ
     assert _installed() == before
 
 
-def test_a_loaded_model_state_that_takes_no_stream_is_refused():
+@pytest.mark.parametrize("depth", [1, 2], ids=["child", "grandchild"])
+def test_a_loaded_model_state_that_takes_no_stream_is_refused(depth):
+    """An out-of-tree model state written for vLLM 0.33, right below ModelState or below a class of its own."""
     from vllm.v1.worker.gpu.model_states.interface import ModelState
 
-    class PluginModelState(ModelState):  # an out-of-tree model state written for vLLM 0.33
-        def capture_inner_cudagraphs(self, input_buffers, block_tables, attn_groups, kv_cache_config):
-            return None
+    def capture_inner_cudagraphs(self, input_buffers, block_tables, attn_groups, kv_cache_config):
+        return None
 
+    above = ModelState
+    for _ in range(depth - 1):
+        above = type("PluginBase", (above,), {})  # no override of its own
+    plugin = type("PluginModelState", (above,), {"capture_inner_cudagraphs": capture_inner_cudagraphs})
     try:
         with pytest.raises(KitError, match="PluginModelState.capture_inner_cudagraphs takes no stream"):
             patch_vllm.apply()
         assert not patch_vllm.is_applied()
     finally:
-        del PluginModelState
-        gc.collect()
-    patch_vllm.apply().revert()
-
-
-def test_a_model_state_deeper_down_that_takes_no_stream_is_refused():
-    from vllm.v1.worker.gpu.model_states.interface import ModelState
-
-    class PluginBase(ModelState):  # no override of its own
-        pass
-
-    class PluginGrandchild(PluginBase):
-        def capture_inner_cudagraphs(self, input_buffers, block_tables, attn_groups, kv_cache_config):
-            return None
-
-    try:
-        with pytest.raises(KitError, match="PluginGrandchild.capture_inner_cudagraphs takes no stream"):
-            patch_vllm.apply()
-        assert not patch_vllm.is_applied()
-    finally:
-        del PluginBase, PluginGrandchild
+        del plugin, above
         gc.collect()
     patch_vllm.apply().revert()
 
