@@ -468,6 +468,16 @@ MUTATIONS = (
         "the replay graphs are on the model graphs' stream only when every one of them is",
     ),
     Mutation(
+        "a_hand_made_patch_outside_kit_patch",
+        "kit/experiments/vllm_capture.py",
+        """    with Patch("graph_capture() streams", [(GroupCoordinator, "graph_capture", graph_capture)]):
+        yield seen""",
+        """    GroupCoordinator.graph_capture = graph_capture  # never put back
+    yield seen""",
+        ("tests/test_layout.py::test_no_module_outside_kit_patch_patches_another_objects_attributes",),
+        "patching goes through kit.patch.install.Patch, which puts back what was there",
+    ),
+    Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',
