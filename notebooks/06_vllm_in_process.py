@@ -33,6 +33,8 @@
 # `DecoderReplayLayers`, `DecoderReplayCudaGraphManager` and the rest of its capture path,
 # around a stand-in model: section 4b says what was stood in). What it shows on vLLM's code:
 # which stream each capture got, the graph pool, graphs against eager, and the early-aux case.
+# Section 6 is vLLM's estimate of graph memory and the kit as a vLLM plugin in a deployment,
+# from the plugin's recording of vLLM's own `profile_cudagraph_memory` and `capture_model()`.
 # The safety checks on every pairing and the alternatives are the replica's (notebooks 04, 05).
 
 # %%
