@@ -606,3 +606,14 @@ def test_the_patching_check_finds_a_hand_made_patch():
         "torch.cuda",
         "setattr(torch, ...)",
     ]
+
+
+def test_every_planted_bug_still_finds_its_line():
+    """A mutation whose text left the code plants nothing and proves nothing (scripts/mutations.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutations", ROOT / "scripts" / "mutations.py")
+    mutations = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutations)
+    stale = [m.name for m in mutations.MUTATIONS if (ROOT / m.file).read_text().count(m.old) != 1]
+    assert stale == []

@@ -39,6 +39,7 @@ from kit.experiments import power
 from kit.experiments import vllm_capture as vc
 from kit.experiments import vllm_safety as vs
 from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
+from kit.experiments.readwrite_run import OUTPUTS_READ
 from kit.recordings import RECORDINGS
 from tests.vllm_standins import StandInCuda, StandInGraph
 
@@ -150,7 +151,7 @@ def test_the_callers_reads_of_the_outputs_include_the_early_aux(captured):
     from kit.analysis.readwrite import carried_reads
 
     for n in (128, 256, 512):
-        read = [p for p in carried_reads(captured.recording, n) if p.op == vs.OUTPUTS_READ]
+        read = [p for p in carried_reads(captured.recording, n) if p.op == OUTPUTS_READ]
         assert n * SMALL.hidden_size * 2 in {p.end - p.start for p in read}, n
 
 

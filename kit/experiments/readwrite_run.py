@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,42 +95,56 @@ PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "readwrite_h
 
 
 @contextlib.contextmanager
-def replica_phases(runner, recorder) -> Iterator[None]:
-    """While open, `recorder` records the replica's captures by phase: segments, breaks, outputs, replay graphs.
+def capture_phases(recorder, breakable, layers, graph_of: Callable, size_of: Callable, name: str) -> Iterator[None]:
+    """While open, `recorder` records captures by phase: segments, breaks, outputs, replay graphs.
 
-    Wraps `BreakableCUDAGraphWrapper._capture` (a capture of the model's
-    wrapper is model graph N, whose outputs are read after the forward; of the
-    replay graphs' wrapper, replay graph R; any other is left unrecorded),
-    `BreakableCUDAGraphCapture.add_eager` (the break between segments J
-    and J + 1) and, on the instance, the replay layers' `run_layers` as the
-    break calls it: from there to its return the break is `RUNS_REPLAY` (where
-    R runs), after it `AFTER_REPLAY`. The replica's modules are put back as found.
+    `breakable` is the module of the breakable CUDA graphs (the replica's
+    `kit.replica.breakable_cudagraph` or vLLM's `vllm.compilation.breakable_cudagraph`).
+    Wraps its `BreakableCUDAGraphWrapper._capture` (a capture of the wrapper
+    `graph_of` calls MODEL is model graph N, `size_of` of the capture's
+    arguments, whose outputs are read after the forward; of REPLAY, replay
+    graph R; any other is left unrecorded), `BreakableCUDAGraphCapture.add_eager`
+    (the break between segments J and J + 1) and, on the instance, the replay
+    layers' `run_layers` as the break calls it: from there to its return the
+    break is `RUNS_REPLAY` (where R runs), after it `AFTER_REPLAY`. All three
+    are put back as found (`Patch`), on an error too.
     """
-    from kit.replica.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
+    wrapper_cls, capture_cls = breakable.BreakableCUDAGraphWrapper, breakable.BreakableCUDAGraphCapture
+    capture, add_eager = wrapper_cls._capture, capture_cls.add_eager
 
-    capture, add_eager = BreakableCUDAGraphWrapper._capture, BreakableCUDAGraphCapture.add_eager
-    replay_graphs = runner.model_state.replay_cudagraphs
-    graphs = {id(runner.model_runnable): MODEL, id(getattr(replay_graphs, "breakable_cg_runner", None)): REPLAY}
-    layers = runner.model_state.decoder_replay_layers
-
-    def capture_by_phase(wrapper, num_tokens: int, args: tuple):
-        graph = graphs.get(id(wrapper))
+    def capture_by_phase(wrapper, *args):
+        graph = graph_of(wrapper)
         if graph is None:
-            return capture(wrapper, num_tokens, args)
-        with recorder.phase(Phase(graph, num_tokens)):
-            output = capture(wrapper, num_tokens, args)
+            return capture(wrapper, *args)
+        size = size_of(*args)
+        with recorder.phase(Phase(graph, size)):
+            output = capture(wrapper, *args)
             if graph == MODEL:
-                recorder.set_phase(Phase(MODEL, num_tokens, OUTPUT))
+                recorder.set_phase(Phase(MODEL, size, OUTPUT))
                 recorder.note_reads(output, OUTPUTS_READ)
         return output
 
     replacements = [
-        (BreakableCUDAGraphWrapper, "_capture", capture_by_phase),
-        (BreakableCUDAGraphCapture, "add_eager", break_by_phase(recorder, add_eager)),
+        (wrapper_cls, "_capture", capture_by_phase),
+        (capture_cls, "add_eager", break_by_phase(recorder, add_eager)),
         (layers, "run_layers", replay_layers_by_phase(recorder, layers.run_layers)),
     ]
-    with Patch("the replica's read/write phases", replacements):
+    with Patch(name, replacements):
         yield
+
+
+def replica_phases(runner, recorder) -> contextlib.AbstractContextManager:
+    """`capture_phases` on the replica: its model runnable is the model graphs' wrapper, a capture's size its first
+    argument (`BreakableCUDAGraphWrapper._capture(num_tokens, args)`)."""
+    from kit.replica import breakable_cudagraph
+
+    replay_graphs = runner.model_state.replay_cudagraphs
+    graphs = {id(runner.model_runnable): MODEL, id(getattr(replay_graphs, "breakable_cg_runner", None)): REPLAY}
+    layers = runner.model_state.decoder_replay_layers
+    return capture_phases(
+        recorder, breakable_cudagraph, layers, lambda w: graphs.get(id(w)), lambda num_tokens, args: num_tokens,
+        "the replica's read/write phases",
+    )  # fmt: skip
 
 
 def break_by_phase(recorder, add_eager):

@@ -73,9 +73,7 @@ from kit.analysis.readwrite import (
     REPLAY,
     RUNS_REPLAY,
     SEGMENT,
-    Phase,
     ReadWriteRecording,
-    model_outputs,
     obligation_summary,
     obligation_verdicts,
     readwrite_table,
@@ -84,7 +82,7 @@ from kit.analysis.readwrite import (
 from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
 from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
-from kit.experiments.readwrite_run import OUTPUTS_READ, break_by_phase, replay_layers_by_phase
+from kit.experiments.readwrite_run import capture_phases
 from kit.patch.install import Patch
 
 SEED = 4321
@@ -104,50 +102,30 @@ REFERENCE = (
 # --- phases on vLLM's breakable capture ------------------------------------------
 
 
-@contextlib.contextmanager
-def vllm_phases(runner, recorder) -> Iterator[None]:
-    """While open, `recorder` records vLLM's captures of `runner` by phase (see the module docstring).
+def vllm_phases(runner, recorder) -> contextlib.AbstractContextManager:
+    """`readwrite_run.capture_phases` on vLLM's capture path (see the module docstring).
 
-    Wraps `BreakableCUDAGraphWrapper._capture` and
-    `BreakableCUDAGraphCapture.add_eager` (class attributes), the replay
-    layers' `run_layers` (an instance attribute); all three are put back as
-    found, on an error too.
+    The model graphs' wrapper is the one `ModelCudaGraphManager.capture` made
+    (`init_breakable_cg_runner`), the replay graphs' the replay manager's; a
+    capture's size is its entry's batch descriptor (`_capture(entry, args, kwargs)`).
     """
-    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture, BreakableCUDAGraphWrapper
+    from vllm.compilation import breakable_cudagraph
 
-    capture, add_eager = BreakableCUDAGraphWrapper._capture, BreakableCUDAGraphCapture.add_eager
     state = runner.model_state
-    layers = state.decoder_replay_layers
     replay_wrapper = state.replay_cudagraphs.breakable_cg_runner
-    run_layers = layers.run_layers  # an instance attribute, set by DecoderReplayLayers.__init__
 
     def graph_of(wrapper) -> str | None:
         if wrapper is replay_wrapper:
             return REPLAY
-        # The model graphs' wrapper is made by ModelCudaGraphManager.capture (init_breakable_cg_runner).
         if wrapper is getattr(runner.cudagraph_manager, "breakable_cg_runner", None):
             return MODEL
         return None
 
-    def capture_by_phase(wrapper, entry, args, kwargs):
-        graph = graph_of(wrapper)
-        if graph is None:
-            return capture(wrapper, entry, args, kwargs)
-        size = entry.batch_descriptor.num_tokens
-        with recorder.phase(Phase(graph, size)):
-            output = capture(wrapper, entry, args, kwargs)
-            if graph == MODEL:
-                recorder.set_phase(model_outputs(size))
-                recorder.note_reads(output, OUTPUTS_READ)
-        return output
+    def size_of(entry, args, kwargs) -> int:
+        return entry.batch_descriptor.num_tokens
 
-    replacements = [
-        (BreakableCUDAGraphWrapper, "_capture", capture_by_phase),
-        (BreakableCUDAGraphCapture, "add_eager", break_by_phase(recorder, add_eager)),
-        (layers, "run_layers", replay_layers_by_phase(recorder, run_layers)),
-    ]
-    with Patch("vLLM's read/write phases", replacements):
-        yield
+    layers = state.decoder_replay_layers  # its run_layers is an instance attribute, set by DecoderReplayLayers.__init__
+    return capture_phases(recorder, breakable_cudagraph, layers, graph_of, size_of, "vLLM's read/write phases")
 
 
 def phases_seen(recording: ReadWriteRecording) -> dict:
