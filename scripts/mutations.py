@@ -478,6 +478,14 @@ MUTATIONS = (
         "patching goes through kit.patch.install.Patch, which puts back what was there",
     ),
     Mutation(
+        "fresh_process_without_a_time_limit",
+        "kit/experiments/recorded.py",
+        "        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)",
+        "        return subprocess.run(argv, capture_output=True, text=True)",
+        ("tests/test_readwrite.py::test_a_scenario_run_past_its_time_limit_fails_in_one_line",),
+        "every experiment's fresh process is killed past its time limit",
+    ),
+    Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
         "kit/experiments/readwrite_run.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',

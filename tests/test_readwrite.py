@@ -638,3 +638,16 @@ def test_the_side_by_side_comparison_carries_the_unseen_writer_of_each_pairing()
     assert pair["readwrite_holds"] and pair["carried_bytes"] == 0  # A's value came from outside the dispatcher
     assert pair["unseen_writer_bytes"] == 64 * KIB and pair["unseen_writer_ops"] == ["read after the forward"]
     assert pair["unseen_overlap_bytes"] == 64 * KIB  # and R writes it: the recording cannot decide
+
+
+def test_a_scenario_run_past_its_time_limit_fails_in_one_line(monkeypatch, tmp_path):
+    """Every experiment's fresh process (`recorded.run_fresh`) has a time limit; one that hangs is killed."""
+
+    from kit.errors import KitError
+    from kit.experiments import recorded
+
+    (tmp_path / "kit_sleeper.py").write_text("import time\ntime.sleep(30)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(recorded.run_fresh, "__defaults__", (1.0,))
+    with pytest.raises(KitError, match=r"^the safety run failed: killed after 1 s \(its time limit\)$"):
+        recorded.run_in_subprocess("kit_sleeper", "pr", "small", tmp_path / "x.json", "the safety run")

@@ -443,7 +443,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
 
 def test_a_scenario_process_past_its_time_is_killed_and_says_where_it_was():
     code = f"import sys, time; print('{vc.STAGE_MARK}capture (runner)', file=sys.stderr, flush=True); time.sleep(30)"
-    done = vc.run_process([sys.executable, "-c", code], timeout_s=2)
+    done = vc.run_fresh([sys.executable, "-c", code], timeout_s=2)
     found = vc.failure("runner", done)
     assert (found["stage"], found["returncode"]) == ("capture (runner)", -9)
-    assert found["error"] == "killed after 2 s (the scenario's time limit)"  # child_error's line, as every child's
+    assert found["error"] == "killed after 2 s (its time limit)"  # child_error's line, as every child's

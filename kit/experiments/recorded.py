@@ -8,9 +8,11 @@ was recorded), writing one (`write_recording`: `<preset>.json` and its
 paths as the repository shows them (`repo_path`), and running each scenario as
 `python -m MODULE --scenario NAME --preset P --out F` in a fresh process
 (`run_in_subprocess`, `run_each`): patches and the graph pool are per
-process. Every module's `record` starts with `record_each` (the folder, the
-runs, the recording's provenance) and `split_pairs`; `recording_main` is
-each module's command line.
+process. `run_fresh` is the one way the experiments start a process: with a
+time limit, past which the child is killed and answers as failed. Every
+module's `record` starts with `record_each` (the folder, the runs, the
+recording's provenance) and `split_pairs`; `recording_main` is each
+module's command line.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ from kit.errors import KitError
 from kit.fileio import atomic_write
 from kit.record.provenance import add_entry
 from kit.recordings import RECORDINGS
+
+FRESH_PROCESS_TIMEOUT_S = 1800.0  # the longest scenario (a large preset's pairings) takes a few minutes
+
+
+def run_fresh(argv: list[str], timeout_s: float = FRESH_PROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """`argv` in a fresh process, its output captured; one that runs past `timeout_s` is killed and answers as
+    failed (return code -9), with what it had said and a last line saying why."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        said = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+        note = f"\nkit: error: killed after {timeout_s:.0f} s (its time limit)"
+        return subprocess.CompletedProcess(argv, -9, said[0], said[1] + note)
 
 
 def repo_path(path: str | Path) -> str:
@@ -138,11 +153,7 @@ def run_in_subprocess(module: str, name: str, preset: str, out: Path, failed: st
 
     On failure, KitError `<failed> failed: <the child's error>` (`child_error`).
     """
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--scenario", name, "--preset", preset, "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    done = run_fresh([sys.executable, "-m", module, "--scenario", name, "--preset", preset, "--out", str(out)])
     if done.returncode != 0:
         raise KitError(f"{failed} failed: {child_error(done.stderr or done.stdout)}")
     return json.loads(out.read_text())

@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import json
 import pickle
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +41,7 @@ from kit.analysis.equivalence import check_equivalence
 from kit.analysis.tables import format_bytes
 from kit.errors import KitError, check_one_of
 from kit.experiments.early_aux import RETURN_SHAPES
-from kit.experiments.recorded import child_error
+from kit.experiments.recorded import child_error, run_fresh
 from kit.experiments.summary import summarize
 from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
@@ -137,11 +136,7 @@ def run_all(preset: str, out_dir, names=tuple(SCENARIOS)) -> dict[str, dict]:
     summaries = {}
     for name in progress.track(list(names), f"replica scenarios ({preset}), one process each"):
         path = out_dir / f"{preset}_{name}.pickle"
-        done = subprocess.run(
-            [sys.executable, "-m", "kit.experiments.scenarios", name, "--preset", preset, "-o", str(path)],
-            capture_output=True,
-            text=True,
-        )
+        done = run_fresh([sys.executable, "-m", "kit.experiments.scenarios", name, "--preset", preset, "-o", str(path)])
         if done.returncode != 0:
             raise KitError(f"scenario {name} ({preset}) failed: {child_error(done.stderr or done.stdout)}")
         summaries[name] = json.loads(done.stdout.strip().splitlines()[-1])

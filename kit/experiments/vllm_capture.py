@@ -101,7 +101,7 @@ from typing import NamedTuple
 
 from kit.errors import KitError, check_one_of
 from kit.experiments import early_aux
-from kit.experiments.recorded import child_error
+from kit.experiments.recorded import child_error, run_fresh
 from kit.experiments.summary import saved_by_the_patch, summarize
 from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry point's names
     CAPTURE_MODULES,
@@ -585,7 +585,7 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
         errors = []
         for path in PATHS:
             argv = [sys.executable, "-m", MODULE, "--scenario", name, "--path", path, "--out", str(out)]
-            done = run_process(argv, PRESET_TIMEOUT_S if VLLM_SCENARIOS[name].preset else SCENARIO_TIMEOUT_S)
+            done = run_fresh(argv, PRESET_TIMEOUT_S if VLLM_SCENARIOS[name].preset else SCENARIO_TIMEOUT_S)
             if done.returncode == 0:
                 break
             errors.append(failure(path, done))
@@ -608,16 +608,6 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
         add_entry(out, pickle_path.name, entry, data, size=True)
         results[name] = summary
     return results
-
-
-def run_process(argv: list[str], timeout_s: float = SCENARIO_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """A scenario's process; one that runs past `timeout_s` is killed and answers as failed, with what it had said."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        said = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
-        note = f"\nkit: error: killed after {timeout_s:.0f} s (the scenario's time limit)"
-        return subprocess.CompletedProcess(argv, -9, said[0], said[1] + note)
 
 
 def failure(path: str, done: subprocess.CompletedProcess) -> dict:

@@ -24,7 +24,6 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -100,10 +99,10 @@ def probe_all(modules: tuple[str, ...] = CAPTURE_MODULES, budget_s: float = PROB
         if time.monotonic() > deadline:
             results += [{"module": name, "ok": False, "error": "not tried: the probe's time ran out"} for name in left]
             break
-        done = subprocess.run(
-            [sys.executable, "-m", MODULE, "--probe-modules", ",".join(left)],
-            capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 1) + 60,
-        )  # fmt: skip
+        from kit.experiments.recorded import run_fresh
+
+        argv = [sys.executable, "-m", MODULE, "--probe-modules", ",".join(left)]
+        done = run_fresh(argv, timeout_s=max(deadline - time.monotonic(), 1) + 60)
         answers = [line[len(PROBE_MARK) :] for line in done.stdout.splitlines() if line.startswith(PROBE_MARK)]
         tried = json.loads(answers[-1]) if answers else []
         if not tried:
