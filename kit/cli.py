@@ -428,10 +428,9 @@ def cmd_safety(args: argparse.Namespace) -> None:
 
 def cmd_alternatives(args: argparse.Namespace) -> None:
     from kit.experiments.alternatives import alternatives_json, alternatives_lines
-    from kit.experiments.drafter_run import load_alternatives as load_recording
-    from kit.experiments.drafter_run import run_alternatives_live as run_live
+    from kit.experiments.drafter_run import load_alternatives, run_alternatives_live
 
-    data = run_live(args.preset) if args.live else load_recording(args.preset)
+    data = run_alternatives_live(args.preset) if args.live else load_alternatives(args.preset)
     if args.json:
         json.dump(alternatives_json(data), sys.stdout, indent=1)
         sys.stdout.write("\n")

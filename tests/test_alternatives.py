@@ -711,7 +711,7 @@ def test_a_recording_made_before_the_kept_sets_still_reads_and_says_they_were_no
     lines = capsys.readouterr().out.splitlines()
     assert "  not measured: this recording predates the measurement (python -m kit alternatives --live)" in lines
     assert not any(line.startswith("  so: ") for line in lines)
-    assert replay_group_lines(alternatives.load_recording("small")) == []
+    assert replay_group_lines(alternatives.load_graphs_vs_eager("small")) == []
 
 
 NO_CUDA = (
@@ -745,7 +745,7 @@ def test_live_without_cuda_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_the_shipped_recording_makes_sense(preset):
-    data = alternatives.load_recording(preset)
+    data = alternatives.load_graphs_vs_eager(preset)
     assert data["preset"] == preset and not recorded.predates_vllm_sizing(data)
     assert data["config"]["speculator"] is True and data["provenance"]["gpu"].startswith("NVIDIA")
     assert data["unpatched"]["saved_bytes"] == 0

@@ -13,7 +13,7 @@ import pytest
 
 import kit
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations
-from kit.experiments.alternatives import SHARE_ALL, load_recording
+from kit.experiments.alternatives import SHARE_ALL, load_graphs_vs_eager
 from kit.experiments.dispatch import dispatch_replay_size
 from kit.experiments.scenarios import replica_runs
 from kit.markup import html_text
@@ -483,7 +483,7 @@ def test_change_figure_draws_both_sides_of_every_group():
 
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_alternatives_view_draws_each_scenarios_pool_by_stream_and_what_it_buys(preset):
-    data = load_recording(preset)
+    data = load_graphs_vs_eager(preset)
     table = scenario_table(data)
     caps = [c for c in data["cap_replay_sizes"] if c["max_replay_size"] is not None]
     kept = [k for k in data["drop_intermediate_sizes"] if k["measured_in"] != "unpatched"]
@@ -569,7 +569,7 @@ def test_alternatives_view_draws_each_scenarios_pool_by_stream_and_what_it_buys(
 
 
 def test_alternatives_figure_shows_stream_names_and_its_source_as_text():
-    data = copy.deepcopy(load_recording("small"))
+    data = copy.deepcopy(load_graphs_vs_eager("small"))
     for entry in (*(data[name] for name in ("unpatched", "pr", "share_all")), *data["cap_replay_sizes"]):
         held = entry.get("graph_pool_by_stream", {})
         if "model graphs stream" in held:

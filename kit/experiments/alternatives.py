@@ -627,11 +627,12 @@ def _schema_problem(data: Any) -> str | None:
     return None
 
 
-def load_recording(preset: str, path: str | Path | None = None) -> dict:
-    """An alternatives recording (the shipped one for `preset` by default), checked, with its `source` line.
+def load_graphs_vs_eager(preset: str, path: str | Path | None = None) -> dict:
+    """An alternatives recording as made (the shipped one for `preset` by default), checked, with its `source` line.
 
-    share_all's verdict here is graphs vs eager alone; `kit.experiments.drafter_run.load_alternatives`
-    backs it by the drafter's two analyses too.
+    share_all's verdict here is graphs vs eager alone. What the kit shows and prints reads
+    `kit.experiments.drafter_run.load_alternatives`, the one loader that backs it by the
+    drafter's two analyses too.
     """
     from kit.experiments.scenarios import check_preset
 
@@ -646,7 +647,7 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
     out = Path(out_dir or tempfile.mkdtemp(prefix="kit-alternatives-"))
     path = record(preset, out)
-    data = load_recording(preset, path)
+    data = load_graphs_vs_eager(preset, path)
     gpu = data["provenance"]["gpu"]
     data["source"] = f"live GPU ({gpu}: captured just now, each scenario in a fresh process; {path})"
     return data
@@ -854,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         run_one=run_scenario,
         said=lambda name, result: f"{name}: graph pool {mib(result['graph_pool_bytes'])}",
         record=record,
-        summary=lambda preset, path: alternatives_lines(load_recording(preset, path)),
+        summary=lambda preset, path: alternatives_lines(load_graphs_vs_eager(preset, path)),
     )
 
 

@@ -432,7 +432,7 @@ def load_alternatives(preset: str = "small", path: str | Path | None = None, dra
     """
     from kit.experiments import alternatives
 
-    data = alternatives.load_recording(preset, path)
+    data = alternatives.load_graphs_vs_eager(preset, path)
     if drafter_path is None:
         shipped = path is None or Path(path) == alternatives.recording_path(preset)
         drafter_path = (RECORDINGS_DIR if shipped else Path(path).parent / "drafter") / f"{preset}.json"
