@@ -4,8 +4,10 @@ Each scenario (`pr`, `unpatched`, `early_aux_shared`, the scenarios of
 `kit.experiments.scenarios`) is captured in a fresh process under the
 capture recorder (the allocator trace) and the read/write recorder
 (`kit.record.readwrite`), with phases set from the replica's breakable
-capture (`replica_phases`): model graph N segment J, its break J, its
-outputs (read by the caller after the forward), replay graph R. Then, side
+capture (`replica_phases`; `capture_phases` is the one phase recorder, for
+the replica's breakable graphs and, through `vllm_safety.vllm_phases`,
+vLLM's): model graph N segment J, its break J, its outputs (read by the
+caller after the forward), replay graph R. Then, side
 by side for every (model graph, replay graph) pairing:
 
 - the read/write analysis (`kit.analysis.readwrite.readwrite_table`): do the
