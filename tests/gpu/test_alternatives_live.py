@@ -17,7 +17,7 @@ from kit.experiments.alternatives import (
     alternatives_config,
     cap_sweep,
     eager_replay_sizes,
-    load_recording,
+    load_graphs_vs_eager,
     record,
 )
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return load_recording("small", record("small", tmp_path_factory.mktemp("alternatives")))
+    return load_graphs_vs_eager("small", record("small", tmp_path_factory.mktemp("alternatives")))
 
 
 def test_the_pr_saves_and_one_stream_for_all_saves_no_less(small):
