@@ -269,10 +269,8 @@ def name_phases(kit: dict, records: list, real_from: int) -> None:
     estimate, real = records[:real_from], records[real_from:]
     for key, names in (("streams", stream_names), ("pools", pool_names)):
         named = names(real)
-        taken = [tuple(v) if isinstance(v, list) else v for v in named.values()]
-        for name, value in names(estimate).items():
-            if (tuple(value) if isinstance(value, list) else value) not in taken:
-                named[ESTIMATE_PREFIX + name] = value
+        taken = list(named.values())  # stream ids, or pools as lists
+        named |= {ESTIMATE_PREFIX + name: value for name, value in names(estimate).items() if value not in taken}
         kit[key] = named
 
 

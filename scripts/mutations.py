@@ -1772,12 +1772,12 @@ MUTATIONS = (
         "beyond_estimate is the graph pool reserved minus vLLM's estimate",
     ),
     Mutation(
-        "ranks_find_the_replay_stream_by_the_label_the_estimate_gave",
+        "ranks_replay_stream_read_off_another_stream",
         "kit/analysis/ranks.py",
-        '    first = manifest.get("profile_captures")',
-        "    first = None",
-        ("tests/test_vllm_plugin_recording.py",),
-        "in a plugin recording the real capture's replay stream is found by its capture records, not its label",
+        '"replay_stream": by_stream.get(REPLAY_STREAM_LABEL, 0),',
+        '"replay_stream": by_stream.get("model graphs stream", 0),',
+        ("tests/test_vllm_plugin_recording.py", "tests/test_ranks.py"),
+        "the replay graphs' own stream is the one the plugin names after the real capture's replay graphs",
     ),
     Mutation(
         "ranks_name_one_of_two_disagreeing_ranks_as_the_odd_one",

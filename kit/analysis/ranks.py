@@ -149,7 +149,7 @@ def rank_summary(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], manifes
                 "rank": rank,
                 "graph_pool": reserved,
                 "by_stream": by_stream,
-                "replay_stream": _replay_stream_bytes(snapshot, manifest, mine, by_stream),
+                "replay_stream": by_stream.get(REPLAY_STREAM_LABEL, 0),
                 "stranded": stranded,
                 "stranded_why": why,
                 "estimate": estimate,
@@ -164,24 +164,6 @@ def rank_summary(snapshots: Sequence[Snapshot] | Mapping[int, Snapshot], manifes
     out.attrs["source"] = "; ".join(f"rank {r}: {s.source_label}" for r, s in _by_rank(snapshots).items())
     out.attrs["byte_columns"] = ["graph_pool", "replay_stream", "stranded", "estimate", "beyond_estimate"]
     return out
-
-
-def _replay_stream_bytes(snapshot: Snapshot, manifest: dict, mine: pd.DataFrame, by_stream: dict) -> int:
-    """Graph-pool bytes on a stream only the replay graphs of the real capture captured on.
-
-    A plugin recording also holds the estimate's captures, first
-    (`profile_captures` of them): the recorder names each stream after the
-    first manager it saw there, so the real capture's streams are found from
-    its own capture records, by stream id, not by label.
-    """
-    captures = (snapshot.kit or {}).get("captures") or []
-    first = manifest.get("profile_captures")
-    if not isinstance(first, int) or not captures or not len(mine):
-        return by_stream.get(REPLAY_STREAM_LABEL, 0)
-    real = captures[first:]
-    replay = {c["stream"] for c in real if c.get("manager") == "decoder replay graphs"}
-    replay -= {c["stream"] for c in real if c.get("manager") != "decoder replay graphs"}
-    return int(mine.loc[mine["stream"].isin(replay), "reserved"].sum())
 
 
 def rank_differences(summary: pd.DataFrame, *, tolerance: float = 0.05, min_bytes: int = 2 * MIB) -> list[str]:

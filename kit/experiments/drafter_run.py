@@ -64,7 +64,7 @@ from kit.errors import check_one_of
 from kit.experiments import recorded
 from kit.patch.install import Patch
 from kit.record.provenance import provenance, require_cuda
-from kit.recordings import RECORDINGS
+from kit.recordings import RECORDINGS, shipped
 
 DRAFTER_SCENARIOS = ("pr", "share_all")
 RECORDINGS_DIR = RECORDINGS / "drafter"
@@ -434,10 +434,8 @@ def load_alternatives(preset: str = "small", path: str | Path | None = None, dra
 
     data = alternatives.load_graphs_vs_eager(preset, path)
     if drafter_path is None:
-        shipped = path is None or Path(path) == alternatives.recording_path(preset)
-        drafter_path = (RECORDINGS_DIR if shipped else Path(path).parent / "drafter") / f"{preset}.json"
-    from kit.recordings import shipped
-
+        beside_shipped = path is None or Path(path) == alternatives.recording_path(preset)
+        drafter_path = (RECORDINGS_DIR if beside_shipped else Path(path).parent / "drafter") / f"{preset}.json"
     if shipped(Path(drafter_path)) is not None:  # NAME or NAME.gz
         with_drafter_analyses(data, load_recording(preset, drafter_path))
     return data

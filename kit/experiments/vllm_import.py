@@ -94,13 +94,13 @@ def probe_all(modules: tuple[str, ...] = CAPTURE_MODULES, budget_s: float = PROB
     tried in an earlier process; a process that dies without answering costs
     its first module. What the time budget leaves untried is listed as such.
     """
+    from kit.experiments.recorded import run_fresh
+
     deadline, results, left = time.monotonic() + budget_s, [], list(modules)
     while left:
         if time.monotonic() > deadline:
             results += [{"module": name, "ok": False, "error": "not tried: the probe's time ran out"} for name in left]
             break
-        from kit.experiments.recorded import run_fresh
-
         argv = [sys.executable, "-m", MODULE, "--probe-modules", ",".join(left)]
         done = run_fresh(argv, timeout_s=max(deadline - time.monotonic(), 1) + 60)
         answers = [line[len(PROBE_MARK) :] for line in done.stdout.splitlines() if line.startswith(PROBE_MARK)]

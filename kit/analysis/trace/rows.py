@@ -110,7 +110,8 @@ def walk_rows(snap: Snapshot, device: int) -> TraceWalk:
     for i, e in enumerate(entries):
         action = e.action
         if action == "segment_alloc" or action == "segment_map":
-            seg = _new_segment(layout, final, e, captured.at(i, e.stream) if i in freed_later else False)
+            freed_pool = (captured.at(i, e.stream) or DEFAULT_POOL) if i in freed_later else None
+            seg = _new_segment(layout, final, e, freed_pool)
             fresh.append((e.addr, e.size))
             made.append((i, e.addr, e.size, seg.pool, e.stream))
         elif action == "segment_free":
@@ -147,19 +148,19 @@ def _freed_later(entries) -> set[int]:
     return freed_later
 
 
-def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_later) -> WalkSegment:
+def _new_segment(layout: Layout, final: Layout, e: TraceEntry, freed_pool: tuple | None) -> WalkSegment:
     """The segment a segment_alloc makes, or the one a segment_map grows; its pool as the snapshot says.
 
-    `freed_later`: False for a segment the trace does not free again, else the pool of the
-    recorded capture it was made in (None where none is known: the default pool's).
+    `freed_pool`: for a segment the trace frees again, its pool (the recorded capture's it was
+    made in, else the default pool); None for one the snapshot may still hold.
     """
     if e.action == "segment_map":
         return layout.map(e.addr, e.size, e.stream, *_pool_at(final, e.addr, e.size))
-    known = final.by_start.get(e.addr) if freed_later is False else None
+    known = final.by_start.get(e.addr) if freed_pool is None else None
     if known:
         pool, small = known.pool, known.small
     else:
-        pool, small = freed_later or DEFAULT_POOL, is_small_segment(e.size)
+        pool, small = freed_pool or DEFAULT_POOL, is_small_segment(e.size)
     seg = WalkSegment(e.addr, e.size, pool, e.stream, small)
     layout.add(seg)
     return seg
