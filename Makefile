@@ -31,8 +31,11 @@ $(STAMP): pyproject.toml
 lab: venv
 	$(VENV)/bin/jupyter lab --config=$(CURDIR)/scripts/lab_config.py --notebook-dir=$(LAB_DIR) $(ROOT_FLAG) $(LAB_FLAGS)
 
+# Two workers, each test file whole on one (its module fixtures, JupyterLab among them, start once).
+TEST_WORKERS ?= 2
+
 test: venv browser-deps
-	KIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest
+	KIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 browser-deps: $(CHROMIUM) $(PLAYWRIGHT_STAMP)
 
