@@ -1,4 +1,5 @@
-"""`diff` pairs the graph pools of two runs by id and content, never by the order they were made.
+"""`diff` pairs the graph pools of two runs by id and content, never by the order they were made
+(`kit.analysis.pairing`).
 
 Two bugs stand behind these tests. A second file holding a pool left over
 from an earlier run (made first, so the kit numbers it "graph pool 1") had the

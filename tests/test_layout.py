@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -205,6 +206,32 @@ def test_a_sub_packages_docstring_names_each_of_its_modules(package):
 
 
 # --- docs/testing.md: which test files cover which module ---------------------------------------
+
+
+def registries():
+    spec = importlib.util.spec_from_file_location("registries", ROOT / "scripts" / "registries.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_map_and_the_test_table_are_as_the_code_makes_them(capsys):
+    assert registries().main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_the_registries_see_a_stale_page_a_package_with_no_layer_and_an_untested_module(tmp_path, monkeypatch):
+    reg = registries()
+    page = tmp_path / "testing.md"
+    page.write_text(reg.TESTING.read_text().replace("| `kit.cli` |", "| `kit.cli_gone` |"))
+    monkeypatch.setattr(reg, "TESTING", page)
+    assert reg.main(["--check"]) == 1
+    modules = reg.kit_modules()
+    with pytest.raises(reg.RegistryError, match="no layer for .'kit.newpkg'"):
+        reg.package_map({**modules, "kit.newpkg": KIT / "errors.py"})
+    with pytest.raises(reg.RegistryError, match="no test file imports or runs .'kit.analysis.untested'"):
+        reg.test_table({**modules, "kit.analysis.untested": KIT / "errors.py"})
+    assert "kit.analysis.pairing" in reg.covered_by(ROOT / "tests" / "test_diff_pairing.py", modules, {})
+    assert "kit.__main__" in reg.covered_by(ROOT / "tests" / "test_ranks.py", modules, {})
 
 
 def only_a_docstring(path: Path) -> bool:

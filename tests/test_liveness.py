@@ -1,4 +1,6 @@
-"""The liveness analysis across the eager break: on the H200 replica recordings, and on hand-built traces."""
+"""The liveness analysis across the eager break: on the H200 replica recordings, and on hand-built traces.
+
+It reads frames in one line (`kit.analysis.frames`) and graph outputs against eager (`kit.analysis.equivalence`)."""
 
 from __future__ import annotations
 

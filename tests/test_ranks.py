@@ -1,4 +1,6 @@
-"""Ranks side by side: groups matched by name across processes, spreads and verdicts."""
+"""Ranks side by side: groups matched by name across processes, spreads and verdicts.
+
+Every rank on one page is `kit.show.rank_report`'s."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The replica, its PR patch and the capture recorder, on the CPU and from the H200 recordings.
 
+The patch mechanism is `kit.patch.pr`; the replay layers `kit.replica.decoder_replay_layers`.
+
 The GPU paths (capture, replay, the live recorder) run in tests/gpu/test_replica.py
 on the H200 (`scripts/gpu_tests.sh`); the figures they printed are recorded in
 kit/recordings/replica by `scripts/record_replica.py` and asserted here.

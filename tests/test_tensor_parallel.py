@@ -1,4 +1,6 @@
-"""The replica under tensor parallelism, eagerly on the CPU over gloo: sharded layers equal the whole ones."""
+"""The replica under tensor parallelism, eagerly on the CPU over gloo: sharded layers equal the whole ones.
+
+The experiment itself (`kit.experiments.tensor_parallel`) runs on several GPUs."""
 
 from __future__ import annotations
 

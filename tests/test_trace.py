@@ -1,4 +1,6 @@
-"""Trace analysis: rewind, block reuse per allocation, stranding, on the recorded fixtures."""
+"""Trace analysis: rewind, block reuse per allocation, stranding, on the recorded fixtures.
+
+The walk's segments and layout are `kit.analysis.trace.state`'s."""
 
 from __future__ import annotations
 

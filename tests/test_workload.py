@@ -1,4 +1,6 @@
-"""Workload validation: every malformed case is exit 2 and one line."""
+"""Workload validation: every malformed case is exit 2 and one line.
+
+Sizes are written with `kit.units`; the real allocator's run is `kit.record.workload`."""
 
 from __future__ import annotations
 
