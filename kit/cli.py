@@ -412,14 +412,14 @@ def cmd_safety(args: argparse.Namespace) -> None:
     vllm = shipped_invariants()
     early = recorded_early_aux_verdict()  # vLLM's path, from its recordings, live or not
     if args.json:
-        shapes = replica_shapes(data.get("policies") or {})
+        shapes = replica_shapes(data.get("scenarios") or {})
         early_json = {"early_aux_shapes": shapes, "early_aux_vllm": early}
         json.dump({**safety_json(data, readwrite), "vllm_invariant": vllm, **early_json}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
     lines = [
         *safety_lines(data, readwrite, vllm_invariant_lines(vllm)),
-        *replica_shape_lines(data.get("policies") or {}),
+        *replica_shape_lines(data.get("scenarios") or {}),
         "",
         *early_aux_lines(early),
     ]

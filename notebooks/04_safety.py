@@ -156,12 +156,12 @@ print(f"dispatchable: {DISPATCH_RULE}")
 print(f"data source: {SOURCE}: {records.pairs.attrs['source']}")
 for line in pair_verdicts(records.pairs):
     print(line)
-for line in replica_shape_lines(records.readwrite["policies"]):
+for line in replica_shape_lines(records.readwrite["scenarios"]):
     print(line)
 pairings_table(records.pairs)
 
 # %% [markdown]
-# The lines above say, per policy, which pairings equal eager. Unpatched, equal outputs prove
+# The lines above say, per scenario, which pairings equal eager. Unpatched, equal outputs prove
 # little: there no replay graph allocates over a block a model graph holds, and equal outputs
 # cannot say which bytes were at risk. That is check 2's question.
 #
@@ -176,7 +176,7 @@ pairings_table(records.pairs)
 #
 # ## 2. The obligation, from what is read and written
 #
-# `kit.experiments.readwrite_run` captures the same three policies under a
+# `kit.experiments.readwrite_run` captures the same three scenarios under a
 # `kit.ReadWriteRecorder`, a `TorchDispatchMode` that logs the device bytes every aten op reads
 # and writes, by phase: N's segments and breaks (each layer's stand-in attention is a break of
 # its own, as V4.1 breaks at every attention, and the break where the replay layers run is split
@@ -189,17 +189,17 @@ pairings_table(records.pairs)
 # %%
 print(f"data source: {SOURCE}: {records.readwrite['source']}")
 stated = set()
-for policy, run in records.readwrite["policies"].items():
+for scenario, run in records.readwrite["scenarios"].items():
     verdict = re.search(r"\s(Holds|Violated)\b", run["obligation"])  # the obligation as recorded, then its verdict
     cut = verdict.start() if verdict else len(run["obligation"])
     stated.add(run["obligation"][:cut].strip())
-    print(f"obligation under {policy}: {run['obligation'][cut:].strip()}")
+    print(f"obligation under {scenario}: {run['obligation'][cut:].strip()}")
 for wording in stated - {OBLIGATION}:
     print(f"  (recorded against an earlier wording of the obligation: {wording})")
-for policy, run in records.readwrite["policies"].items():
+for scenario, run in records.readwrite["scenarios"].items():
     for line in run["verdicts"]:
         if "VIOLATED" in line:
-            print(f"  {policy}: {line}")
+            print(f"  {scenario}: {line}")
 
 # %% [markdown]
 # Where it fails, the lines name the bytes and who reads them. The value at stake with early

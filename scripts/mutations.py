@@ -1327,8 +1327,8 @@ MUTATIONS = (
     Mutation(
         "safety_json_without_the_invariant",
         "kit/experiments/safety_run.py",
-        '        pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}})',
-        "        pairs.append(pair)",
+        '        figures = {k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}',
+        "        figures = {}",
         ("tests/test_invariant.py",),
         "kit safety --json gives each pairing the invariant's graph-pool bytes and verdict (None: not recorded)",
     ),
@@ -1462,7 +1462,7 @@ MUTATIONS = (
     Mutation(
         "old_vllm_recordings_read_by_their_file_name",
         "kit/experiments/vllm_capture.py",
-        '    return base + FLAT_SUFFIX if aux_return_of({"variant": variant}) == "flat" else base',
+        '    return base + FLAT_SUFFIX if aux_return_of({"vllm_scenario": about}) == "flat" else base',
         "    return name",
         ("tests/test_early_aux.py", "tests/test_vllm_recording.py"),
         "a vLLM recording made before the return shapes were named is read as the scenario it ran, not its file name",

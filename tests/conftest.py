@@ -2,7 +2,8 @@
 
 Tests marked `gpu` need CUDA. The default run (`make test`, CI) deselects them;
 `scripts/gpu_tests.sh` runs them on a GPU machine. Asking for them where there
-is no CUDA is an error, never a silent pass.
+is no CUDA is an error, never a silent pass. `--update-golden` rewrites the
+CLI's golden outputs (tests/fixtures/cli_golden) instead of comparing with them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from pathlib import Path
 import pytest
 
 from .helpers import MIB, RECORDED, segment
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/fixtures/cli_golden from the CLI now")
 
 
 def pytest_collection_finish(session):

@@ -463,7 +463,7 @@ def fake_run(scenario: str, pool: int, estimate: int, streams: dict, *, differ=(
     ]
     labels = set(streams.values())
     return {
-        "variant": scenario,
+        "scenario": scenario,
         "graph_pool_bytes": pool,
         "graph_pool_by_stream": {label: pool // len(labels) for label in labels},
         "capture_streams": streams,

@@ -28,6 +28,7 @@ from kit.allocator.simulator import CachingAllocatorSim
 from kit.allocator.workload import parse_workload
 from kit.analysis.check import DEFAULT_OWN_STREAM, check_snapshot
 from kit.analysis.liveness import is_drafter_capture
+from kit.experiments.recorded import current_words
 from kit.recordings import RECORDINGS, shipped_bytes
 
 from .helpers import MIB, run_kit
@@ -336,12 +337,12 @@ def test_scenarios_speculator_flag_reaches_run_scenario(tmp_path, monkeypatch):
 
 
 def test_check_on_the_shipped_h200_drafter_run(tmp_path):
-    """The PR's configuration with the drafter on, recorded on an H200 (`kit/recordings/drafter/small.json`, variant
+    """The PR's configuration with the drafter on, recorded on an H200 (`kit/recordings/drafter/small.json`, scenario
     `pr`): the drafter's graphs strand 24 MiB of the global graph pool on their own stream. Issue 28's failure (exit 1)
     with --own-stream none; exit 0 by default, the group listed as allowed by its manager. Under `share_all` (every
     capture on the model graphs' stream) nothing strands, so nothing is allowed either."""
-    variants = json.loads(shipped_bytes(RECORDINGS / "drafter" / "small.json"))["variants"]
-    path = _write(tmp_path, "pr", variants["pr"]["snapshot"])
+    scenarios = current_words(json.loads(shipped_bytes(RECORDINGS / "drafter" / "small.json")))["scenarios"]
+    path = _write(tmp_path, "pr", scenarios["pr"]["snapshot"])
     line = "global graph pool (0, 1), DFlash speculator graphs stream (stream "
     done = run_kit("check", path, "--own-stream", "none")
     assert done.returncode == 1 and done.stdout.startswith(line), done.stdout + done.stderr
@@ -352,7 +353,7 @@ def test_check_on_the_shipped_h200_drafter_run(tmp_path):
     assert allowed.startswith(f"allowed by --own-stream 'speculator' (manager 'DFlash speculator graphs'): {line}")
     assert "first stranded allocation: combine_hidden_states (speculator.py:" in allowed
     assert summary.startswith("ok: no graph pool stranded more than 0 B (1 allowed group(s)")
-    shared = check_snapshot(variants["share_all"]["snapshot"])
+    shared = check_snapshot(scenarios["share_all"]["snapshot"])
     assert shared.ok and shared.allowed == []
 
 

@@ -69,5 +69,5 @@ def test_a_recording_made_before_vllms_sizing_says_so_in_its_source_line(tmp_pat
     new = {"provenance": prov, "config": {"hidden_size": 1024, "replay_sizing": "vllm"}}
     assert recorded.EARLIER_SIZING in recorded.source_line(old, tmp_path / "small.json")
     assert recorded.EARLIER_SIZING not in recorded.source_line(new, tmp_path / "small.json")
-    by_policy = {"provenance": prov, "policies": {"pr": new, "unpatched": old}}
-    assert recorded.predates_vllm_sizing(by_policy) and recorded.predates_vllm_sizing({"provenance": prov})
+    by_scenario = {"provenance": prov, "scenarios": {"pr": new, "unpatched": old}}
+    assert recorded.predates_vllm_sizing(by_scenario) and recorded.predates_vllm_sizing({"provenance": prov})

@@ -5,7 +5,9 @@ printed (stdout and stderr together), then a last line `exit N`. They were
 captured before the recording framework was folded into one place
 (kit/record/provenance.py, kit/experiments/summary.py, the vllm_capture split),
 so a refactor that changes a figure, a key or a word of the output fails here.
-The outputs come from recordings only: no GPU, no vLLM run.
+The outputs come from recordings only: no GPU, no vLLM run. A change meant to
+alter them is written with `pytest tests/test_cli_golden.py --update-golden`,
+and its diff read before it is committed (docs/testing.md lists the changes).
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def test_every_fixture_has_its_command():
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_output_is_unchanged(name):
-    expected = (GOLDEN / f"{name}.txt").read_text()
+def test_output_is_unchanged(name, request):
     got = run_kit(COMMANDS[name])
+    if request.config.getoption("--update-golden"):
+        (GOLDEN / f"{name}.txt").write_text(got)
+    expected = (GOLDEN / f"{name}.txt").read_text()
     if got != expected:
         now, before = got.splitlines(), expected.splitlines()
         differs = (i for i, (a, b) in enumerate(zip(now, before, strict=False)) if a != b)

@@ -202,7 +202,7 @@ def recording(request) -> dict:
 
 
 def _pairs(data: dict, scenario: str) -> pd.DataFrame:
-    return pd.DataFrame([p for p in data["pairs"] if p["variant"] == scenario])
+    return pd.DataFrame([p for p in data["pairs"] if p["scenario"] == scenario])
 
 
 def test_under_share_all_the_drafter_overwrites_the_targets_outputs_and_the_obligation_holds(recording):
@@ -211,7 +211,7 @@ def test_under_share_all_the_drafter_overwrites_the_targets_outputs_and_the_obli
     # At most one drafter graph per model graph: the one its step dispatches to (none above the largest).
     assert not running.empty and running.groupby("model_size").size().max() == 1
     # Every model graph is paired, whole ones (below the trim threshold: no break) too.
-    assert set(share["model_size"]) == set(recording["variants"]["share_all"]["config"]["cudagraph_capture_sizes"])
+    assert set(share["model_size"]) == set(recording["scenarios"]["share_all"]["config"]["cudagraph_capture_sizes"])
     assert running["readwrite_holds"].all() and (running["outputs_overwritten_bytes"] > 0).any()
     assert not running["lifetime_conflict"].any() and share["agree"].all()
     # From the trace alone, every overwritten output is flagged: the step's reads are what clears it.
@@ -224,18 +224,18 @@ def test_under_the_pr_the_drafter_never_touches_the_targets_outputs(recording):
     pr = _pairs(recording, "pr")
     assert (pr["outputs_overwritten_bytes"] == 0).all() and pr["readwrite_holds"].all()
     assert not pr["trace_only_conflict"].any() and pr["agree"].all() and pr["agree_trace_only"].all()
-    streams = recording["variants"]["pr"]["capture_streams"]
+    streams = recording["scenarios"]["pr"]["capture_streams"]
     assert streams["DFlash speculator graphs"] != streams["model graphs"]
-    shared = recording["variants"]["share_all"]["capture_streams"]
+    shared = recording["scenarios"]["share_all"]["capture_streams"]
     assert shared["DFlash speculator graphs"] == shared["model graphs"]
 
 
 @pytest.mark.parametrize("scenario", drafter_run.DRAFTER_SCENARIOS)
 def test_the_read_write_analysis_run_again_on_the_recorded_accesses_gives_the_recorded_pairs(recording, scenario):
-    run = recording["variants"][scenario]
+    run = recording["scenarios"][scenario]
     table = drafter_table(run["accesses"])
     by_pair = table.set_index(["model_size", "drafter_size"])
-    for p in [p for p in recording["pairs"] if p["variant"] == scenario]:
+    for p in [p for p in recording["pairs"] if p["scenario"] == scenario]:
         row = by_pair.loc[(p["model_size"], p["drafter_size"])]
         assert bool(row["holds"]) == p["readwrite_holds"]
         assert int(row["outputs_overwritten_bytes"]) == p["outputs_overwritten_bytes"]
@@ -244,7 +244,7 @@ def test_the_read_write_analysis_run_again_on_the_recorded_accesses_gives_the_re
 
 @pytest.mark.parametrize("scenario", drafter_run.DRAFTER_SCENARIOS)
 def test_the_lifetime_analysis_run_again_on_the_recorded_snapshot_gives_the_recorded_verdicts(recording, scenario):
-    run = recording["variants"][scenario]
+    run = recording["scenarios"][scenario]
     assert drafter_liveness_verdicts(drafter_liveness_table(run["snapshot"])) == run["lifetime_verdicts"]
     raw = run["snapshot"]
     trace_only = {**raw, "kit": {k: v for k, v in raw["kit"].items() if k != "step_reads"}}
@@ -253,7 +253,7 @@ def test_the_lifetime_analysis_run_again_on_the_recorded_snapshot_gives_the_reco
 
 def test_the_model_graphs_obligation_holds_on_the_same_run(recording):
     for scenario in drafter_run.DRAFTER_SCENARIOS:
-        pairs = pd.DataFrame(recording["variants"][scenario]["model_graphs"]["pairs"])
+        pairs = pd.DataFrame(recording["scenarios"][scenario]["model_graphs"]["pairs"])
         assert pairs[pairs["dispatchable"]]["readwrite_holds"].all()
 
 
@@ -283,7 +283,7 @@ def test_a_missing_drafter_recording_is_one_line(tmp_path):
 def test_the_drafter_summary_counts_the_pairings_that_violate_the_obligation():
     def pair(holds: bool) -> dict:
         return {
-            "variant": "share_all",
+            "scenario": "share_all",
             "dispatchable": True,
             "readwrite_holds": holds,
             "outputs_overwritten_bytes": 1,
@@ -291,7 +291,7 @@ def test_the_drafter_summary_counts_the_pairings_that_violate_the_obligation():
             "agree_trace_only": False,
         }
 
-    (line,) = drafter_run.summary_lines({"variants": ["share_all"], "pairs": [pair(False), pair(True), pair(True)]})
+    (line,) = drafter_run.summary_lines({"scenarios": ["share_all"], "pairs": [pair(False), pair(True), pair(True)]})
     assert "drafter obligation VIOLATED on 1 of 3 dispatchable pairings" in line
-    (line,) = drafter_run.summary_lines({"variants": ["share_all"], "pairs": [pair(True), pair(True)]})
+    (line,) = drafter_run.summary_lines({"scenarios": ["share_all"], "pairs": [pair(True), pair(True)]})
     assert "drafter obligation holds on 2 of 2 dispatchable pairings" in line

@@ -23,7 +23,7 @@ from kit.errors import KitError
 from kit.experiments import early_aux as ea
 from kit.experiments import vllm_capture as vc
 from kit.experiments.scenarios import FLAT_AUX_SCENARIOS, SCENARIOS, scenario_config
-from kit.experiments.summary import aux_return_of
+from kit.experiments.summary import aux_return_of, vllm_scenario_of
 from kit.replica import breakable_cudagraph as bc
 from kit.replica.model import AUX_RETURNS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
@@ -165,13 +165,14 @@ def test_a_recordings_return_shape_is_read_from_what_it_ran():
     assert aux_return_of({"variant": {"early_aux_pinned": True}}) == "nested"  # before aux_return: pinned, V4.1's
     assert aux_return_of({"variant": {"early_aux_pinned": False}}) == "flat"
     assert aux_return_of({"variant": {"early_aux_pinned": None}}) is None  # no early aux
+    assert aux_return_of({"vllm_scenario": {"config": {"aux_return": "flat"}}}) == "flat"  # the word now
     assert aux_return_of({"scenario": {"config": {"aux_return": "nested"}}}) == "nested"
     assert aux_return_of({"scenario": {"config": {}}}) == "flat"  # the replica's weak references recursed then
     assert aux_return_of({}) is None
 
 
 @pytest.mark.parametrize(
-    ("stem", "variant", "scenario"),
+    ("stem", "about", "scenario"),
     [
         ("early_aux_shared", {"has_early_aux": True, "early_aux_pinned": False}, "early_aux_shared_flat"),
         ("early_aux_pr", {"has_early_aux": True, "early_aux_pinned": False}, "early_aux_pr_flat"),
@@ -181,8 +182,8 @@ def test_a_recordings_return_shape_is_read_from_what_it_ran():
         ("patched", {"has_early_aux": False, "early_aux_pinned": None}, "patched"),
     ],
 )
-def test_a_vllm_recording_is_read_as_the_scenario_it_ran(stem, variant, scenario):
-    assert vc.recorded_as(stem, variant) == scenario
+def test_a_vllm_recording_is_read_as_the_scenario_it_ran(stem, about, scenario):
+    assert vc.recorded_as(stem, about) == scenario
 
 
 def test_the_shipped_vllm_recordings_are_read_by_the_scenario_they_ran():
@@ -193,7 +194,7 @@ def test_the_shipped_vllm_recordings_are_read_by_the_scenario_they_ran():
     )
     for name, snap in runs.items():
         shape = aux_return_of(snap.kit)
-        if snap.kit["variant"]["has_early_aux"]:
+        if vllm_scenario_of(snap.kit)["has_early_aux"]:
             assert shape == ("flat" if name.endswith("_flat") else "nested"), (name, files[name])
 
 
@@ -314,7 +315,7 @@ def test_kit_safety_prints_the_early_aux_verdict_from_vllms_recordings(capsys):
     assert main(["safety", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {k: v for k, v in data["early_aux_vllm"].items() if k != "source"} == json.loads(json.dumps(expected))
-    policies = load_recording("small")["policies"]
+    policies = load_recording("small")["scenarios"]
     assert data["early_aux_shapes"] == ea.replica_shapes(policies) and set(data["early_aux_shapes"]) == {
         p for p, about in policies.items() if about["has_early_aux"]
     }

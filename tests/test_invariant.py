@@ -226,10 +226,10 @@ def _readwrite_with_invariant(holds: bool) -> dict:
     """The shipped small read/write recording with an invariant recorded for every scenario."""
     data = readwrite_run.load_recording("small")
     data["source"] = "a test"
-    for scenario, run in data["policies"].items():
+    for scenario, run in data["scenarios"].items():
         rows = []
         for p in data["pairs"]:
-            if p["policy"] == scenario:
+            if p["scenario"] == scenario:
                 bad = 0 if holds else 4096
                 p.update(graph_pool_carried_bytes=bad, early_aux_carried_bytes=0, invariant_holds=holds)
                 rows.append({**p, "can_run": p["dispatchable"], "invariant_reads": []})
@@ -245,9 +245,9 @@ def test_kit_safety_json_carries_the_invariant_per_pairing_and_says_not_recorded
     out = json.loads(capsys.readouterr().out)
     assert out["invariant"] == INVARIANT
     # The shipped small recordings (2026-12-05): the invariant holds but for the planted scenario, on every pairing.
-    holds = {(p["policy"], p["invariant_holds"]) for p in out["pairs"]}
+    holds = {(p["scenario"], p["invariant_holds"]) for p in out["pairs"]}
     assert holds == {("pr", True), ("unpatched", True), ("early_aux_shared", True), (PLANTED, False)}
-    planted = [p for p in out["pairs"] if p["policy"] == PLANTED]
+    planted = [p for p in out["pairs"] if p["scenario"] == PLANTED]
     assert {(p["model_size"], p["graph_pool_carried_bytes"]) for p in planted} == {
         (128, 2 * MIB),
         (256, 4 * MIB),
@@ -313,10 +313,10 @@ def test_the_planted_decoder_reads_its_kept_block_after_the_break_and_it_changes
 
 def test_a_readwrite_recording_made_before_the_invariant_says_not_recorded():
     data = readwrite_run.load_recording("small")
-    for run in data["policies"].values():
+    for run in data["scenarios"].values():
         del run["invariant"]
     lines = readwrite_run.invariant_lines(data)
-    assert lines[0] == INVARIANT and len(lines) == 1 + len(data["policies"])
+    assert lines[0] == INVARIANT and len(lines) == 1 + len(data["scenarios"])
     assert all(NOT_RECORDED in line for line in lines[1:])
 
 
@@ -324,14 +324,14 @@ def test_the_large_recording_holds_the_invariant_but_for_the_planted_read():
     """Recorded on 2026-12-05: each model graph reads its planted block (the planted scenario's 11.92 MiB) after the
     break, on all 80 dispatchable pairings; the other scenarios hold on all 80, early aux the only bytes carried."""
     data = readwrite_run.load_recording("large")
-    runs = {scenario: run["invariant"] for scenario, run in data["policies"].items()}
+    runs = {scenario: run["invariant"] for scenario, run in data["scenarios"].items()}
     assert {s: inv["holds"] for s, inv in runs.items()} == {
         "pr": True, "unpatched": True, "early_aux_shared": True, PLANTED: False,
     }  # fmt: skip
-    planted = [p for p in data["pairs"] if p["policy"] == PLANTED and p["dispatchable"]]
+    planted = [p for p in data["pairs"] if p["scenario"] == PLANTED and p["dispatchable"]]
     assert len(planted) == 80 and not any(p["invariant_holds"] for p in planted)
     assert {p["graph_pool_carried_bytes"] for p in planted} == {109 * 4 * 7168 * 4}  # planted_kept_block's float32 rows
-    early = [p for p in data["pairs"] if p["policy"] == "early_aux_shared" and p["dispatchable"]]
+    early = [p for p in data["pairs"] if p["scenario"] == "early_aux_shared" and p["dispatchable"]]
     assert all(p["graph_pool_carried_bytes"] == 0 < p["early_aux_carried_bytes"] for p in early)
 
 

@@ -413,6 +413,61 @@ def _uses_word(name: str, word: str) -> bool:
     return re.search(rf"(?<![a-z]){word}", name.lower()) is not None
 
 
+# Data: a key, a parameter or a string constant the kit reads or writes. A scenario is `scenario` in data too.
+RETIRED_KEYS = {"variant": "a named run is a scenario", "variants": "the runs are scenarios", "policies": "ditto"}
+OLD_WORDS_READ = {"kit.experiments.summary": "vllm_scenario_of reads a snapshot's old `variant`"}  # the one reader
+# A `policy` key is the stream rule a run captured under, in these modules and nowhere else.
+POLICY_KEYS = {
+    "kit.vllm_plugin": "the stream rule KIT_VLLM_PATCH asks for",
+    "kit.experiments.scenarios": "the stream rule a replica scenario captures under",
+    "kit.experiments.vllm_capture": "the stream rule a vLLM scenario captures under",
+    "kit.experiments.summary": "the stream rule of the run summarized",
+    "kit.experiments.early_aux": "the stream rule of the run looked for",
+    "kit.show.safety": "the stream rule of the run shown",
+    "kit.experiments.safety_run": "`kit safety --json`'s contract names each pairing's scenario `policy` too",
+}
+
+
+POLICY_MEANS = "a scenario is `scenario`; a policy is the stream rule"
+
+
+def data_words_out_of_place(module: str, source: str) -> list[str]:
+    """Keys (dict literals, subscripts, .get/.pop/.setdefault) and parameters that use a retired word for data."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        keys = []
+        if isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if isinstance(k, ast.Constant)]
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            keys = [node.slice]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "pop", "setdefault"):
+            keys = [a for a in node.args[:1] if isinstance(a, ast.Constant)]
+        elif isinstance(node, ast.arg) and _uses_word(node.arg, "variant"):
+            bad.append(f"{module}:{node.lineno}: parameter {node.arg} (a named run is a scenario)")
+        for key in keys:
+            if key.value in RETIRED_KEYS and module not in OLD_WORDS_READ:
+                bad.append(f"{module}:{key.lineno}: key {key.value!r} ({RETIRED_KEYS[key.value]})")
+            elif key.value == "policy" and module not in POLICY_KEYS:
+                bad.append(f"{module}:{key.lineno}: key 'policy' ({POLICY_MEANS})")
+    return bad
+
+
+def test_no_key_or_parameter_uses_a_retired_word_for_data():
+    bad = [b for m, p in MODULES.items() for b in data_words_out_of_place(m, p.read_text())]
+    assert not bad, bad
+
+
+def test_the_data_word_check_sees_an_old_key_and_a_policy_meaning_a_scenario():
+    source = 'def f(variant):\n    return {"policy": variant, "x": data["variants"], "y": d.get("policies")}\n'
+    assert [b.split(": ", 1)[1] for b in data_words_out_of_place("kit.analysis.x", source)] == [
+        "parameter variant (a named run is a scenario)",
+        "key 'policy' (a scenario is `scenario`; a policy is the stream rule)",
+        "key 'variants' (the runs are scenarios)",
+        "key 'policies' (ditto)",
+    ]
+    assert data_words_out_of_place("kit.vllm_plugin", 'x = {"policy": "pr"}') == []
+
+
 def cli_commands() -> set[str]:
     from kit.cli import build_parser
 

@@ -267,7 +267,7 @@ def test_the_shipped_recording_carries_what_is_read_after_the_replay_layers_star
     the last segment (the aux outputs are carried only when early aux shares the stream)."""
     from kit.experiments.readwrite_run import load_recording
 
-    recording = ReadWriteRecording.from_records(load_recording("small")["policies"]["pr"]["accesses"])
+    recording = ReadWriteRecording.from_records(load_recording("small")["scenarios"]["pr"]["accesses"])
     table = readwrite_table(recording)
     for size in (128, 256, 512):
         # one break per layer before the replay layers (their attention), then the replay break, the only one paired
@@ -606,7 +606,7 @@ def test_a_recording_without_fresh_marks_reports_no_unseen_writer():
     """Recordings made before fresh bytes were marked (the shipped ones) load and report none."""
     from kit.experiments.readwrite_run import load_recording
 
-    recording = ReadWriteRecording.from_records(load_recording("small")["policies"]["pr"]["accesses"])
+    recording = ReadWriteRecording.from_records(load_recording("small")["scenarios"]["pr"]["accesses"])
     table = readwrite_table(recording)
     assert (table["unseen_writer_bytes"] == 0).all() and (table["unseen_overlap_bytes"] == 0).all()
     assert unseen_writer_lines(recording) == [] and "outside the dispatcher" not in obligation_summary(table)

@@ -37,14 +37,14 @@ def check_readwrite_recording(path: Path, preset: str = "small") -> None:
     data_bytes = shipped_bytes(path)  # as recorded (a file shipped compressed, decompressed)
     assert entry["sha256"] == hashlib.sha256(data_bytes).hexdigest(), "PROVENANCE.json describes another file"
     assert data["obligation"] == OBLIGATION
-    recorded = list(data["policies"])
+    recorded = list(data["scenarios"])
     assert recorded in (list(SAFETY_SCENARIOS), list(UNPLANTED)), "not every scenario was recorded"
-    assert [data["policies"][p]["has_early_aux"] for p in recorded] == [False, False, True, False][: len(recorded)]
+    assert [data["scenarios"][p]["has_early_aux"] for p in recorded] == [False, False, True, False][: len(recorded)]
     for policy in recorded:
         check_recorded_invariant(data, policy)
     for policy in recorded:
-        pairs = [p for p in data["pairs"] if p["policy"] == policy]
-        recording = ReadWriteRecording.from_records(data["policies"][policy]["accesses"])
+        pairs = [p for p in data["pairs"] if p["scenario"] == policy]
+        recording = ReadWriteRecording.from_records(data["scenarios"][policy]["accesses"])
         table = readwrite_table(recording)
         again = {(r["model_size"], r["replay_size"]): (r["holds"], r["overlap_bytes"]) for _, r in table.iterrows()}
         stored = {(p["model_size"], p["replay_size"]): (p["readwrite_holds"], p["overlap_bytes"]) for p in pairs}
@@ -54,10 +54,10 @@ def check_readwrite_recording(path: Path, preset: str = "small") -> None:
             assert (p["explanation"] is None) == p["agree"], f"{policy}: a disagreement without an explanation"
             assert (p["explanation_trace_only"] is None) == p["agree_trace_only"]
     for policy in ("pr", "unpatched"):
-        pairs = [p for p in data["pairs"] if p["policy"] == policy and p["dispatchable"]]
+        pairs = [p for p in data["pairs"] if p["scenario"] == policy and p["dispatchable"]]
         assert all(p["readwrite_holds"] for p in pairs), f"{policy}: the obligation fails"
-        assert all(r["bit_exact"] for r in data["policies"][policy]["equivalence"]), f"{policy} differs from eager"
-    shared = [p for p in data["pairs"] if p["policy"] == "early_aux_shared"]
+        assert all(r["bit_exact"] for r in data["scenarios"][policy]["equivalence"]), f"{policy} differs from eager"
+    shared = [p for p in data["pairs"] if p["scenario"] == "early_aux_shared"]
     violated = {(p["model_size"], p["replay_size"]) for p in shared if not p["readwrite_holds"]}
     assert any(p["dispatchable"] and not p["readwrite_holds"] for p in shared), "early aux shared: nothing violated"
     assert violated == {(p["model_size"], p["replay_size"]) for p in shared if p["lifetime_conflict"]}
@@ -67,9 +67,9 @@ def check_readwrite_recording(path: Path, preset: str = "small") -> None:
 def check_recorded_invariant(data: dict, policy: str) -> None:
     """A scenario's invariant, where recorded: what its accesses and graph-pool ranges give; holding on the
     shipped scenarios (early aux only by the exception), violated with graph-pool bytes on the planted one."""
-    run = data["policies"][policy]
+    run = data["scenarios"][policy]
     invariant = run.get("invariant")
-    pairs = [p for p in data["pairs"] if p["policy"] == policy]
+    pairs = [p for p in data["pairs"] if p["scenario"] == policy]
     if invariant is None:  # a recording made before the invariant: every pairing says so, none passes silently
         assert all(p.get("invariant_holds") is None for p in pairs), f"{policy}: an invariant with no ranges"
         return
@@ -128,8 +128,8 @@ def fake_recording(folder: Path, edit=None) -> Path:
     data = {
         "preset": "small",
         "obligation": OBLIGATION,
-        "pairs": [{"policy": policy, **p} for policy, run in runs.items() for p in run.pop("pairs")],
-        "policies": runs,
+        "pairs": [{"scenario": policy, **p} for policy, run in runs.items() for p in run.pop("pairs")],
+        "scenarios": runs,
         "provenance": {"gpu": "NVIDIA H200", "torch": "2.11", "date": "2026", "command": "fake"},
     }
     if edit is not None:
@@ -148,7 +148,7 @@ def test_a_good_recording_passes(tmp_path):
 
 def _flip_first(policy: str, key: str):
     def edit(data):
-        next(p for p in data["pairs"] if p["policy"] == policy)[key] ^= True
+        next(p for p in data["pairs"] if p["scenario"] == policy)[key] ^= True
 
     return edit
 
@@ -159,9 +159,9 @@ def _flip_first(policy: str, key: str):
         _flip_first("pr", "readwrite_holds"),  # the stored verdict is not what the accesses give
         _flip_first("early_aux_shared", "lifetime_conflict"),  # the analyses disagree, and nothing explains it
         _flip_first("early_aux_shared", "agree"),
-        lambda data: data["policies"]["pr"]["equivalence"][0].update(bit_exact=False),
+        lambda data: data["scenarios"]["pr"]["equivalence"][0].update(bit_exact=False),
         lambda data: data.update(obligation="something else"),
-        lambda data: data["policies"]["early_aux_shared"].update(accesses=data["policies"]["pr"]["accesses"]),
+        lambda data: data["scenarios"]["early_aux_shared"].update(accesses=data["scenarios"]["pr"]["accesses"]),
     ],
 )
 def test_a_broken_recording_fails(tmp_path, edit):
@@ -170,7 +170,7 @@ def test_a_broken_recording_fails(tmp_path, edit):
 
 
 def test_a_file_that_is_no_recording_is_a_one_line_error(tmp_path):
-    path = fake_recording(tmp_path, lambda data: data.update(pairs=[{"policy": "pr"}]))
+    path = fake_recording(tmp_path, lambda data: data.update(pairs=[{"scenario": "pr"}]))
     with pytest.raises(KitError, match="not a read/write recording") as e:
         load_recording("small", path)
     assert "\n" not in str(e.value)
@@ -185,7 +185,7 @@ def test_the_summary_counts_only_the_dispatchable_pairings():
     from kit.recordings import RECORDINGS
 
     def pair(policy: str, dispatchable: bool, holds: bool) -> dict:
-        return {"policy": policy, "dispatchable": dispatchable, "readwrite_holds": holds}
+        return {"scenario": policy, "dispatchable": dispatchable, "readwrite_holds": holds}
 
     pairs = [pair("pr", True, True), pair("pr", False, False), pair("pr", False, True)]
     pairs += [pair("early_aux_shared", True, False), pair("early_aux_shared", False, False)]
@@ -217,7 +217,7 @@ def test_the_shipped_recording(preset):
     pairs = load_recording(preset, path)["pairs"]
 
     def flagged(policy: str, key: str, bad: bool) -> set:
-        return {(r["model_size"], r["replay_size"]) for r in pairs if r["policy"] == policy and bool(r[key]) == bad}
+        return {(r["model_size"], r["replay_size"]) for r in pairs if r["scenario"] == policy and bool(r[key]) == bad}
 
     # The obligation fails exactly where graphs differ from eager in the adversarial pairings, and the
     # lifetime analysis with the breaks' reads agrees; from the trace alone it also flags the PR's
@@ -231,7 +231,7 @@ def test_the_shipped_recording(preset):
     for policy in ("pr", "unpatched"):
         assert flagged(policy, "readwrite_holds", False) == set() == flagged(policy, "lifetime_conflict", True)
     assert flagged("pr", "trace_only_conflict", True) > set() and all(
-        r["explanation_trace_only"] for r in pairs if r["policy"] == "pr" and r["trace_only_conflict"]
+        r["explanation_trace_only"] for r in pairs if r["scenario"] == "pr" and r["trace_only_conflict"]
     )
 
 

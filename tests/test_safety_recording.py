@@ -44,10 +44,10 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
     entry = json.loads((path.parent / "PROVENANCE.json").read_text())[path.name]
     assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), "PROVENANCE.json describes another file"
     df = pairs_frame(data)
-    recorded = list(df["policy"].unique())
+    recorded = list(df["scenario"].unique())
     assert recorded in (list(SAFETY_SCENARIOS), list(UNPLANTED)), "not every scenario was recorded"
-    for policy, rows in df.groupby("policy", sort=False):
-        meta = data["policies"][policy]
+    for policy, rows in df.groupby("scenario", sort=False):
+        meta = data["scenarios"][policy]
         config = scenario_safety_config(policy, preset)
         expected = {"planted_cross_break_read": False, **json.loads(json.dumps(dataclasses.asdict(config)))}
         if "aux_return" not in meta["config"]:  # recorded before it: the replica's weak references recursed (flat)
@@ -59,17 +59,18 @@ def check_safety_recording(path: Path, preset: str = "small") -> None:
         assert (rows["outputs"] == len(meta["outputs"])).all()
         dispatched = rows[rows["dispatchable"]]
         assert (dispatched["replay_size"] == dispatched["model_size"]).any(), f"{policy}: no R = N pairing ran"
-    took_effect = [(data["policies"][p]["shares_model_stream"], data["policies"][p]["has_early_aux"]) for p in recorded]
+    runs = data["scenarios"]
+    took_effect = [(runs[p]["shares_model_stream"], runs[p]["has_early_aux"]) for p in recorded]
     planted = [(True, False)] * (len(recorded) - len(UNPLANTED))  # the planted scenario runs the PR's capture
     assert took_effect == [(True, False), (False, False), (True, True), *planted], "a policy did not take effect"
     for policy in ("pr", "unpatched"):
-        rows = df[df["policy"] == policy]
+        rows = df[df["scenario"] == policy]
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), f"{policy} differs from eager"
-    shared = df[df["policy"] == "early_aux_shared"]
+    shared = df[df["scenario"] == "early_aux_shared"]
     assert (~shared["bit_exact"]).any(), "early aux forced to share: no pairing differs from eager"
     assert (shared.loc[~shared["bit_exact"], "max_abs_diff"] > 0).all()
     for policy in PLANTED if recorded == list(SAFETY_SCENARIOS) else ():
-        rows = df[(df["policy"] == policy) & df["dispatchable"]]
+        rows = df[(df["scenario"] == policy) & df["dispatchable"]]
         assert (~rows["bit_exact"]).any(), f"{policy}: the planted cross-break read never differs from eager"
     verdicts = pair_verdicts(df)
     assert safety_lines(data)[-len(recorded) :] == verdicts
@@ -82,17 +83,17 @@ def check_power(df, verdicts: list[str]) -> None:
     (the early aux read after every R) every pairing has power, and every pairing that differs has it. One made
     before the control says so, and counts none as shown."""
     if "power" not in df:
-        sizes = df.groupby("policy", sort=False).size()
+        sizes = df.groupby("scenario", sort=False).size()
         said = [v.endswith(f"{NOT_RECORDED}: none of these {n} pairings is counted as shown") for v, n in
                 zip(verdicts, sizes, strict=True)]  # fmt: skip
         assert all(said), "a recording without power counts a pairing as shown"
         return
     assert df["power"].map(lambda p: isinstance(p, bool | np.bool_)).all(), "a pair lacks its power"
     assert df["power_reason"].map(lambda r: isinstance(r, str) and r).all(), "a pair lacks its power_reason"
-    shared = df[df["policy"] == "early_aux_shared"]
+    shared = df[df["scenario"] == "early_aux_shared"]
     assert shared["power"].astype(bool).all(), "early aux forced to share: a pairing without power"
     assert df.loc[~df["bit_exact"].astype(bool), "power"].astype(bool).all(), "a pairing that differs has no power"
-    for policy, rows in df.groupby("policy", sort=False):
+    for policy, rows in df.groupby("scenario", sort=False):
         shown = int(rows["power"].astype(bool).sum())
         line = next(v for v in verdicts if v.startswith(f"{policy}: "))
         assert f"; {shown} of {len(rows)} pairings shown (with power)" in line, f"{policy}: power miscounted"
@@ -128,7 +129,7 @@ def _a_pair_missing(data):
 
 
 def _not_shared(data):
-    data["policies"]["pr"]["shares_model_stream"] = False
+    data["scenarios"]["pr"]["shares_model_stream"] = False
 
 
 @pytest.mark.parametrize(
@@ -204,7 +205,7 @@ def _unattributed(early) -> set[tuple[int, int]]:
 
 def _early_aux(preset: str):
     df = pairs_frame(load_recording(preset))
-    return df[df["policy"] == "early_aux_shared"]
+    return df[df["scenario"] == "early_aux_shared"]
 
 
 def test_the_shipped_small_recording():
@@ -214,12 +215,12 @@ def test_the_shipped_small_recording():
     check_safety_recording(path)
     df = pairs_frame(load_recording("small", path))
     for policy in ("pr", "unpatched"):
-        rows = df[df["policy"] == policy]
+        rows = df[df["scenario"] == policy]
         assert rows["bit_exact"].all() and len(rows) == len(
             enumerate_pairs(safety_config(SCENARIO_OF[policy], "small"))
         )
     differs = early_aux_differs()
-    dispatched = df[(df["policy"] == "early_aux_shared") & df["dispatchable"]]
+    dispatched = df[(df["scenario"] == "early_aux_shared") & df["dispatchable"]]
     assert differs & {(int(r.model_size), int(r.replay_size)) for r in dispatched.itertuples()}, (
         "a pairing vLLM runs must show the early aux overwritten"
     )
@@ -230,7 +231,7 @@ def test_the_shipped_large_recording():
 
     check_safety_recording(RECORDINGS / "safety" / "large.json", "large")
     data = load_recording("large")
-    assert data["policies"]["pr"]["no_break"] == [512]  # vLLM's threshold of 768 keeps model graph 512 whole
+    assert data["scenarios"]["pr"]["no_break"] == [512]  # vLLM's threshold of 768 keeps model graph 512 whole
 
 
 def _shipped(folder: str, preset: str) -> Path:
@@ -249,7 +250,7 @@ def test_the_shipped_h200_default_recording_has_no_pairing_and_every_model_graph
     assert data["provenance"]["gpu"].startswith(("NVIDIA H200", "NVIDIA H100")) and data["pairs"] == []
     for policy in SAFETY_SCENARIOS:
         config = safety_config(SCENARIO_OF[policy], "h200-default")
-        assert data["policies"][policy]["no_break"] == sorted(config.cudagraph_capture_sizes)
+        assert data["scenarios"][policy]["no_break"] == sorted(config.cudagraph_capture_sizes)
 
 
 def test_the_shipped_gb200_default_recording_runs_r_over_n_as_vllm_dispatches_it():
@@ -258,7 +259,7 @@ def test_the_shipped_gb200_default_recording_runs_r_over_n_as_vllm_dispatches_it
     path = _shipped("safety", "gb200-default")
     check_safety_recording(path, "gb200-default")
     df = pairs_frame(load_recording("gb200-default", path))
-    pr = df[df["policy"] == "pr"]
+    pr = df[df["scenario"] == "pr"]
     # with pcp_size 2 vLLM dispatches every pairing: each ran as dispatched, none as an adversary
     assert (pr["how"] == "dispatched").all() and (pr["dispatch_pcp"] <= 2).all()
     over = pr[pr["dispatchable"] & (pr["replay_size"] > pr["model_size"])]

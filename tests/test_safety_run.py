@@ -239,14 +239,14 @@ def test_the_poison_keeps_r_outputs_and_the_pool_is_put_back():
 
 def test_verdicts_count_only_pairings_with_power_as_shown():
     rows, _ = pool_pairs(carried=False)
-    df = pairs_frame({"pairs": [{"policy": "pr", **r} for r in rows]})
+    df = pairs_frame({"pairs": [{"scenario": "pr", **r} for r in rows]})
     listed = ", ".join(f"({r['model_size']}, {r['replay_size']})" for r in rows)
     assert pair_verdicts(df) == [
         f"pr: all {len(rows)} pairings bit-exact (12 dispatchable); 0 of {len(rows)} pairings shown (with power); "
         f"{len(rows)} without power: {listed} because N reads no graph-pool byte after R but R's outputs"
     ]
     rows, _ = pool_pairs(carried=True)
-    df = pairs_frame({"pairs": [{"policy": "pr", **r} for r in rows]})
+    df = pairs_frame({"pairs": [{"scenario": "pr", **r} for r in rows]})
     assert pair_verdicts(df)[0].endswith(f"; {len(rows)} of {len(rows)} pairings shown (with power)")
 
 
@@ -275,8 +275,8 @@ def policy_metadata(policy: str, preset: str) -> dict:
     scenario = SCENARIO_OF[policy]
     config = safety_run.safety_config(scenario, preset)
     return {
-        "policy": policy,
-        "scenario": scenario,
+        "scenario": policy,
+        "replica_scenario": scenario,
         "description": SCENARIOS[scenario][2],
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -301,7 +301,7 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
             alone_bad = policy == "early_aux_shared" and n in alone_differing
             pairs.append(
                 {
-                    "policy": policy,
+                    "scenario": policy,
                     "model_size": n,
                     "replay_size": r,
                     "dispatchable": dispatchable,
@@ -320,7 +320,7 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
         "preset": preset,
         "rule": DISPATCH_RULE,
         "pairs": pairs,
-        "policies": {policy: policy_metadata(policy, preset) for policy in UNPLANTED},
+        "scenarios": {policy: policy_metadata(policy, preset) for policy in UNPLANTED},
         "provenance": PROVENANCE,
     }
     path = folder / f"{preset}.json"
@@ -337,7 +337,7 @@ def recordings(tmp_path, monkeypatch):
 def test_verdicts_say_all_bit_exact_or_which_pairs_differ_and_by_how_much(recordings):
     fake_recording(recordings, differing={(512, 96), (128, 288)}, alone_differing={512})
     df = load_pairs("small")
-    assert list(df["policy"].unique()) == list(UNPLANTED) and len(df) == 54
+    assert list(df["scenario"].unique()) == list(UNPLANTED) and len(df) == 54
     assert df.attrs["source"] == (
         f"recorded on NVIDIA H200, torch 2.11.0+cu130, 2026-12-10T00:00:00+00:00 ({recordings / 'small.json'})"
     )
@@ -393,13 +393,14 @@ def test_safety_json_is_the_contract(recordings, capsys):
     assert {"pairs", "source", "provenance"} <= set(out)
     assert len(out["pairs"]) == 3 * 4 * 32 and out["provenance"] == PROVENANCE  # model graph 512 does not break
     for pair in out["pairs"]:
-        assert {"policy", "model_size", "replay_size", "bit_exact", "max_abs_diff"} <= set(pair)
+        assert {"policy", "model_size", "replay_size", "bit_exact", "max_abs_diff"} <= set(pair)  # the contract's keys
+        assert pair["policy"] == pair["scenario"]
     assert [p for p in out["pairs"] if not p["bit_exact"]] == [
-        p for p in out["pairs"] if (p["policy"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 1024, 256)
+        p for p in out["pairs"] if (p["scenario"], p["model_size"], p["replay_size"]) == ("early_aux_shared", 1024, 256)
     ]
     # dispatchability under the preset's rule per PCP size; pcp1 is `dispatchable`
     assert out["pcp_sizes"] == [1, 2, 4, 8]
-    by_pair = {(p["model_size"], p["replay_size"]): p for p in out["pairs"] if p["policy"] == "pr"}
+    by_pair = {(p["model_size"], p["replay_size"]): p for p in out["pairs"] if p["scenario"] == "pr"}
     assert all(p["dispatchable_under"]["pcp1"] == p["dispatchable"] for p in by_pair.values())
     assert by_pair[(2048, 4096)]["dispatchable_under"] == {"pcp1": False, "pcp2": True, "pcp4": True, "pcp8": True}
     assert by_pair[(2048, 4096)]["dispatch_pcp"] == 2 and by_pair[(1024, 8192)]["dispatch_pcp"] == 8
@@ -429,7 +430,7 @@ def test_safety_json_carries_each_pairings_power(recordings, capsys):
     assert kit_main(["safety", "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
     weak = [p for p in pairs if p["power"] is not True]
-    assert [(p["policy"], p["model_size"], p["replay_size"], p["power"]) for p in weak] == [("pr", 256, 192, False)]
+    assert [(p["scenario"], p["model_size"], p["replay_size"], p["power"]) for p in weak] == [("pr", 256, 192, False)]
     assert weak[0]["power_reason"] == NOTHING_READ
 
 
@@ -516,3 +517,19 @@ def test_a_check_that_failed_has_power_even_where_the_poison_changed_nothing():
     assert power_fields(names, same, same)["power"] is False
     poisoned = (torch.ones(4), (torch.full((4,), float("nan")),))
     assert power_fields(names, poisoned, same)["power_reason"] == SHOWN.format(outputs="aux_hidden_state[1]")
+
+
+def test_a_recording_in_the_words_of_before_reads_as_one_in_todays(tmp_path):
+    """Recordings once called a scenario `policy` (and its replica scenario `scenario`), the runs `policies`."""
+    today = json.loads(fake_recording(tmp_path).read_text())
+    before = json.loads(json.dumps(today))
+    before["policies"] = before.pop("scenarios")
+    for run in before["policies"].values():
+        run["policy"], run["scenario"] = run.pop("scenario"), run.pop("replica_scenario")
+    for pair in before["pairs"]:
+        pair["policy"] = pair.pop("scenario")
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    read = safety_run.load_recording("small", tmp_path / "before.json")
+    assert {k: v for k, v in read.items() if k != "source"} == today
+    again = safety_run.load_recording("small", tmp_path / "small.json")
+    assert safety_run.safety_lines(read)[1:] == safety_run.safety_lines(again)[1:]

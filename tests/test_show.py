@@ -249,14 +249,14 @@ def test_load_safety_reads_both_h200_recordings_with_their_sources(safety):
     assert safety.readwrite["source"].endswith("(kit/recordings/readwrite/small.json)")
     checks = safety.checks
     assert len(checks) == 4 * 18
-    assert list(checks["policy"].unique()) == ["pr", "unpatched", "early_aux_shared", "planted_cross_break_read"]
+    assert list(checks["scenario"].unique()) == ["pr", "unpatched", "early_aux_shared", "planted_cross_break_read"]
     with pytest.raises(kit.KitError, match="live safety runs need CUDA"):
         load_safety("small", "live GPU")  # no CUDA here
 
 
 def test_agreement_table_lists_the_pairings_each_check_flags(safety):
-    table = agreement_table(safety).set_index("policy")
-    early = safety.pairs[safety.pairs["policy"] == "early_aux_shared"]
+    table = agreement_table(safety).set_index("scenario")
+    early = safety.pairs[safety.pairs["scenario"] == "early_aux_shared"]
     bad = pair_list(early[~early["bit_exact"].astype(bool)])  # what the GPU measured, as the other checks must flag
     assert bad.startswith("(128, 384)*")
     assert list(table.columns) == ["pairings", *CHECKS]
@@ -268,15 +268,15 @@ def test_agreement_table_lists_the_pairings_each_check_flags(safety):
     pr = table.loc["pr"]
     assert (pr[list(CHECKS)[:3]] == "none").all()
     flagged = pr["lifetime conflict (trace only)"].split(", (")
-    trace_only = [p for p in safety.readwrite["pairs"] if p["policy"] == "pr" and p["trace_only_conflict"]]
+    trace_only = [p for p in safety.readwrite["pairs"] if p["scenario"] == "pr" and p["trace_only_conflict"]]
     assert len(flagged) == len(trace_only) > 0 and "(512, 96)" in pr["lifetime conflict (trace only)"]
     # the table reads the recordings: one changed verdict moves one cell
-    safety.pairs.loc[(safety.pairs["policy"] == "pr") & (safety.pairs["model_size"] == 512), "bit_exact"] = False
+    safety.pairs.loc[(safety.pairs["scenario"] == "pr") & (safety.pairs["model_size"] == 512), "bit_exact"] = False
     try:
-        pr_512 = safety.pairs[(safety.pairs["policy"] == "pr") & (safety.pairs["model_size"] == 512)]
-        assert agreement_table(safety).set_index("policy").loc["pr", "graphs differ from eager"] == pair_list(pr_512)
+        pr_512 = safety.pairs[(safety.pairs["scenario"] == "pr") & (safety.pairs["model_size"] == 512)]
+        assert agreement_table(safety).set_index("scenario").loc["pr", "graphs differ from eager"] == pair_list(pr_512)
     finally:
-        safety.pairs.loc[safety.pairs["policy"] == "pr", "bit_exact"] = True
+        safety.pairs.loc[safety.pairs["scenario"] == "pr", "bit_exact"] = True
 
 
 def test_pair_list_marks_the_pairings_vllm_cannot_produce():
@@ -297,7 +297,7 @@ def test_agreement_lines_leave_out_only_what_is_not_the_replay_graphs_and_say_so
     assert all("over all 18, " in line and "are exactly" in line and "left out" not in line for line in small)
 
     pairs = large.pairs.copy()
-    early = pairs["policy"] == "early_aux_shared"
+    early = pairs["scenario"] == "early_aux_shared"
     alone_differs = set(pairs.loc[early & ~pairs["alone_bit_exact"].astype(bool), "model_size"])
     assert alone_differs == {2048, 4096}
     stress = early & ~pairs["dispatchable"] & pairs["model_size"].isin(alone_differs)
@@ -318,7 +318,7 @@ def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_senten
     assert len(lines) == 4 and lines[3].startswith("planted_cross_break_read, lifetime analysis from the trace alone")
 
     def trace_only(policy: str) -> int:
-        pairs = [p for p in safety.readwrite["pairs"] if p["policy"] == policy]
+        pairs = [p for p in safety.readwrite["pairs"] if p["scenario"] == policy]
         return sum(p["trace_only_conflict"] and p["readwrite_holds"] for p in pairs)
 
     for line, policy in ((lines[0], "pr"), (lines[2], "early_aux_shared")):
@@ -331,31 +331,31 @@ def test_disagreement_lines_explain_the_trace_only_false_positives_in_one_senten
 
 
 def test_a_disagreement_of_another_kind_gets_its_recorded_explanation(safety):
-    pair = next(p for p in safety.readwrite["pairs"] if p["policy"] == "pr" and p["model_size"] == 512)
+    pair = next(p for p in safety.readwrite["pairs"] if p["scenario"] == "pr" and p["model_size"] == 512)
     assert bound_break_inputs(pair)
     changed = copy.deepcopy(safety.readwrite)
-    first = next(p for p in changed["pairs"] if p["policy"] == "pr" and p["trace_only_conflict"])
+    first = next(p for p in changed["pairs"] if p["scenario"] == "pr" and p["trace_only_conflict"])
     first["trace_only_conflict_bytes"] += 1  # no longer exactly the break inputs' bytes
-    odd = next(p for p in changed["pairs"] if p["policy"] == "unpatched")
+    odd = next(p for p in changed["pairs"] if p["scenario"] == "unpatched")
     odd.update(agree=False, explanation="something else")
     lines = disagreement_lines(SafetyRecords(safety.pairs, changed))
-    flagged = sum(p["trace_only_conflict"] for p in safety.readwrite["pairs"] if p["policy"] == "pr")
+    flagged = sum(p["trace_only_conflict"] for p in safety.readwrite["pairs"] if p["scenario"] == "pr")
     assert f"flags {flagged - 1} pairing(s)" in lines[0]
     pair = f"pr ({first['model_size']}, {first['replay_size']})"
     assert lines[1].startswith(f"{pair}, from the trace alone: the lifetime analysis flags")
     assert f"unpatched ({odd['model_size']}, {odd['replay_size']}), with the breaks' reads: something else" in lines
 
 
-def test_pairings_table_puts_every_policy_in_one_table_and_marks_differences(safety):
+def test_pairings_table_puts_every_scenario_in_one_table_and_marks_differences(safety):
     page = pairings_table(safety.pairs).to_html()
-    early = safety.pairs[(safety.pairs["policy"] == "early_aux_shared") & ~safety.pairs["dispatchable"]]
+    early = safety.pairs[(safety.pairs["scenario"] == "early_aux_shared") & ~safety.pairs["dispatchable"]]
     stress = early[~early["bit_exact"].astype(bool)].iloc[0]
     assert page.count("early_aux_shared") == 3 and f"differs {stress['max_abs_diff']:.4g} *" in page
     assert "stress only" in page
     styled = page.split("<style", 1)[1].split("</style>", 1)[0]
     differing = 0
     for policy in ("early_aux_shared", "planted_cross_break_read"):  # the two scenarios that differ from eager
-        alone = safety.pairs[safety.pairs["policy"] == policy]
+        alone = safety.pairs[safety.pairs["scenario"] == policy]
         own = alone.groupby("model_size")["alone_bit_exact"].first().eq(False).sum()
         differing += (~alone["bit_exact"].astype(bool)).sum() + own
     assert styled.count("#fadbd8") == 1 and styled.count("_col") == differing > 0  # each shaded once

@@ -416,18 +416,18 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
             return SimpleNamespace(
                 returncode=1, stdout="", stderr=f"{stages}Traceback\nRuntimeError: {name} {path} broke\n"
             )
-        raw = {"kit": {"provenance": {"gpu": "NVIDIA H200"}, "variant": {"name": name, "path": path}}}
+        raw = {"kit": {"provenance": {"gpu": "NVIDIA H200"}, "vllm_scenario": {"name": name, "path": path}}}
         (tmp_path / f"{name}.pickle").write_bytes(pickle.dumps(raw))
-        return SimpleNamespace(returncode=0, stdout=f'INFO a log line\n{{"variant": "{name}"}}\n', stderr="")
+        return SimpleNamespace(returncode=0, stdout=f'INFO a log line\n{{"vllm_scenario": "{name}"}}\n', stderr="")
 
     monkeypatch.setattr(vc, "require_cuda", lambda message: None)
     monkeypatch.setattr(vc.subprocess, "run", fake_run)
     results = vc.record(tmp_path)
     assert calls == [(name, path) for name in vc.VLLM_SCENARIOS for path in vc.PATHS]
-    assert results["patched"] == {"variant": "patched"}
+    assert results["patched"] == {"vllm_scenario": "patched"}
     manifest = json.loads((tmp_path / "PROVENANCE.json").read_text())
     entry = manifest["patched.pickle"]
-    assert entry["variant"]["path"] == "managers" and entry["gpu"] == "NVIDIA H200"
+    assert entry["vllm_scenario"]["path"] == "managers" and entry["gpu"] == "NVIDIA H200"
     assert entry["earlier_path_failed"] == [
         {
             "path": "runner", "stage": "capture (runner: GPUModelRunner.capture_model)",

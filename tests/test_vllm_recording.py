@@ -29,6 +29,7 @@ import pytest
 
 from kit.experiments import vllm_capture as vc
 from kit.experiments.early_aux import CHANGES
+from kit.experiments.summary import vllm_scenario_of
 from kit.experiments.vllm_capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VLLM_SCENARIOS, summarize
 from kit.recordings import RECORDINGS
 from tests.helpers import OWED_ON_THE_H200, owed
@@ -117,14 +118,14 @@ def test_provenance_names_the_gpu_torch_vllm_and_every_stand_in(manifest, name):
         why = "a compiled extension of the vLLM wheel" if compiled else f"Stub of {stub['module']}"
         assert stub["why"].startswith(why)
     assert {s["module"] for s in entry["stubs"]} >= {"vllm._C_stable_libtorch", "fastapi", "xgrammar"}
-    assert entry["variant"]["name"] == name and entry["variant"]["path"] in PATHS
+    assert vllm_scenario_of(entry)["name"] == name and vllm_scenario_of(entry)["path"] in PATHS
     # The full path (GPUModelRunner.capture_model) ran, or what stopped it is kept.
-    assert entry["variant"]["path"] == "runner" or entry["earlier_path_failed"]
+    assert vllm_scenario_of(entry)["path"] == "runner" or entry["earlier_path_failed"]
 
 
 def test_the_replay_sizes_are_vllms_default_and_every_model_graph_breaks_out(snapshots):
     for name, snap in snapshots.items():
-        scenario = snap.kit["variant"]
+        scenario = vllm_scenario_of(snap.kit)
         assert scenario["replay_sizes"] == REPLAY_SIZES and scenario["trim_threshold"] == 128, name
         assert list(scenario["config"]["decoder_replay_cudagraph_capture_sizes"]) == [], name  # left to vLLM
         assert scenario["config"]["window"] == 96, name
@@ -144,7 +145,7 @@ def test_unpatched_replay_graphs_add_pool_segments_on_a_stream_graph_capture_mad
     s = recorded["unpatched"]
     assert s["replay_stream_names"] == [REPLAY_STREAM] and not s["replay_on_model_stream"]
     assert s["replay_streams_from_graph_capture"]
-    assert len(set(snapshots["unpatched"].kit["variant"]["graph_capture_streams"])) == 2
+    assert len(set(vllm_scenario_of(snapshots["unpatched"].kit)["graph_capture_streams"])) == 2
     assert s["replay_added_bytes"] > 0
     assert set(s["replay_added_by_stream"]) == {REPLAY_STREAM}  # by the stream's name, as the replica's
 
@@ -166,7 +167,7 @@ def test_patched_replay_graphs_capture_on_the_model_graphs_stream_and_add_a_frac
     s = recorded["patched"]
     assert s["replay_stream_names"] == [MODEL_STREAM] and s["replay_on_model_stream"]
     assert s["replay_streams_from_graph_capture"]
-    assert len(set(snapshots["patched"].kit["variant"]["graph_capture_streams"])) == 1
+    assert len(set(vllm_scenario_of(snapshots["patched"].kit)["graph_capture_streams"])) == 1
     # What they add is what the model graphs' free blocks could not hold (no stranding: `kit check` passes).
     assert set(s["replay_added_by_stream"]) <= {MODEL_STREAM}
     assert s["replay_added_bytes"] * 4 < recorded["unpatched"]["replay_added_bytes"]
@@ -180,7 +181,7 @@ def test_early_aux_keeps_its_own_stream_under_the_pr(recorded, snapshots):
         s = recorded[name]
         assert s["has_early_aux"] is True
         assert s["replay_stream_names"] == [REPLAY_STREAM] and not s["replay_on_model_stream"]
-        decisions = snapshots[name].kit["variant"]["decisions"]
+        decisions = vllm_scenario_of(snapshots[name].kit)["decisions"]
         assert [d["shared"] for d in decisions] == [False] and decisions[0]["early_aux"] is True
     for name in ("early_aux_shared", "early_aux_shared_flat"):
         assert recorded[name]["replay_on_model_stream"] and recorded[name]["has_early_aux"], name
@@ -348,8 +349,8 @@ def test_vllms_h200_defaults_on_vllms_path_break_out_nowhere(every_recording):
     from kit.experiments.vllm_safety import invariant_of_snapshot
 
     snap = every_recording["h200_default"]
-    variant = snap.kit["variant"]
-    assert variant["replay_sizes"] == [128, 256, 384, 512] and variant["trim_threshold"] == 768
+    scenario = vllm_scenario_of(snap.kit)
+    assert scenario["replay_sizes"] == [128, 256, 384, 512] and scenario["trim_threshold"] == 768
     figures = summarize(snap)
     assert figures["bit_exact"] and figures["readwrite_holds"] is None
     assert snap.kit["pairings"]["pairs"] == [] and snap.kit["pcp_pairings"]["pairs"] == []
@@ -364,7 +365,7 @@ def test_vllms_gb200_defaults_on_vllms_path_run_r_over_n_and_hold(every_recordin
     from kit.experiments.vllm_safety import invariant_of_snapshot
 
     snap = every_recording["gb200_default"]
-    assert snap.kit["variant"]["replay_sizes"] == list(range(128, 1025, 128))
+    assert vllm_scenario_of(snap.kit)["replay_sizes"] == list(range(128, 1025, 128))
     pairs = snap.kit["pairings"]["pairs"]
     assert len(pairs) == 126 and sum(p["replay_size"] > p["model_size"] for p in pairs) == 14
     assert {p["model_size"] for p in pairs} == set(range(768, 1025, 16))

@@ -40,6 +40,7 @@ from kit.experiments import vllm_capture as vc
 from kit.experiments import vllm_safety as vs
 from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
 from kit.experiments.readwrite_run import OUTPUTS_READ
+from kit.experiments.summary import vllm_scenario_of
 from kit.recordings import RECORDINGS
 from tests.vllm_standins import StandInCuda, StandInGraph
 
@@ -347,7 +348,7 @@ def write_recordings(tmp_path: Path, monkeypatch, extra: dict | None = None) -> 
         raw = old_format(stem)
         raw["kit"].update(extra or {})
         (tmp_path / f"{stem}.pickle").write_bytes(pickle.dumps(raw))
-        ran.add(vc.recorded_as(stem, raw["kit"]["variant"]))
+        ran.add(vc.recorded_as(stem, vllm_scenario_of(raw["kit"])))
     monkeypatch.setattr(vc, "recording_path", lambda name: tmp_path / f"{name}.pickle")
     return [name for name in vc.VLLM_SCENARIOS if name in ran]
 

@@ -287,7 +287,7 @@ def invariant_by_scenario(data: dict | None) -> dict[str, dict]:
     """Per scenario of a read/write recording: the invariant's verdict (`holds`: True, False, None for not
     recorded), its summary, verdict lines and list, and the obligation's summary beside it."""
     out = {}
-    for scenario, run in ((data or {}).get("policies") or {}).items():
+    for scenario, run in ((data or {}).get("scenarios") or {}).items():
         invariant = run.get("invariant") if isinstance(run, dict) else None
         out[scenario] = {
             "invariant_recorded": bool(invariant),
@@ -303,7 +303,7 @@ def invariant_of_pairs(data: dict | None) -> dict[tuple[str, int, int], dict]:
     """`(scenario, model size, replay size) -> {graph_pool_carried_bytes, early_aux_carried_bytes,
     invariant_holds, readwrite_holds}` from a read/write recording; None values where it lacks the invariant."""
     return {
-        (p["policy"], int(p["model_size"]), int(p["replay_size"])): {
+        (p["scenario"], int(p["model_size"]), int(p["replay_size"])): {
             **{k: p.get(k) for k in INVARIANT_PAIR_KEYS},
             "readwrite_holds": p.get("readwrite_holds"),
         }

@@ -450,7 +450,7 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
         capture_delta = free_before - free_device_memory(runner.device, empty_cache=False)
         decisions = [d.reason for d in patch.decisions] if patch is not None else []
     return {
-        "variant": scenario,
+        "scenario": scenario,
         "preset": preset,
         "max_replay_size": arg if kind == "cap" else None,
         "kept_replay_sizes": list(arg) if kind == "keep" else None,
@@ -677,7 +677,7 @@ def alternatives_lines(data: dict) -> list[str]:
     scenarios = pd.DataFrame(
         [
             {
-                "variant": v,
+                "scenario": v,
                 "graph pool": mib(data[v]["graph_pool_bytes"]),
                 "saved": mib(data[v]["saved_bytes"]),
                 "safe in the replica's step": "yes" if data[v]["safe"] else "NO",

@@ -69,7 +69,7 @@ from kit.recordings import RECORDINGS, shipped
 DRAFTER_SCENARIOS = ("pr", "share_all")
 RECORDINGS_DIR = RECORDINGS / "drafter"
 SEED = 4321
-PAIR_KEYS = ("variant", "model_size", "drafter_size", "dispatchable", "readwrite_holds", "lifetime_conflict")
+PAIR_KEYS = ("scenario", "model_size", "drafter_size", "dispatchable", "readwrite_holds", "lifetime_conflict")
 
 
 # --- phases of the drafter's capture and of a step ----------------------------------------------
@@ -266,10 +266,10 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     table = drafter_table(recording, can_run=drafter_can_run)
     model_table = readwrite_table(recording, can_run=can_run(config))
     return {
-        "variant": scenario,
+        "scenario": scenario,
         "preset": preset,
         "config": dataclasses.asdict(config),
-        "pairs": [{"variant": scenario, **pair} for pair in compare_drafter(raw, recording, drafter_can_run)],
+        "pairs": [{"scenario": scenario, **pair} for pair in compare_drafter(raw, recording, drafter_can_run)],
         "obligation": drafter_summary(table),
         "verdicts": drafter_verdicts(table),
         "lifetime_verdicts": drafter_liveness_verdicts(drafter_liveness_table(raw)),
@@ -325,12 +325,12 @@ def record(preset: str, out_dir: Path) -> Path:
     out_dir, runs, provenance = recorded.record_each(
         "kit.experiments.drafter_run", DRAFTER_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
     )
-    pairs, variants = recorded.split_pairs(runs)
+    pairs, scenarios = recorded.split_pairs(runs)
     data = {
         "preset": preset,
         "obligation": DRAFTER_OBLIGATION,
         "pairs": pairs,
-        "variants": variants,
+        "scenarios": scenarios,
         "provenance": provenance,
     }
     return recorded.write_recording(data, out_dir, preset, agreement=summary_lines(data))
@@ -344,8 +344,8 @@ def _schema_problem(data: Any) -> str | None:
     if not isinstance(pairs, list) or not pairs or not all(isinstance(p, dict) for p in pairs):
         return "no 'pairs' list"
     missing = sorted({k for p in pairs for k in PAIR_KEYS if k not in p})
-    if missing or not isinstance(data.get("provenance"), dict) or not isinstance(data.get("variants"), dict):
-        return f"lacks {', '.join(missing) or 'provenance or variants'}"
+    if missing or not isinstance(data.get("provenance"), dict) or not isinstance(data.get("scenarios"), dict):
+        return f"lacks {', '.join(missing) or 'provenance or scenarios'}"
     return None
 
 
@@ -361,8 +361,8 @@ def load_recording(preset: str = "small", path: str | Path | None = None) -> dic
 def summary_lines(data: dict) -> list[str]:
     """Per scenario: the drafter's obligation on the dispatchable pairings, and where the analyses agree."""
     lines = []
-    for scenario in data["variants"]:
-        rows = [p for p in data["pairs"] if p["variant"] == scenario]
+    for scenario in data["scenarios"]:
+        rows = [p for p in data["pairs"] if p["scenario"] == scenario]
         running = [p for p in rows if p["dispatchable"]]
         violated = [p for p in running if not p["readwrite_holds"]]
         overwritten = sum(p["outputs_overwritten_bytes"] > 0 for p in running)
@@ -379,7 +379,7 @@ def summary_lines(data: dict) -> list[str]:
 
 def safety_evidence(data: dict, scenario: str) -> tuple[bool, str] | None:
     """The drafter's verdict for `scenario` from both analyses, in one line; None when the recording lacks it."""
-    rows = [p for p in data["pairs"] if p["variant"] == scenario]
+    rows = [p for p in data["pairs"] if p["scenario"] == scenario]
     if not rows:
         return None
     running = [p for p in rows if p["dispatchable"]]
@@ -408,7 +408,7 @@ def with_drafter_analyses(data: dict, drafter: dict) -> dict:
     entry = data["share_all"]
     entry.setdefault("graphs_vs_eager", {"safe": entry["safe"], "evidence": entry["evidence"]})
     graphs = entry["graphs_vs_eager"]
-    keep = ("variant", "model_size", "drafter_size", "dispatchable", "outputs_overwritten_bytes", "read_after_bytes")
+    keep = ("scenario", "model_size", "drafter_size", "dispatchable", "outputs_overwritten_bytes", "read_after_bytes")
     keep += ("readwrite_holds", "lifetime_conflict", "trace_only_conflict", "agree", "explanation_trace_only")
     entry["drafter_analyses"] = {
         "safe": safe,

@@ -192,24 +192,24 @@ def early_aux_lines(v: dict) -> list[str]:
     return lines
 
 
-def replica_shapes(policies: dict[str, dict]) -> dict[str, str]:
-    """How each early-aux scenario of a replica recording (`kit safety`'s `policies`) handed its aux out: its
+def replica_shapes(scenarios: dict[str, dict]) -> dict[str, str]:
+    """How each early-aux scenario of a replica recording (`kit safety`'s `scenarios`) handed its aux out: its
     `aux_return`, or `"flat"` where its config predates it (the replica's weak references then recursed)."""
     from kit.experiments.summary import aux_return_of
 
     return {
         name: aux_return_of({"scenario": {"config": about.get("config") or {}}})
-        for name, about in policies.items()
+        for name, about in scenarios.items()
         if about.get("has_early_aux")
     }
 
 
-def replica_shape_lines(policies: dict[str, dict]) -> list[str]:
+def replica_shape_lines(scenarios: dict[str, dict]) -> list[str]:
     """One line per early-aux scenario of a replica recording: the return shape its rows ran, and whether vLLM 0.33
     runs that shape."""
     lines = []
-    for name, shape in replica_shapes(policies).items():
-        recorded = (policies[name].get("config") or {}).get("aux_return") is not None
+    for name, shape in replica_shapes(scenarios).items():
+        recorded = (scenarios[name].get("config") or {}).get("aux_return") is not None
         how = "" if recorded else ", recorded when the replica's weak references recursed into nested outputs"
         on = "vLLM 0.33's own" if shape == "nested" else "hypothetical on vLLM 0.33"
         lines.append(f"replica's {name} rows: aux handed out {shape}{how} ({on})")

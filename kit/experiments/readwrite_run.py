@@ -90,7 +90,7 @@ from kit.recordings import RECORDINGS
 
 RECORDINGS_DIR = RECORDINGS / "readwrite"
 OUTPUTS_READ = "the forward's caller"  # the op name of the reads of a model graph's outputs
-PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "readwrite_holds", "lifetime_conflict", "agree")
+PAIR_KEYS = ("scenario", "model_size", "replay_size", "dispatchable", "readwrite_holds", "lifetime_conflict", "agree")
 
 
 # --- phases from the replica's breakable capture ----------------------------------
@@ -344,7 +344,7 @@ def with_invariant(pairs: list[dict], invariant: dict) -> list[dict]:
 def invariant_lines(data: dict) -> list[str]:
     """Per scenario: the invariant's verdict and its list of graph-pool reads, or that the recording lacks it."""
     lines = [INVARIANT]
-    for scenario, run in (data.get("policies") or {}).items():
+    for scenario, run in (data.get("scenarios") or {}).items():
         invariant = run.get("invariant") if isinstance(run, dict) else None
         if not invariant:
             lines.append(f"{scenario}: invariant {NOT_RECORDED}")
@@ -358,7 +358,7 @@ def invariant_lines(data: dict) -> list[str]:
 
 
 def run_scenario(scenario: str, preset: str = "small") -> dict:
-    """Capture the replica under `policy` in this process, recording reads, writes and the trace; the comparison."""
+    """Capture the replica as `scenario` says in this process, recording reads, writes and the trace; the comparison."""
     import torch
 
     from kit.analysis.equivalence import check_equivalence
@@ -392,13 +392,13 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
     pairs = with_invariant(pairs, invariant)
     command = f"python -m kit.experiments.readwrite_run --scenario {scenario} --preset {preset}"
     return {
-        "policy": scenario,
-        "scenario": replica_scenario,
+        "scenario": scenario,
+        "replica_scenario": replica_scenario,
         "description": description,
         "preset": preset,
         "config": dataclasses.asdict(config),
         "has_early_aux": replica_patch.has_early_aux(runner.model_state),
-        "pairs": [{"policy": scenario, **pair} for pair in pairs],
+        "pairs": [{"scenario": scenario, **pair} for pair in pairs],
         "obligation": obligation_summary(table),
         "verdicts": obligation_verdicts(table),
         "unseen_writers": unseen_writer_lines(recording),
@@ -429,14 +429,14 @@ def record(preset: str, out_dir: Path) -> Path:
     out_dir, runs, provenance = recorded.record_each(
         "kit.experiments.readwrite_run", SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
     )
-    pairs, policies = recorded.split_pairs(runs)
+    pairs, scenarios = recorded.split_pairs(runs)
     data = {
         "preset": preset,
         "obligation": OBLIGATION,
         "invariant": INVARIANT,
         "rule": DISPATCH_RULE,
         "pairs": pairs,
-        "policies": policies,
+        "scenarios": scenarios,
         "provenance": provenance,
     }
     obligation = {scenario: run["obligation"] for scenario, run in runs.items()}
@@ -494,7 +494,7 @@ def summary_lines(data: dict) -> list[str]:
         return [no_pairs_line(data) + stress]
     lines = []
     df = pd.DataFrame(data["pairs"])
-    for scenario, rows in df.groupby("policy", sort=False):
+    for scenario, rows in df.groupby("scenario", sort=False):
         running = rows[rows["dispatchable"]]
         violated = running[~running["readwrite_holds"]]
         agree = int(rows["agree"].sum())

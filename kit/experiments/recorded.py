@@ -86,10 +86,38 @@ def read_recording(
         data = json.loads(shipped_bytes(path).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise KitError(f"{where(path)}: not {what} (not JSON: {e})") from None
-    problem = schema_problem(data)
+    problem = schema_problem(current_words(data))
     if problem:
         raise KitError(f"{where(path)}: not {what} ({problem})")
     return data
+
+
+# Before the kit settled on one word, a recording called a scenario `policy` (safety, read/write: then a run's
+# `scenario` was the replica scenario it ran, now `replica_scenario`) or `variant` (the drafter's), and the
+# runs `policies` or `variants`. Recordings made so are read as they are; this is the one place that knows.
+_OLD_RUNS = ("policies", "variants")
+
+
+def current_words(data: Any) -> Any:
+    """A recording (or one kept run) with the words it was written in made today's, in place; anything else as is."""
+    if not isinstance(data, dict):
+        return data
+    for old in _OLD_RUNS:
+        if old in data and "scenarios" not in data:
+            data["scenarios"] = data.pop(old)
+    runs = data.get("scenarios")
+    for item in [data, *(runs.values() if isinstance(runs, dict) else []), *(data.get("pairs") or [])]:
+        if isinstance(item, dict):
+            _scenario_named(item)
+    return data
+
+
+def _scenario_named(item: dict) -> None:
+    for old in ("policy", "variant"):
+        if isinstance(item.get(old), str):
+            if "scenario" in item:
+                item["replica_scenario"] = item.pop("scenario")
+            item["scenario"] = item.pop(old)
 
 
 def load_shipped(path: Path, preset: str, command: str, schema_problem: Callable[[Any], str | None]) -> dict:
@@ -120,7 +148,7 @@ EARLIER_SIZING = (
 def predates_vllm_sizing(data: dict) -> bool:
     """Whether a replica recording was made before the presets took vLLM's replay sizing (its config has no
     `replay_sizing`; a recording with no config at all is one of those: every later one records it)."""
-    runs = [*(data.get("policies") or {}).values(), *(data.get("variants") or {}).values()]
+    runs = list((data.get("scenarios") or {}).values())
     configs = [data.get("config")] + [run.get("config") for run in runs if isinstance(run, dict)]
     found = [c for c in configs if isinstance(c, dict)]
     return not found or any("replay_sizing" not in c for c in found)

@@ -119,7 +119,7 @@ SAFETY_SCENARIOS = tuple(SCENARIO_OF)
 UNPLANTED = tuple(s for s in SAFETY_SCENARIOS if s not in PLANTED)  # what recordings made before PLANTED hold
 RECORDINGS_DIR = RECORDINGS / "safety"
 SEED = 1234
-PAIR_KEYS = ("policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
+PAIR_KEYS = ("scenario", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
 
 
 # --- which pairs ---------------------------------------------------------------
@@ -328,7 +328,7 @@ def _shares_model_stream(runner) -> bool:
 
 
 def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict:
-    """Capture the replica under `policy` in this process and run every pair; its rows and metadata."""
+    """Capture the replica as `scenario` says in this process and run every pair; its rows and metadata."""
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.replica.model_runner import GPUModelRunner
@@ -344,11 +344,11 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
         runner = GPUModelRunner(config)
         runner.capture_model()
     poison = replica_pool_poison(runner)
-    pairs = [{"policy": scenario, **row} for row in run_pairs(runner, seed, poison)]
+    pairs = [{"scenario": scenario, **row} for row in run_pairs(runner, seed, poison)]
     command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
     return {
-        "policy": scenario,
-        "scenario": replica_scenario,
+        "scenario": scenario,
+        "replica_scenario": replica_scenario,
         "description": description,
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -379,8 +379,8 @@ def record(preset: str, out_dir: Path) -> Path:
     out_dir, runs, provenance = recorded.record_each(
         "kit.experiments.safety_run", SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
     )
-    pairs, policies = recorded.split_pairs(runs)
-    data = {"preset": preset, "rule": DISPATCH_RULE, "pairs": pairs, "policies": policies, "provenance": provenance}
+    pairs, scenarios = recorded.split_pairs(runs)
+    data = {"preset": preset, "rule": DISPATCH_RULE, "pairs": pairs, "scenarios": scenarios, "provenance": provenance}
     return recorded.write_recording(data, out_dir, preset, verdicts=pair_verdicts(pairs_frame(data)))
 
 
@@ -448,8 +448,8 @@ def pairs_frame(data: dict) -> pd.DataFrame:
     df = pd.DataFrame(with_dispatch(data), columns=None if data["pairs"] else [*PAIR_KEYS, "dispatch_pcp"])
     order = {p: i for i, p in enumerate(SAFETY_SCENARIOS)}
     df = df.sort_values(
-        ["policy", "model_size", "replay_size"],
-        key=lambda c: c.map(order).fillna(len(order)) if c.name == "policy" else c,
+        ["scenario", "model_size", "replay_size"],
+        key=lambda c: c.map(order).fillna(len(order)) if c.name == "scenario" else c,
     ).reset_index(drop=True)
     df.attrs["source"] = data.get("source", "?")
     df.attrs["provenance"] = data.get("provenance", {})
@@ -505,7 +505,7 @@ def no_pairs_line(data: dict) -> str:
 
 def pcp_line(df: pd.DataFrame) -> str:
     """How many of a scenario's pairings vLLM dispatches under each PCP size (the same for every scenario)."""
-    rows = df[df["policy"] == df["policy"].iloc[0]] if not df.empty else df
+    rows = df[df["scenario"] == df["scenario"].iloc[0]] if not df.empty else df
     counts = ", ".join(
         f"pcp {k}: {int((rows['dispatch_pcp'] <= k).sum()) if 'dispatch_pcp' in rows else '?'}" for k in PCP_SIZES
     )
@@ -522,7 +522,7 @@ STRESS_NOTE = (
 def pair_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per scenario: model graphs down, replay graphs across, each cell bit-exact or the largest difference."""
     tables = {}
-    for scenario, rows in df.groupby("policy", sort=False):
+    for scenario, rows in df.groupby("scenario", sort=False):
         cells = rows.assign(cell=rows.apply(_cell, axis=1))
         table = cells.pivot(index="model_size", columns="replay_size", values="cell")
         if "alone_bit_exact" in rows:
@@ -540,7 +540,7 @@ def pair_verdicts(df: pd.DataFrame) -> list[str]:
     """One line per scenario: all pairings bit-exact, or which differ from eager and by how much; then how many
     are shown (with power), and which are not and why (`kit.experiments.power.power_clause`)."""
     lines = []
-    groups = list(df.groupby("policy", sort=False))
+    groups = list(df.groupby("scenario", sort=False))
     for scenario, rows in groups:
         n, dispatchable = len(rows), int(rows["dispatchable"].sum())
         bad = rows[~rows["bit_exact"].astype(bool)]
@@ -581,7 +581,7 @@ def safety_lines(data: dict, readwrite: dict | None = None, more: list[str] | No
     ]
     if "power" in df and df["power"].map(lambda p: isinstance(p, bool | np.bool_)).any():
         lines.append(CONTROL)
-    described = data.get("policies", {})
+    described = data.get("scenarios", {})
     for scenario, table in pair_tables(df).items():
         about = described.get(scenario, {}).get("description")
         lines += ["", f"{scenario} ({about})" if about else scenario, *table.to_string(index=False).splitlines()]
@@ -625,7 +625,7 @@ def safety_invariant_lines(data: dict, readwrite: dict | None) -> list[str]:
     found = invariant_by_scenario(readwrite)
     source = (readwrite or {}).get("source", "no read/write recording at this preset")
     lines = [f"the structural invariant ({source}): {INVARIANT}"]
-    for scenario in pairs_frame(data)["policy"].unique():
+    for scenario in pairs_frame(data)["scenario"].unique():
         mine = found.get(scenario)
         if mine is None or not mine["invariant_recorded"]:
             lines.append(f"{scenario}: invariant {INVARIANT_NOT_RECORDED}")
@@ -646,8 +646,9 @@ def safety_json(data: dict, readwrite: dict | None = None) -> dict:
     found = invariant_of_pairs(readwrite)
     pairs = []
     for pair in with_dispatch(data):
-        row = found.get((pair["policy"], int(pair["model_size"]), int(pair["replay_size"]))) or {}
-        pairs.append({**pair, **{k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}})
+        row = found.get((pair["scenario"], int(pair["model_size"]), int(pair["replay_size"]))) or {}
+        figures = {k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}
+        pairs.append({**pair, **figures, "policy": pair["scenario"]})  # `policy`: the key the contract names
     return {
         "pairs": json_pairs(pairs),
         "pcp_sizes": list(PCP_SIZES),

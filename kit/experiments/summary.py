@@ -53,7 +53,7 @@ def summarize(snapshot: Any, *, segments: bool = False) -> dict:
     added = replay_captures_added(snap, pool)
     by_stream = added.groupby("stream_label")["bytes"].sum() if len(added) else {}
     equivalence = meta.get("equivalence", [])
-    scenario, vllm_run = meta.get("scenario", {}), meta.get("variant", {})
+    scenario, vllm_run = meta.get("scenario", {}), vllm_scenario_of(meta)
 
     def group(stream_name: str) -> dict | None:
         rows = in_pool[in_pool["stream"] == streams.get(stream_name, -1)]
@@ -63,7 +63,7 @@ def summarize(snapshot: Any, *, segments: bool = False) -> dict:
 
     figures = {
         "scenario": scenario.get("name"),
-        "variant": vllm_run.get("name"),
+        "vllm_scenario": vllm_run.get("name"),
         "policy": scenario.get("policy") or vllm_run.get("policy"),
         "path": vllm_run.get("path"),
         "source": snap.source_label,
@@ -98,6 +98,15 @@ def summarize(snapshot: Any, *, segments: bool = False) -> dict:
     return figures
 
 
+def vllm_scenario_of(meta: dict) -> dict:
+    """The vLLM-path scenario a snapshot's `kit` key says it ran (`vllm_scenario`); {} for a replica's.
+
+    Recordings made before the kit settled on one word call it `variant`; this is the one place that reads it.
+    """
+    found = meta.get("vllm_scenario") or meta.get("variant")
+    return found if isinstance(found, dict) else {}
+
+
 def aux_return_of(meta: dict) -> str | None:
     """How a recording's forward handed out its aux hidden states under capture: `"nested"` or `"flat"`.
 
@@ -108,7 +117,7 @@ def aux_return_of(meta: dict) -> str | None:
     `aux_return`; before it, a vLLM recording said `early_aux_pinned` (True: nested;
     None: no early aux, so None), and the replica's weak references recursed (flat).
     """
-    scenario, vllm_run = meta.get("scenario") or {}, meta.get("variant") or {}
+    scenario, vllm_run = meta.get("scenario") or {}, vllm_scenario_of(meta)
     config = scenario.get("config") or vllm_run.get("config") or {}
     if config.get("aux_return") in ("nested", "flat"):
         return config["aux_return"]

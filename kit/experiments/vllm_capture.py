@@ -102,7 +102,7 @@ from typing import NamedTuple
 from kit.errors import KitError, check_one_of
 from kit.experiments import early_aux
 from kit.experiments.recorded import child_error, run_fresh
-from kit.experiments.summary import saved_by_the_patch, summarize
+from kit.experiments.summary import saved_by_the_patch, summarize, vllm_scenario_of
 from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry point's names
     CAPTURE_MODULES,
     MODULE,
@@ -338,7 +338,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     stage("write the snapshot")
     raw = recorder.snapshot.raw
     trim_frames(raw)
-    raw["kit"]["variant"] = {
+    raw["kit"]["vllm_scenario"] = {
         "name": name,
         "policy": policy or "unpatched",
         "description": scenario.description,
@@ -401,8 +401,8 @@ def recording_path(name: str) -> Path:
     return RECORDINGS / "vllm" / f"{name}.pickle"
 
 
-def recorded_as(stem: str, variant: dict) -> str:
-    """The scenario a recording named `stem` ran, from what its `kit["variant"]` says it handed out.
+def recorded_as(stem: str, about: dict) -> str:
+    """The scenario a recording named `stem` ran, from what its `kit["vllm_scenario"]` (`about`) says it handed out.
 
     A recording made before the return shapes were named ran `early_aux_pr` and
     `early_aux_shared` with the early aux weak (`early_aux_pinned` False: the flat
@@ -411,10 +411,10 @@ def recorded_as(stem: str, variant: dict) -> str:
     from kit.experiments.summary import aux_return_of
 
     name = OLD_NAMES.get(stem, stem)
-    if not variant.get("has_early_aux"):
+    if not about.get("has_early_aux"):
         return name
     base = name.removesuffix(FLAT_SUFFIX)
-    return base + FLAT_SUFFIX if aux_return_of({"variant": variant}) == "flat" else base
+    return base + FLAT_SUFFIX if aux_return_of({"vllm_scenario": about}) == "flat" else base
 
 
 def load_recordings(folder: str | Path | None = None) -> dict:
@@ -427,7 +427,7 @@ def load_recordings(folder: str | Path | None = None) -> dict:
         snap = load_shipped_snapshot(path)
         if snap is None:
             continue
-        name = recorded_as(stem, snap.kit.get("variant") or {})
+        name = recorded_as(stem, vllm_scenario_of(snap.kit))
         if name in VLLM_SCENARIOS and (name not in found or stem == name):
             found[name] = snap
     runs = {name: found[name] for name in VLLM_SCENARIOS if name in found}
@@ -467,7 +467,7 @@ def shipped_invariants() -> dict[str, dict]:
         if snap is None:
             continue
         raw = snap.raw
-        name = recorded_as(stem, (raw.get("kit") or {}).get("variant") or {})
+        name = recorded_as(stem, vllm_scenario_of(raw.get("kit") or {}))
         if name not in VLLM_SCENARIOS or (name in out and stem != name):
             continue
         found = invariant_of_snapshot(raw)
@@ -601,7 +601,7 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
         entry = {
             **raw["kit"]["provenance"],
             "command": f"python -m kit.experiments.vllm_capture --out {out.name}",
-            "variant": raw["kit"]["variant"],
+            "vllm_scenario": raw["kit"]["vllm_scenario"],
             "figures": summary,
             "earlier_path_failed": errors,
         }

@@ -83,6 +83,7 @@ from kit.analysis.tables import format_bytes
 from kit.experiments import dispatch
 from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
 from kit.experiments.readwrite_run import capture_phases
+from kit.experiments.summary import vllm_scenario_of
 from kit.patch.install import Patch
 
 SEED = 4321
@@ -237,7 +238,7 @@ def invariant_of_snapshot(raw: dict) -> dict | None:
         return None
     if readwrite.get("invariant"):
         return {**readwrite["invariant"], "computed": False}
-    config = (meta.get("variant") or {}).get("config") or {}
+    config = vllm_scenario_of(meta).get("config") or {}
     if "aux_hidden_state_layers" not in config or "replay_sizes" not in readwrite:
         return None
     early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])

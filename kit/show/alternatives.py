@@ -276,7 +276,7 @@ def drafter_analyses_table(data: dict) -> pd.DataFrame:
     found = data["share_all"].get("drafter_analyses") or {}
     rows = [
         {
-            "scenario": p["variant"],
+            "scenario": p["scenario"],
             "model graph": p["model_size"],
             "drafter graph": p["drafter_size"],
             "target outputs it overwrites": format_bytes(p["outputs_overwritten_bytes"]),

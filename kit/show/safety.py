@@ -74,20 +74,20 @@ class SafetyRecords:
 
     @property
     def checks(self) -> pd.DataFrame:
-        """One row per (policy, model graph, replay graph): each check's verdict, whether vLLM can run it, and
+        """One row per (scenario, model graph, replay graph): each check's verdict, whether vLLM can run it, and
         whether a difference from eager there is the replay graph's to answer for (`attributable`)."""
-        left = self.pairs[["policy", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff"]]
+        left = self.pairs[["scenario", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff"]]
         left = left.assign(attributable=attributable(self.pairs))
         right = pd.DataFrame(self.readwrite["pairs"])
-        right = right[["policy", "model_size", "replay_size", "readwrite_holds", "lifetime_conflict"]].assign(
+        right = right[["scenario", "model_size", "replay_size", "readwrite_holds", "lifetime_conflict"]].assign(
             trace_only=right["trace_only_conflict"]
         )
-        table = left.merge(right, on=["policy", "model_size", "replay_size"], how="outer", validate="one_to_one")
+        table = left.merge(right, on=["scenario", "model_size", "replay_size"], how="outer", validate="one_to_one")
         if table[["bit_exact", "readwrite_holds"]].isna().any().any():
-            raise KitError("the pairings and read/write recordings do not cover the same policies and pairings")
-        order = {policy: i for i, policy in enumerate(safety_run.SAFETY_SCENARIOS)}
+            raise KitError("the pairings and read/write recordings do not cover the same scenarios and pairings")
+        order = {scenario: i for i, scenario in enumerate(safety_run.SAFETY_SCENARIOS)}
         table = table.sort_values(
-            ["policy", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "policy" else c
+            ["scenario", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "scenario" else c
         ).reset_index(drop=True)
         return table.assign(
             differs=~table["bit_exact"].astype(bool),
@@ -112,7 +112,7 @@ def attributable(pairs: pd.DataFrame) -> pd.Series:
 
 
 def agreement_lines(records: SafetyRecords) -> list[str]:
-    """Per policy: the obligation on the pairings vLLM can make, and whether outputs and lifetimes agree with it.
+    """Per scenario: the obligation on the pairings vLLM can make, and whether outputs and lifetimes agree with it.
 
     The pairings that differ from eager and those the lifetime analysis (with the
     breaks' reads) flags are compared with those that fail the obligation, over
@@ -120,7 +120,7 @@ def agreement_lines(records: SafetyRecords) -> list[str]:
     (`attributable`), over the rest, and the ones left out are counted and named.
     """
     lines = []
-    for policy, mine in records.checks.groupby("policy", sort=False):
+    for scenario, mine in records.checks.groupby("scenario", sort=False):
         can_run = mine[mine["dispatchable"]]
         violated = int(can_run["violated"].sum())
         obligation = "holds on every one" if not violated else f"fails on {violated}"
@@ -128,7 +128,8 @@ def agreement_lines(records: SafetyRecords) -> list[str]:
         judged = mine if agree else mine[mine["attributable"]]
         agree = agree or _agree(judged)
         line = (
-            f"{policy}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; over "
+            f"{scenario}: of the {len(can_run)} pairings vLLM's dispatch can produce, the obligation {obligation}; "
+            "over "
             f"{'all ' if len(judged) == len(mine) else ''}{len(judged)}, the pairings that differ from eager and those "
             f"the lifetime analysis flags with the breaks' reads are {'exactly' if agree else 'not exactly'} "
             "the pairings that fail it"
@@ -163,7 +164,7 @@ def _recorded_source(data: dict, path: Path) -> str:
 def load_safety(preset: str, source: str) -> SafetyRecords:
     """The pairings and read/write runs at `preset`: the H200 recordings, or recorded now on this GPU (`LIVE`).
 
-    Live, each policy of each experiment is captured in a fresh process
+    Live, each scenario of each experiment is captured in a fresh process
     (`safety_run.run_live`, `readwrite_run.record`), some minutes on a GPU.
     """
     check_source(source)
@@ -171,7 +172,7 @@ def load_safety(preset: str, source: str) -> SafetyRecords:
         pairs = safety_run.pairs_frame(safety_run.run_live(preset))
         path = readwrite_run.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
         data = readwrite_run.load_recording(preset, path)
-        data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each policy in a fresh "
+        data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each scenario in a fresh "
         data["source"] += f"process; {path})"
     else:
         pairs = safety_run.load_pairs(preset)
@@ -189,11 +190,11 @@ def _differs(cell: object) -> str:
 
 
 def pairings_table(pairs: pd.DataFrame) -> Styler:
-    """Every policy's pairings in one table (`safety_run.pair_tables`): model graphs down, replay graphs across."""
+    """Every scenario's pairings in one table (`safety_run.pair_tables`): model graphs down, replay graphs across."""
     table = pd.concat(
-        [t.assign(policy=policy) for policy, t in safety_run.pair_tables(pairs).items()], ignore_index=True
+        [t.assign(scenario=scenario) for scenario, t in safety_run.pair_tables(pairs).items()], ignore_index=True
     )
-    table = table[["policy", *(c for c in table.columns if c != "policy")]]
+    table = table[["scenario", *(c for c in table.columns if c != "scenario")]]
     table.attrs["source"] = (
         f"{pairs.attrs.get('source', '?')}; {safety_run.STRESS_NOTE}; † without power: it could not have failed, "
         "not shown"
@@ -213,11 +214,11 @@ def pair_list(rows: pd.DataFrame) -> str:
 
 
 def agreement_table(records: SafetyRecords) -> pd.DataFrame:
-    """Per policy, the pairings each check flags: outputs against eager, reads and writes, lifetimes (two ways)."""
+    """Per scenario, the pairings each check flags: outputs against eager, reads and writes, lifetimes (two ways)."""
     checks = records.checks
     rows = []
-    for policy, mine in checks.groupby("policy", sort=False):
-        row = {"policy": policy, "pairings": len(mine)}
+    for scenario, mine in checks.groupby("scenario", sort=False):
+        row = {"scenario": scenario, "pairings": len(mine)}
         row.update({column: pair_list(mine[mine[flag]]) for column, flag in CHECKS.items()})
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -246,11 +247,11 @@ def bound_break_inputs(pair: Mapping) -> bool:
     return clear and bool(pair["trace_only_conflict"]) and inputs == pair["trace_only_conflict_bytes"] > 0
 
 
-def _bound_inputs_line(policy: str, pairs: pd.DataFrame, config: Mapping) -> str:
+def _bound_inputs_line(scenario: str, pairs: pd.DataFrame, config: Mapping) -> str:
     sizes = sorted({b["bytes"] for bs in pairs["lifetime_blocks"] for b in bs if b["class"] == BREAK_INPUT})
     which = ": the hyper-connection state residual, post_mix, res_mix" if config.get("hyper_connections") else ""
     return (
-        f"{policy}, lifetime analysis {TRACE_ONLY}: flags {len(pairs)} pairing(s) the obligation clears, "
+        f"{scenario}, lifetime analysis {TRACE_ONLY}: flags {len(pairs)} pairing(s) the obligation clears, "
         f"{pair_list(pairs)}; the blocks it flags ({format_bytes(sizes[0])} to {format_bytes(sizes[-1])}{which}) "
         "are break inputs the forward keeps bound: the break reads them and nothing reads them after it, but a trace "
         "shows them held to the forward's end like an aux hidden state; given the breaks' reads the analysis calls "
@@ -262,25 +263,25 @@ def disagreement_lines(records: SafetyRecords) -> list[str]:
     """One sentence per disagreement between the lifetime analysis and the read/write obligation.
 
     The trace-only false positives over kept-bound break inputs
-    (`bound_break_inputs`, checked on the recording) are grouped per policy
+    (`bound_break_inputs`, checked on the recording) are grouped per scenario
     into one sentence; any other disagreement gets the explanation recorded
     with it (`kit.experiments.readwrite_run.explain`), one line per pairing.
     """
     lines = []
     frame = pd.DataFrame(records.readwrite["pairs"])
-    for policy, mine in frame.groupby("policy", sort=False):
+    for scenario, mine in frame.groupby("scenario", sort=False):
         for analysis, agree, why in ANALYSES:
             wrong = mine[~mine[agree].astype(bool)]
             known = wrong.iloc[:0]
             if analysis == TRACE_ONLY and not wrong.empty:
                 known = wrong[wrong.apply(bound_break_inputs, axis=1).astype(bool)]
             if not known.empty:
-                config = records.readwrite.get("policies", {}).get(policy, {}).get("config", {})
-                lines.append(_bound_inputs_line(policy, known, config))
+                config = records.readwrite.get("scenarios", {}).get(scenario, {}).get("config", {})
+                lines.append(_bound_inputs_line(scenario, known, config))
             for _, pair in wrong.drop(known.index).iterrows():
-                lines.append(f"{policy} ({pair['model_size']}, {pair['replay_size']}), {analysis}: {pair[why]}")
+                lines.append(f"{scenario} ({pair['model_size']}, {pair['replay_size']}), {analysis}: {pair[why]}")
         if mine["agree"].all() and mine["agree_trace_only"].all():
-            lines.append(f"{policy}: the lifetime analysis agrees with the obligation on all {len(mine)} pairings")
+            lines.append(f"{scenario}: the lifetime analysis agrees with the obligation on all {len(mine)} pairings")
     return lines
 
 

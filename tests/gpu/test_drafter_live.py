@@ -25,13 +25,13 @@ def small(tmp_path_factory):
 def test_both_scenarios_cover_every_pairing(small):
     pairs = pd.DataFrame(small["pairs"])
     for scenario in DRAFTER_SCENARIOS:
-        rows = pairs[pairs["variant"] == scenario]
+        rows = pairs[pairs["scenario"] == scenario]
         assert len(rows) == rows["model_size"].nunique() * rows["drafter_size"].nunique()
         assert rows["dispatchable"].sum() == rows["model_size"].nunique()
 
 
 def test_the_streams_are_the_ones_each_scenario_asks_for(small):
-    pr, share = (small["variants"][v]["capture_streams"] for v in DRAFTER_SCENARIOS)
+    pr, share = (small["scenarios"][v]["capture_streams"] for v in DRAFTER_SCENARIOS)
     assert pr["DFlash speculator graphs"] != pr["model graphs"]
     assert share["DFlash speculator graphs"] == share["model graphs"]
 
@@ -43,8 +43,8 @@ def test_the_analyses_agree_with_the_steps_reads(small):
 
 def test_an_overwrite_the_step_saw_is_one_the_analysis_found(small):
     for scenario in DRAFTER_SCENARIOS:
-        run = small["variants"][scenario]
-        pairs = pd.DataFrame([p for p in small["pairs"] if p["variant"] == scenario and p["dispatchable"]])
+        run = small["scenarios"][scenario]
+        pairs = pd.DataFrame([p for p in small["pairs"] if p["scenario"] == scenario and p["dispatchable"]])
         found = pairs.set_index("model_size")["outputs_overwritten_bytes"]
         for step in run["steps"]:
             if step["target_outputs_overwritten"]:
