@@ -29,6 +29,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kit.fileio import atomic_write  # noqa: E402
+
 KIT = ROOT / "kit"
 STUBS = KIT / "experiments" / "vllm_stubs"  # stand-in packages shipped as data, not modules of the kit
 ARCHITECTURE, TESTING = ROOT / "docs" / "architecture.md", ROOT / "docs" / "testing.md"
@@ -208,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"registries: {stale_page} is stale: run python scripts/registries.py", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
-        path.write_text(made[path])
+        with atomic_write(path) as f:
+            f.write(made[path])
         print(f"wrote {os.path.relpath(path, ROOT)}")
     return 0
 

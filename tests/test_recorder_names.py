@@ -29,6 +29,12 @@ TREES = "/site-packages/torch/_inductor/cudagraph_trees.py"
 
 @pytest.fixture
 def cuda(monkeypatch):
+    """The fake CUDA, in a process where no global graph pool was made yet (an earlier test's would name ours)."""
+    monkeypatch.setattr(cudagraph_utils, "_global_graph_pool", None)
+    platforms = sys.modules.get("vllm.platforms")
+    platform = vars(platforms).get("_current_platform") if platforms is not None else None
+    if platform is not None:
+        monkeypatch.setattr(type(platform), "_global_graph_pool", None, raising=False)
     return FakeCuda(monkeypatch)
 
 
