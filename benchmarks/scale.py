@@ -122,9 +122,9 @@ def run_reopen(path: str, only: set[str]) -> dict:
     out = {"reopen": seconds, "peak reopen": peak_gib()}
 
     def reuse(s: Snapshot) -> None:
-        replay = walk_trace(s)
-        reuse_table(s, replay)
-        stranding_report(s, replay)
+        walk = walk_trace(s)
+        reuse_table(s, walk)
+        stranding_report(s, walk)
 
     steps = {
         "segment table": segment_table,

@@ -113,9 +113,9 @@ def cmd_reuse(args: argparse.Namespace) -> None:
 
     snap = load_snapshot(args.snapshot)
     checked_capture_windows(snap)
-    replay = walk_trace(snap)
-    table = reuse_table(snap, replay)
-    report = stranding_report(snap, replay, min_bytes=args.min_bytes)
+    walk = walk_trace(snap)
+    table = reuse_table(snap, walk)
+    report = stranding_report(snap, walk, min_bytes=args.min_bytes)
     if args.json:
         verdicts: dict[tuple, list[str]] = {}
         for pool, stream, verdict in zip(report["pool"], report["stream"], report["verdict"], strict=True):
@@ -168,7 +168,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
             print(f"note: {EXPANDABLE_NOTE}")
         print(result.summary(), file=sys.stdout if result.ok else sys.stderr)
-    return 0 if result.ok else 1  # a snapshot it cannot judge (a trace that does not replay) raised: exit 2
+    return 0 if result.ok else 1  # a snapshot it cannot judge (a trace whose walk misses it) raised: exit 2
 
 
 def parse_stream_map(items: list[str]) -> dict[str, str]:

@@ -71,10 +71,10 @@ SHARED_PATH = str(recording("plain/two_captures_shared.pickle").relative_to(REPO
 HAS_CUDA = default_source() == LIVE  # offers "live" in the explorer; the default stays the recording
 
 snap = kit.load_snapshot(REPO / DEFAULT_PATH)
-replay = kit.walk_trace(snap)
+walk = kit.walk_trace(snap)
 print(f"data source: {snap.data_source}: {snap.source_label}")
 print(f"  kit key: {snap.kit or 'none (a plain torch snapshot)'}")
-print(f"  trace: {len(snap.traces[0])} entries, starting mid-process: {replay.rewound_segments} segments already there")
+print(f"  trace: {len(snap.traces[0])} entries, starting mid-process: {walk.rewound_segments} segments already there")
 
 # %% [markdown]
 # ## From a shell

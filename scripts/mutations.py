@@ -642,13 +642,13 @@ MUTATIONS = (
     ),
     # -- the CI guard fails closed and walks every device (issue 27)
     Mutation(
-        "check_ignores_a_trace_that_does_not_replay",
+        "check_ignores_a_trace_whose_walk_misses",
         "kit/analysis/check.py",
-        "        if replay.mismatches:\n",
-        "        if replay.mismatches and False:\n",
+        "        if walk.mismatches:\n",
+        "        if walk.mismatches and False:\n",
         (
-            "tests/test_check.py::test_a_trace_that_does_not_replay_exits_2_in_one_line",
-            "tests/test_check.py::test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_that_does_not_replay",
+            "tests/test_check.py::test_a_trace_whose_walk_misses_the_snapshot_exits_2_in_one_line",
+            "tests/test_check.py::test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_whose_walk_misses",
         ),
         "a trace that does not walk to the snapshot gives no verdict: check exits 2, never 0",
     ),

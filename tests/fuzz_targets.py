@@ -4,7 +4,7 @@ Shared by the short property-based run in the suite (tests/test_fuzz.py) and
 the long run (scripts/fuzz.py). A target takes the bytes of a file a user
 might hand the kit and runs what the command line runs on it: loading (pickle
 or JSON), normalising, the segment table, and, when there is a trace, its
-replay, the reuse table, the stranding report, the capture table and a
+walk, the reuse table, the stranding report, the capture table and a
 what-if. It returns "ok" or "kit error"; anything else it raises is a crash.
 While the bytes are decoded an audit hook watches for anything that would run
 code (a process, `exec`, an import, a pickle global), which is a crash too.
@@ -123,9 +123,9 @@ def snapshot_target(data: bytes, *, report: bool = False) -> str:
             _print_table(table, False)
             _print_table(table, True)
         if snap.has_trace:
-            replay = walk_trace(snap)
-            reuse_table(snap, replay)
-            stranding_report(snap, replay)
+            walk = walk_trace(snap)
+            reuse_table(snap, walk)
+            stranding_report(snap, walk)
             if snap.kit.get("captures"):
                 capture_table(snap)
                 names = sorted(set(stream_labels(snap).values()) & set(snap.stream_names.values()))

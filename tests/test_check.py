@@ -191,7 +191,7 @@ def _reversed_trace(raw: dict) -> dict:
 @pytest.mark.parametrize(
     "path", [REPLICA["small_unpatched"], RECORDINGS / "plain" / "two_captures_separate.pickle"], ids=lambda p: p.stem
 )
-def test_a_trace_that_does_not_replay_exits_2_in_one_line(tmp_path, path):
+def test_a_trace_whose_walk_misses_the_snapshot_exits_2_in_one_line(tmp_path, path):
     """Reversed, the trace walks to other segments than the snapshot's: no verdict (it exited 0 after 13 warnings)."""
     raw = _reversed_trace(copy.deepcopy(kit.load_snapshot(path).raw))
     bad = tmp_path / "reversed.pickle"
@@ -201,14 +201,15 @@ def test_a_trace_that_does_not_replay_exits_2_in_one_line(tmp_path, path):
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stdout == ""
         (line,) = done.stderr.splitlines()
-        assert line.startswith(f"kit: error: {bad}: device 0's trace does not replay to the snapshot (")
+        missed = "device 0's trace, walked from its start, does not end at the snapshot ("
+        assert line.startswith(f"kit: error: {bad}: {missed}")
         assert "mismatch(es); the first: segment 0x" in line and "cannot be trusted" in line
 
 
-def test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_that_does_not_replay():
+def test_check_snapshot_and_assert_no_stranding_raise_kit_error_for_a_trace_whose_walk_misses():
     raw = _reversed_trace(_raw("small_patched"))  # a snapshot that passes, until its trace is reversed
     kit.assert_no_stranding(_raw("small_patched"))
-    with pytest.raises(kit.KitError, match="does not replay to the snapshot"):
+    with pytest.raises(kit.KitError, match="walked from its start, does not end at the snapshot"):
         kit.check_snapshot(raw)
     with pytest.raises(kit.KitError, match="cannot be trusted"):  # not AssertionError: the cause is not stranding
         kit.assert_no_stranding(raw)
@@ -238,7 +239,7 @@ def test_every_device_with_a_trace_is_checked(tmp_path):
     clean = _two_devices("small_patched", "small_patched")
     assert kit.check_snapshot(clean).ok
     clean["device_traces"][1] = list(reversed(clean["device_traces"][1]))  # device 1's walk fails: so does check
-    with pytest.raises(kit.KitError, match="device 1's trace does not replay"):
+    with pytest.raises(kit.KitError, match="device 1's trace, walked from its start, does not end"):
         kit.check_snapshot(clean)
 
 

@@ -241,5 +241,5 @@ def test_check_gives_a_verdict_on_an_expandable_recording_it_once_refused():
     from .helpers import run_kit
 
     done = run_kit("check", str(EXPANDABLE / "expandable_306_expandable.pickle"))
-    assert done.returncode == 1, done.stderr  # graph pools stranded on a second stream, not "does not replay"
+    assert done.returncode == 1, done.stderr  # graph pools stranded on a second stream, not a walk that misses
     assert "stranded" in done.stdout + done.stderr

@@ -89,14 +89,14 @@ def test_expandable_segments_load_and_their_mapped_pages_count_as_new_segments()
     assert len(default) == 1 and default[0].is_expandable and default[0].total_size == 6 * MIB
     table = segment_table(snap).set_index(["pool", "stream"])
     assert table.loc[((0, 0), 0), "reserved"] == 6 * MIB
-    replay = walk_trace(snap)
-    assert replay.mismatches == []
-    assert replay.rewound_segments == 0  # every page was mapped within the trace
-    default_allocs = replay.allocs[replay.allocs["pool"] == (0, 0)]
+    walk = walk_trace(snap)
+    assert walk.mismatches == []
+    assert walk.rewound_segments == 0  # every page was mapped within the trace
+    default_allocs = walk.allocs[walk.allocs["pool"] == (0, 0)]
     # Three allocations, each needing pages mapped: 2 MiB, then 4 MiB, then 2 MiB (unmapped again after).
     assert list(default_allocs["served"]) == ["new_segment"] * 3
     assert list(default_allocs["segment_bytes"]) == [2 * MIB, 4 * MIB, 2 * MIB]
-    reuse = reuse_table(snap, replay).set_index(["pool", "stream"])
+    reuse = reuse_table(snap, walk).set_index(["pool", "stream"])
     assert reuse["stranded_bytes"].to_dict() == {k: foreign.STRANDED.get(k, 0) for k in reuse.index}
 
 
@@ -111,8 +111,8 @@ def test_an_unmap_in_the_middle_splits_the_mapped_range_in_two():
     raw["segments"].insert(1, {**seg, **empty, "address": foreign.A + 8 * MIB, "total_size": 2 * MIB, "blocks": blocks})
     snap = load_snapshot(raw)
     assert [s.total_size for s in snap.segments[:2]] == [6 * MIB, 2 * MIB]
-    replay = walk_trace(snap)
-    assert replay.mismatches == []
+    walk = walk_trace(snap)
+    assert walk.mismatches == []
 
 
 def test_a_trace_that_contradicts_the_snapshot_is_reported_not_fatal():
@@ -122,13 +122,13 @@ def test_a_trace_that_contradicts_the_snapshot_is_reported_not_fatal():
     trace.insert(2, {"action": "segment_free", "addr": foreign.A, "size": 2 * MIB})  # a live segment freed
     trace.append({"action": "alloc", "addr": foreign.B, "size": MIB})  # over a live block
     snap = load_snapshot(raw)
-    replay = walk_trace(snap)
+    walk = walk_trace(snap)
     # Said, not hidden: the freed segment A is still in the snapshot, and the alloc over B's live block changes its
     # blocks (B starts its segment); the free of a block never allocated changes nothing.
-    assert replay.mismatches == [
+    assert walk.mismatches == [
         f"segment {foreign.A:#x} is in the snapshot but not in the replayed trace",
         f"segment {foreign.B:#x}: blocks differ between the replayed trace and the snapshot",
     ]
-    assert walk_rows(snap, 0).mismatches == replay.mismatches  # the walk entry by entry says the same
-    assert len(replay.allocs) == 5  # the story's four, and the one over a live block
-    assert replay.allocs.iloc[-1][["addr", "size", "served"]].tolist() == [foreign.B, MIB, "reused"]
+    assert walk_rows(snap, 0).mismatches == walk.mismatches  # the walk entry by entry says the same
+    assert len(walk.allocs) == 5  # the story's four, and the one over a live block
+    assert walk.allocs.iloc[-1][["addr", "size", "served"]].tolist() == [foreign.B, MIB, "reused"]

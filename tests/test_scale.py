@@ -76,12 +76,12 @@ def test_generated_snapshot_loads_tabulates_and_replays(generated, tmp_path):
     table = segment_table(snap)
     assert table["reserved"].sum() == sum(s["total_size"] for s in generated["segments"])
     assert table["segments"].sum() == len(generated["segments"])
-    replay = walk_trace(snap)
-    assert replay.mismatches == []  # the walk ends exactly at the snapshot
-    reuse = reuse_table(snap, replay).set_index("stream_label")
+    walk = walk_trace(snap)
+    assert walk.mismatches == []  # the walk ends exactly at the snapshot
+    reuse = reuse_table(snap, walk).set_index("stream_label")
     # The replay graphs capture into the model graphs' pool on their own stream: PR 63155's stranding.
     assert reuse.loc["replay graphs stream", "stranded_bytes"] > 0
-    assert len(replay.allocs) == sum(e["action"] == "alloc" for e in generated["device_traces"][0])
+    assert len(walk.allocs) == sum(e["action"] == "alloc" for e in generated["device_traces"][0])
 
 
 def test_generated_frames_are_shared_as_torch_shares_them(generated):
@@ -256,8 +256,8 @@ def test_expandable_segments_are_walked_entry_by_entry():
     final[0]["is_expandable"] = True
     snap = Snapshot({"segments": final, "device_traces": [_trace(*events)]})
     assert fast_walk(snap) is None
-    replay = walk_trace(snap)
-    assert list(replay.allocs["served"]) == ["new_segment", "new_segment"] and replay.mismatches == []
+    walk = walk_trace(snap)
+    assert list(walk.allocs["served"]) == ["new_segment", "new_segment"] and walk.mismatches == []
 
 
 # -- loading -------------------------------------------------------------------------

@@ -53,9 +53,9 @@ def test_reuse_on_a_trace_that_starts_mid_process():
     replay_begin = raw["kit"]["captures"][1]["trace_begin"]
     raw["device_traces"][0] = raw["device_traces"][0][replay_begin - 20 :]
     snap = load_snapshot(raw)
-    replay = walk_trace(snap)
-    assert replay.mismatches == []
-    assert replay.rewound_segments > 0  # the state at the first entry is not empty
+    walk = walk_trace(snap)
+    assert walk.mismatches == []
+    assert walk.rewound_segments > 0  # the state at the first entry is not empty
     table = reuse_table(snap)
     stream = raw["kit"]["streams"]["replay graphs stream"]
     row = table[(table["pool"] == (0, 1)) & (table["stream"] == stream)].iloc[0]

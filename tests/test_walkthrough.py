@@ -30,8 +30,8 @@ def _group(table, pool, label) -> dict:
 
 
 def test_steps_are_the_recorded_graph_pool_allocations(two_streams):
-    replay = walk_trace(two_streams.recorded)
-    in_pool = replay.allocs[replay.allocs["pool"].map(tuple) == two_streams.pool]
+    walk = walk_trace(two_streams.recorded)
+    in_pool = walk.allocs[walk.allocs["pool"].map(tuple) == two_streams.pool]
     assert len(two_streams.steps) == len(in_pool) > 0
     assert [s.number for s in two_streams.steps] == list(range(len(two_streams.steps)))
     assert {s.capture for s in two_streams.steps} == {"model graph", "replay graph"}

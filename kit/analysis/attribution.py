@@ -120,8 +120,8 @@ def _pools_allocated(snap: Snapshot) -> set[tuple]:
     known: set[tuple] = set()
     for device, columns in snap.trace_columns.items():
         if len(columns) >= 2:
-            replay = walk_trace(snap, device)
-            known |= {tuple(p) for p in replay.allocs["pool"]} | {tuple(p) for p in replay.new_segments["pool"]}
+            walk = walk_trace(snap, device)
+            known |= {tuple(p) for p in walk.allocs["pool"]} | {tuple(p) for p in walk.new_segments["pool"]}
     return known
 
 

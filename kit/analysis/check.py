@@ -17,7 +17,7 @@ or, in a pytest test, `kit.assert_no_stranding(snapshot)`, which raises
 
 The guard fails closed: a snapshot it cannot judge raises `KitError` (the
 command line exits 2), never passes. That is a snapshot without a trace, a
-malformed capture window in its `kit` key, and a trace that does not replay:
+malformed capture window in its `kit` key, and a trace whose walk misses:
 where walking a device's trace forward from its rewound start does not end at
 the snapshot's segments (the walk's `mismatches`: a corrupted or reordered
 trace, or a trace and segments of different moments), the stranded figures
@@ -251,8 +251,8 @@ def check_snapshot(
     `allowed` instead of `offending` (module docstring). Raises `KitError`
     without a trace (memory history recorded with enabled="all"), with
     `pools`, `max_stranded` or `own_stream` out of range, with a malformed
-    capture window, and when a device's trace does not replay to the snapshot
-    (the verdict could not be trusted).
+    capture window, and when walking a device's trace does not end at the
+    snapshot (the verdict could not be trusted).
     """
     if pools not in POOLS:
         raise KitError(f"--pools {pools!r}: expected one of {', '.join(POOLS)}")
@@ -269,10 +269,10 @@ def check_snapshot(
         raise KitError(_no_such_stream(snap, unmatched))
     offending, allowed = [], []
     for device in devices:
-        replay = walk_trace(snap, device)
-        if replay.mismatches:
-            raise KitError(_no_replay(snap, device, replay.mismatches))
-        report = stranding_report(snap, replay, min_bytes=0)
+        walk = walk_trace(snap, device)
+        if walk.mismatches:
+            raise KitError(_walk_misses(snap, device, walk.mismatches))
+        report = stranding_report(snap, walk, min_bytes=0)
         for row in report.to_dict(orient="records"):
             if pools == "graph" and tuple(row["pool"]) == DEFAULT_POOL:
                 continue
@@ -290,10 +290,12 @@ def check_snapshot(
     )
 
 
-def _no_replay(snap: Snapshot, device: int, mismatches: list[str]) -> str:
-    """One line: the trace does not replay, how many differences and the first, and that no verdict is given."""
+def _walk_misses(snap: Snapshot, device: int, mismatches: list[str]) -> str:
+    """One line: the trace's walk misses the snapshot, how many differences and the first, and that no verdict is
+    given."""
     return (
-        f"{snap.origin}: device {device}'s trace does not replay to the snapshot ({len(mismatches)} mismatch(es); "
+        f"{snap.origin}: device {device}'s trace, walked from its start, does not end at the snapshot "
+        f"({len(mismatches)} mismatch(es); "
         f"the first: {mismatches[0]}), so a stranding verdict from it cannot be trusted: `check` gives none "
         "(a corrupted or reordered trace, or segments and trace from different moments)"
     )
@@ -326,7 +328,7 @@ def assert_no_stranding(
     when it passes. `own_stream` as `check_snapshot`'s; the allowed groups'
     lines follow the offending ones in the message. A snapshot
     `check_snapshot` cannot judge (no trace, a malformed capture window, a
-    trace that does not replay) raises its `KitError`, not `AssertionError`:
+    trace whose walk misses it) raises its `KitError`, not `AssertionError`:
     the test errors, naming the cause.
     """
     result = check_snapshot(snapshot, pools=pools, max_stranded=max_stranded, own_stream=own_stream)
