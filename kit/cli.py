@@ -378,7 +378,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from kit.record.provenance import require_cuda
 
     if args.vllm or args.json:
-        from kit.experiments.vllm_capture import demo
+        from kit.experiments.vllm.capture import demo
 
         demo(live=args.live, as_json=args.json, vllm=args.vllm)
         return
@@ -404,8 +404,8 @@ def cmd_safety(args: argparse.Namespace) -> None:
     from kit.experiments.early_aux import early_aux_lines, replica_shape_lines, replica_shapes
     from kit.experiments.readwrite_run import recorded_if_any
     from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
-    from kit.experiments.vllm_capture import recorded_early_aux_verdict, shipped_invariants
-    from kit.experiments.vllm_safety import vllm_invariant_lines
+    from kit.experiments.vllm.capture import recorded_early_aux_verdict, shipped_invariants
+    from kit.experiments.vllm.safety import vllm_invariant_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)
     readwrite = None if args.live else recorded_if_any(args.preset)  # the invariant's recording, beside the pairings

@@ -37,7 +37,7 @@
 #
 # **Where it is shown.** Every check in this notebook runs on the **replica**, not on vLLM's
 # own code, except the early-aux verdict at the end, read from vLLM's own path's recordings.
-# **vLLM's own code** (`kit.experiments.vllm_capture`: vLLM 0.33's
+# **vLLM's own code** (`kit.experiments.vllm.capture`: vLLM 0.33's
 # `GPUModelRunner.capture_model`, `DecoderReplayLayers` and `DecoderReplayCudaGraphManager`
 # around a stand-in model, on the H200) is notebook 06's: there it shows which stream the
 # replay graphs capture on, the graph pool, graphs against eager, and the early-aux case,
@@ -66,7 +66,7 @@ from kit.experiments.dispatch import default_step_replay_graph
 from kit.experiments.early_aux import early_aux_lines, replica_shape_lines
 from kit.experiments.safety_run import pair_verdicts
 from kit.experiments.scenarios import replica_runs
-from kit.experiments.vllm_capture import recorded_early_aux_verdict
+from kit.experiments.vllm.capture import recorded_early_aux_verdict
 from kit.recordings import default_source
 from kit.replica.model import PRESETS
 from kit.show.safety import (
@@ -299,8 +299,8 @@ print("\n".join(agreement_lines(records)))
 
 # %%
 from kit.experiments.readwrite_run import invariant_lines
-from kit.experiments.vllm_capture import shipped_invariants
-from kit.experiments.vllm_safety import vllm_invariant_lines
+from kit.experiments.vllm.capture import shipped_invariants
+from kit.experiments.vllm.safety import vllm_invariant_lines
 
 print(f"data source: {SOURCE}: {records.readwrite['source']}")
 for line in invariant_lines(records.readwrite):

@@ -32,7 +32,7 @@
 # **Where it is shown.** Everything measured here runs on the **replica** (`kit/replica`,
 # vLLM's capture path in miniature, here with a DSpark speculator:
 # `kit.experiments.alternatives`), each scenario captured in a fresh process. None of it runs
-# on **vLLM's own code**: `kit.experiments.vllm_capture` (notebook 06) runs vLLM 0.33's
+# on **vLLM's own code**: `kit.experiments.vllm.capture` (notebook 06) runs vLLM 0.33's
 # capture code with a stand-in model and no speculator, unpatched, under the PR and with
 # early aux; neither alternative.
 

@@ -29,7 +29,7 @@
 # (`kit/replica`, the miniature notebooks 02 to 05 run): sections 1 to 3 patch the installed
 # vLLM's functions in this process (no GPU needed); section 4 captures with vLLM's own capture
 # path, live where a GPU, vLLM and a DeepSeek-V4.1 checkpoint are at hand, else from the H200
-# recording of `kit.experiments.vllm_capture` (vLLM 0.33's `GPUModelRunner.capture_model`,
+# recording of `kit.experiments.vllm.capture` (vLLM 0.33's `GPUModelRunner.capture_model`,
 # `DecoderReplayLayers`, `DecoderReplayCudaGraphManager` and the rest of its capture path,
 # around a stand-in model: section 4b says what was stood in). What it shows on vLLM's code:
 # which stream each capture got, the graph pool, graphs against eager, and the early-aux case.
@@ -55,7 +55,7 @@ import torch
 from IPython.display import Code, display
 
 import kit
-from kit.experiments.vllm_capture import demo_lines, load_recordings, summarize
+from kit.experiments.vllm.capture import demo_lines, load_recordings, summarize
 from kit.recordings import recording
 
 logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM

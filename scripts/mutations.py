@@ -469,7 +469,7 @@ MUTATIONS = (
     ),
     Mutation(
         "a_hand_made_patch_outside_kit_patch",
-        "kit/experiments/vllm_capture.py",
+        "kit/experiments/vllm/capture.py",
         """    with Patch("graph_capture() streams", [(GroupCoordinator, "graph_capture", graph_capture)]):
         yield seen""",
         """    GroupCoordinator.graph_capture = graph_capture  # never put back
@@ -1270,7 +1270,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_standin_dispatches_the_local_rows_under_pcp",
-        "kit/experiments/vllm_standin.py",
+        "kit/experiments/vllm/standin.py",
         "        desc = cudagraphs.dispatch(count, count, None, 0)",
         "        desc = cudagraphs.dispatch(local, local, None, 0)",
         ("tests/test_vllm_safety.py",),
@@ -1342,7 +1342,7 @@ MUTATIONS = (
     ),
     Mutation(
         "planted_stand_in_never_reads_its_block",
-        "kit/experiments/vllm_standin.py",
+        "kit/experiments/vllm/standin.py",
         "            hidden_states = planted_read(hidden_states, kept)",
         "            hidden_states = hidden_states",
         ("tests/test_vllm_safety.py::test_the_planted_stand_in_carries_its_kept_block_across_the_break_on_vllms_path",),
@@ -1350,7 +1350,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_invariant_computed_without_early_aux",
-        "kit/experiments/vllm_safety.py",
+        "kit/experiments/vllm/safety.py",
         '    early = early_aux_count(config["aux_hidden_state_layers"], config["decoder_replay_start"])',
         "    early = 0",
         (
@@ -1421,7 +1421,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_control_poisons_nothing",
-        "kit/experiments/vllm_safety.py",
+        "kit/experiments/vllm/safety.py",
         "        poison(outputs)  # R's outputs keep their values",
         "        pass  # R's outputs keep their values",
         ("tests/test_vllm_safety.py",),
@@ -1453,7 +1453,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_stand_in_hands_out_nested_early_aux_weak",
-        "kit/experiments/vllm_standin.py",
+        "kit/experiments/vllm/standin.py",
         '    if aux_return != "flat" or BreakableCUDAGraphCapture.current() is None:',
         "    if BreakableCUDAGraphCapture.current() is None:",
         ("tests/test_vllm_safety.py::test_the_early_aux_leaves_a_captured_forward_weak_only_when_returned_flat",),
@@ -1461,7 +1461,7 @@ MUTATIONS = (
     ),
     Mutation(
         "old_vllm_recordings_read_by_their_file_name",
-        "kit/experiments/vllm_capture.py",
+        "kit/experiments/vllm/capture.py",
         '    return base + FLAT_SUFFIX if aux_return_of({"vllm_scenario": about}) == "flat" else base',
         "    return name",
         ("tests/test_early_aux.py", "tests/test_vllm_recording.py"),
@@ -1525,7 +1525,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_preset_keeps_the_stand_ins_window",
-        "kit/experiments/vllm_standin.py",
+        "kit/experiments/vllm/standin.py",
         '        window=numbers["window"],',
         "        window=96,",
         ("tests/test_vllm_presets.py",),
@@ -1533,7 +1533,7 @@ MUTATIONS = (
     ),
     Mutation(
         "vllm_preset_ignores_max_num_seqs",
-        "kit/experiments/vllm_standin.py",
+        "kit/experiments/vllm/standin.py",
         "    if cfg.max_num_seqs is not None:\n        config.scheduler_config.max_num_seqs = cfg.max_num_seqs",
         "    pass",
         ("tests/test_vllm_presets.py",),

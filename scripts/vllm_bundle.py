@@ -14,10 +14,10 @@ PIECEWISE wrapper, `DecoderReplayCudaGraphManager`,
   that differs, or is missing, stops the build), plus its `METADATA` so
   `importlib.metadata.version("vllm")` answers; no compiled extension
   (`vllm._C_stable_libtorch` and friends are not carried: the capture path
-  calls none of their ops but one, which `kit.experiments.vllm_capture`
+  calls none of their ops but one, which `kit.experiments.vllm.capture`
   registers from Python; MANIFEST.json lists every extension the wheel has,
   and the capture stands each in with an empty module,
-  `kit/experiments/vllm_stubs/_vllm_stub.py`, since `vllm.platforms.cuda` imports
+  `kit/experiments/vllm/stubs/_vllm_stub.py`, since `vllm.platforms.cuda` imports
   `vllm._C_stable_libtorch` unconditionally);
 - `*.whl`: the pure-Python or manylinux cp312 wheels the imports need and the
   GPU machine lacks (`WHEELS`), at the versions installed in `.venv`,
@@ -27,7 +27,7 @@ PIECEWISE wrapper, `DecoderReplayCudaGraphManager`,
   modules (`extensions`, from its RECORD).
 
 What the import path drags in but never uses (servers, tokenizers,
-grammars) is stood in by the stub modules in `kit/experiments/vllm_stubs/`, which
+grammars) is stood in by the stub modules in `kit/experiments/vllm/stubs/`, which
 travel with the working tree, not in the bundle; docs/vllm.md lists them.
 `scripts/vllm_on_device.sh` unpacks the bundle on the GPU machine.
 """

@@ -6,16 +6,16 @@
 # 1. checks the bundle against its MANIFEST.json;
 # 2. installs into $WORK/site the bundle's wheels whose module this Python lacks
 #    (pip, --no-index: nothing is fetched), and unpacks vLLM's sources into $WORK/src;
-# 3. copies onto the import path only the stubs (kit/experiments/vllm_stubs) whose real package is missing;
+# 3. copies onto the import path only the stubs (kit/experiments/vllm/stubs) whose real package is missing;
 #    vLLM's compiled extensions (MANIFEST.json's "extensions": none is carried) are stood in by
-#    empty modules when kit.experiments.vllm_capture starts, before vLLM imports;
+#    empty modules when kit.experiments.vllm.capture starts, before vLLM imports;
 # 4. runs the import probe (probe.json, and in run.txt: each capture module, ok or what stopped it;
 #    after a failure it goes on in a fresh process from the next module);
-# 5. runs every scenario (python -m kit.experiments.vllm_capture --out DIR): <scenario>.pickle,
+# 5. runs every scenario (python -m kit.experiments.vllm.capture --out DIR): <scenario>.pickle,
 #    PROVENANCE.json, run.txt. In each scenario's process: the capture under the capture recorder
 #    and the read/write recorder (phases from vLLM's breakable wrapper), the graphs against eager,
 #    the read/write obligation over the dispatchable pairings and the pairings themselves against
-#    eager (kit.experiments.vllm_safety), all in the snapshot's kit key. A scenario whose
+#    eager (kit.experiments.vllm.safety), all in the snapshot's kit key. A scenario whose
 #    GPUModelRunner.capture_model path fails is run again through the two managers' captures; what
 #    stopped each (the step it had reached, the error, the output's last lines) is kept in
 #    PROVENANCE.json, written after every scenario. About 3.5 minutes on the H200 in all.
@@ -61,8 +61,8 @@ fi
 tar -xzf "$BUNDLE"/vllm-*-py.tar.gz -C "$WORK/src" || { echo "unpacking vLLM's sources failed"; return 2; }
 
 echo "== stubs for packages this Python lacks -> $WORK/stubs"
-cp kit/experiments/vllm_stubs/_vllm_stub.py "$WORK/stubs/"
-for stub in kit/experiments/vllm_stubs/*/; do
+cp kit/experiments/vllm/stubs/_vllm_stub.py "$WORK/stubs/"
+for stub in kit/experiments/vllm/stubs/*/; do
     name=$(basename "$stub")
     if ! PYTHONPATH="$WORK/site" "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$name') is None)" 2>/dev/null; then
         cp -r "$stub" "$WORK/stubs/$name"
@@ -108,12 +108,12 @@ EOF
 fi
 
 echo "== import probe"
-"$PY" -m kit.experiments.vllm_capture --probe --out "$DIR"
+"$PY" -m kit.experiments.vllm.capture --probe --out "$DIR"
 probe=$?
 [ "$probe" -eq 0 ] || echo "the probe says which module stopped; the capture is tried anyway"
 
 echo "== capture, every scenario"
-"$PY" -m kit.experiments.vllm_capture --out "$DIR" ${KIT_VLLM_SCENARIOS:+--scenarios "$KIT_VLLM_SCENARIOS"}
+"$PY" -m kit.experiments.vllm.capture --out "$DIR" ${KIT_VLLM_SCENARIOS:+--scenarios "$KIT_VLLM_SCENARIOS"}
 status=$?
 echo "== done (exit $status); files:"
 ls -la "$DIR"

@@ -7,7 +7,7 @@ the kit, so that its entry point is found, and puts vLLM's sources on the
 path). As a vLLM worker does, it loads vLLM's general plugins
 (`vllm.plugins.load_general_plugins`: the installed kit's `kit.vllm_plugin`)
 before vLLM's runner is imported, builds vLLM's V2 runner around the stand-in
-DeepSeek-V4.1 (`kit.experiments.vllm_capture.build_runner`: the model, as in
+DeepSeek-V4.1 (`kit.experiments.vllm.capture.build_runner`: the model, as in
 every recording of kit/recordings/vllm), and runs vLLM's own
 `GPUModelRunner.profile_cudagraph_memory` (the estimate
 `Worker.determine_available_memory` takes off the KV cache) and then
@@ -47,7 +47,7 @@ STAND_INS = {
 def main() -> int:
     folder = Path(os.environ["KIT_CAPTURE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
-    from kit.experiments import vllm_import
+    from kit.experiments.vllm import importing as vllm_import
     from kit.fileio import atomic_write
 
     vllm_import.set_vllm_env()
@@ -62,7 +62,7 @@ def main() -> int:
     from vllm.v1.worker.gpu import cudagraph_utils
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-    from kit.experiments.vllm_capture import StandInConfig, build_runner
+    from kit.experiments.vllm.capture import StandInConfig, build_runner
 
     cudagraph_utils._init_minimal_kv_cache_for_profiling = lambda runner: None
     runner = build_runner(StandInConfig())

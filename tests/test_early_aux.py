@@ -21,9 +21,9 @@ import torch
 
 from kit.errors import KitError
 from kit.experiments import early_aux as ea
-from kit.experiments import vllm_capture as vc
 from kit.experiments.scenarios import FLAT_AUX_SCENARIOS, SCENARIOS, scenario_config
 from kit.experiments.summary import aux_return_of, vllm_scenario_of
+from kit.experiments.vllm import capture as vc
 from kit.replica import breakable_cudagraph as bc
 from kit.replica.model import AUX_RETURNS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner

@@ -65,13 +65,13 @@ def test_every_shipped_recording_is_package_data():
 
 
 def test_the_vllm_stubs_are_package_data():
-    """An installed kit carries the stubs its vLLM loader (`kit.experiments.vllm_import.STUBS`) puts on sys.path."""
+    """An installed kit carries the stubs its vLLM loader (`kit.experiments.vllm.importing.STUBS`) puts on sys.path."""
     from fnmatch import fnmatch
 
-    from kit.experiments.vllm_import import STUBS
+    from kit.experiments.vllm.importing import STUBS
 
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    globs = package_data["kit.experiments"]
+    globs = package_data["kit.experiments.vllm"]
     files = [p.relative_to(STUBS.parent).as_posix() for p in STUBS.rglob("*.py")]
-    assert STUBS == ROOT / "kit" / "experiments" / "vllm_stubs" and len(files) >= 10
+    assert STUBS == ROOT / "kit" / "experiments" / "vllm" / "stubs" and len(files) >= 10
     assert all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files)

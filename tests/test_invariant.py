@@ -156,7 +156,7 @@ def _vllm(name: str) -> dict:
 
 
 def test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_pool():
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     for name in ("unpatched", "patched"):
         found = invariant_of_snapshot(_vllm(name))
@@ -179,7 +179,7 @@ def test_on_vllms_recordings_the_invariant_holds_and_only_early_aux_is_in_the_po
 def test_on_vllms_path_the_planted_cross_break_read_violates_the_invariant_by_its_kept_block():
     """The recorded planted run (PR 63155 on a stand-in that keeps a float32 (N, 4, hidden) copy in the graph pool
     across the replay break): the invariant fails on every model graph by exactly that block, not early aux."""
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     found = invariant_of_snapshot(_vllm("planted_cross_break_read"))
     assert found["holds"] is False
@@ -192,7 +192,7 @@ def test_on_vllms_path_the_planted_cross_break_read_violates_the_invariant_by_it
 def test_the_invariant_recorded_on_the_gpu_is_what_the_recordings_accesses_give_again(name):
     """What the run recorded (`kit["readwrite"]["invariant"]`) is computed again, here, from the same recording's
     reads, writes and segments: the two agree on every pairing."""
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     raw = _vllm(name)
     recorded = invariant_of_snapshot(raw)
@@ -210,7 +210,7 @@ def test_the_invariant_recorded_on_the_gpu_is_what_the_recordings_accesses_give_
 
 
 def test_a_vllm_recording_without_accesses_is_not_recorded_never_a_pass():
-    from kit.experiments.vllm_safety import invariant_of_snapshot, vllm_invariant_lines
+    from kit.experiments.vllm.safety import invariant_of_snapshot, vllm_invariant_lines
 
     raw = _vllm("patched")
     del raw["kit"]["readwrite"]
@@ -281,7 +281,7 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
 
 
 def test_the_planted_scenarios_run_the_prs_capture_with_the_planted_model():
-    from kit.experiments.vllm_capture import VLLM_SCENARIOS
+    from kit.experiments.vllm.capture import VLLM_SCENARIOS
 
     config = safety_run.scenario_safety_config("planted_cross_break_read", "small")
     assert config.planted_cross_break_read

@@ -28,9 +28,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-# The vLLM stubs are stand-in packages shipped as data for vLLM's imports (`kit.experiments.vllm_import` puts them
+# The vLLM stubs are stand-in packages shipped as data for vLLM's imports (`kit.experiments.vllm.importing` puts them
 # on the path), not modules of the kit.
-STUBS = KIT / "experiments" / "vllm_stubs"
+STUBS = KIT / "experiments" / "vllm" / "stubs"
 MODULES = {module_name(p): p for p in sorted(KIT.rglob("*.py")) if STUBS not in p.parents}
 
 
@@ -420,7 +420,7 @@ OLD_WORDS_READ = {"kit.experiments.summary": "vllm_scenario_of reads a snapshot'
 POLICY_KEYS = {
     "kit.vllm_plugin": "the stream rule KIT_VLLM_PATCH asks for",
     "kit.experiments.scenarios": "the stream rule a replica scenario captures under",
-    "kit.experiments.vllm_capture": "the stream rule a vLLM scenario captures under",
+    "kit.experiments.vllm.capture": "the stream rule a vLLM scenario captures under",
     "kit.experiments.summary": "the stream rule of the run summarized",
     "kit.experiments.early_aux": "the stream rule of the run looked for",
     "kit.show.safety": "the stream rule of the run shown",
@@ -650,11 +650,11 @@ def patching_outside_kit_patch(tree: ast.Module) -> list[tuple[int, str]]:
 # Not patches: what these set up stays for the process's life, or mirrors vLLM's own code.
 NOT_PATCHES = {
     # the stand-in's process groups, set as vLLM's initialize_model_parallel sets them
-    ("kit.experiments.vllm_standin", "setattr(parallel_state, ...)"),
+    ("kit.experiments.vllm.standin", "setattr(parallel_state, ...)"),
     # the stand-in's model state, built with object.__new__ and given its methods
-    ("kit.experiments.vllm_standin", "state.prepare_attn"),
-    ("kit.experiments.vllm_standin", "state._prepare_replay_batch"),
-    ("kit.experiments.vllm_standin", "state.replay_batch"),
+    ("kit.experiments.vllm.standin", "state.prepare_attn"),
+    ("kit.experiments.vllm.standin", "state._prepare_replay_batch"),
+    ("kit.experiments.vllm.standin", "state.replay_batch"),
     # the replica's estimate swaps its own global pool for a throwaway one, as vLLM's profile_cudagraph_memory does
     ("kit.replica.model_runner", "cudagraph_utils._global_graph_pool"),
 }

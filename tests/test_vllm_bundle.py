@@ -1,4 +1,4 @@
-"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, the stubs, kit.experiments.vllm_capture).
+"""vLLM's own capture path from its sources (scripts/vllm_bundle.py, the stubs, kit.experiments.vllm.capture).
 
 On the CPU: the bundle's sources are checked against the wheel's RECORD, the
 stubs raise when used and only then, the capture modules import, the
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from kit.errors import KitError
-from kit.experiments import vllm_capture as vc
+from kit.experiments.vllm import capture as vc
 from tests.vllm_standins import StandInCuda, StandInGraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def test_a_compiled_extension_stand_in_imports_and_raises_when_called():
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent("""
             import importlib.util
-            from kit.experiments import vllm_capture as vc
+            from kit.experiments.vllm import capture as vc
             stub = vc.stub_support()
             names = ["vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C"]
             stub.stub_extensions(names)  # the real ones are installed here: they are used
@@ -251,7 +251,7 @@ def test_weak_ref_op_views_the_same_memory():
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent("""
             import torch
-            from kit.experiments.vllm_capture import install_weak_ref_op
+            from kit.experiments.vllm.capture import install_weak_ref_op
             print(install_weak_ref_op())
             assert install_weak_ref_op() == "kit (vllm._C missing)"  # a second call says the same
             x = torch.arange(24.0).reshape(4, 6)[1:, ::2]

@@ -82,8 +82,8 @@ def test_vllms_path_at_the_gb200_defaults_dispatches_what_the_kit_says(monkeypat
     replay sizes, and vLLM's dispatch rule over them gives 126 pairings, 14 with R > N, as recorded."""
     import torch
 
-    from kit.experiments import vllm_capture as vc
-    from kit.experiments import vllm_safety as vs
+    from kit.experiments.vllm import capture as vc
+    from kit.experiments.vllm import safety as vs
     from tests.test_vllm_safety import stand_in_cuda
 
     numbers = vllm_default_presets()["gb200-default"]

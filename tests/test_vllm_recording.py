@@ -1,6 +1,6 @@
 """vLLM 0.33's own capture path recorded on the H200 (kit/recordings/vllm): what it shows, where it came from.
 
-`scripts/vllm_on_device.sh` ran `kit.experiments.vllm_capture` on the H200
+`scripts/vllm_on_device.sh` ran `kit.experiments.vllm.capture` on the H200
 from the bundle of vLLM's sources: `GPUModelRunner.capture_model`, its graph
 managers, `graph_capture()`, the breakable wrapper and the decoder replay
 graphs, all vLLM's, around a stand-in DeepSeek-V4.1, with real CUDA graphs
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from kit.experiments import vllm_capture as vc
 from kit.experiments.early_aux import CHANGES
 from kit.experiments.summary import vllm_scenario_of
-from kit.experiments.vllm_capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VLLM_SCENARIOS, summarize
+from kit.experiments.vllm import capture as vc
+from kit.experiments.vllm.capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VLLM_SCENARIOS, summarize
 from kit.recordings import RECORDINGS
 from tests.helpers import OWED_ON_THE_H200, owed
 
@@ -346,7 +346,7 @@ def test_demo_vllm_prints_the_figures(recorded, safe, capsys):
 def test_vllms_h200_defaults_on_vllms_path_break_out_nowhere(every_recording):
     """At vLLM's H200 defaults (model graphs up to 512, threshold 768) vLLM's own replay layers run inside every
     model graph: each is one segment, no pairing can run, and nothing is claimed of the obligation."""
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     snap = every_recording["h200_default"]
     scenario = vllm_scenario_of(snap.kit)
@@ -362,7 +362,7 @@ def test_vllms_h200_defaults_on_vllms_path_break_out_nowhere(every_recording):
 def test_vllms_gb200_defaults_on_vllms_path_run_r_over_n_and_hold(every_recording):
     """At vLLM's GB200 defaults the 17 model graphs 768..1024 break out; vLLM's dispatch runs 126 (N, R), 14 of
     them R > N, and 10 more under PCP: all bit-exact against eager, the obligation and the invariant hold."""
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     snap = every_recording["gb200_default"]
     assert vllm_scenario_of(snap.kit)["replay_sizes"] == list(range(128, 1025, 128))

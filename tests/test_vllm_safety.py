@@ -1,4 +1,4 @@
-"""The safety argument on vLLM's own path (kit.experiments.vllm_safety), on the CPU.
+"""The safety argument on vLLM's own path (kit.experiments.vllm.safety), on the CPU.
 
 vLLM 0.33's capture path runs here as installed, with CUDA streams and
 graphs stood in (a graph replays nothing; the breaks run), around a small
@@ -36,11 +36,11 @@ from kit.analysis.readwrite import (
 )
 from kit.errors import KitError
 from kit.experiments import power
-from kit.experiments import vllm_capture as vc
-from kit.experiments import vllm_safety as vs
 from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
 from kit.experiments.readwrite_run import OUTPUTS_READ
 from kit.experiments.summary import vllm_scenario_of
+from kit.experiments.vllm import capture as vc
+from kit.experiments.vllm import safety as vs
 from kit.recordings import RECORDINGS
 from tests.vllm_standins import StandInCuda, StandInGraph
 
@@ -315,7 +315,7 @@ def test_the_early_aux_leaves_a_captured_forward_weak_only_when_returned_flat(mo
 
 
 def test_provenance_names_every_bypassed_constructor_and_what_is_not_modelled():
-    from kit.experiments import vllm_standin
+    from kit.experiments.vllm import standin as vllm_standin
 
     source = Path(vc.__file__).read_text() + Path(vllm_standin.__file__).read_text()  # the entry point and the runner
     made = set(re.findall(r"object\.__new__\((?:\w+\.)*(\w+)\)", source))

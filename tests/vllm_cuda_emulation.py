@@ -25,7 +25,7 @@ def emulate_gpu_machine() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     import vllm_bundle
 
-    from kit.experiments import vllm_capture
+    from kit.experiments.vllm import capture as vllm_capture
 
     _site, info = vllm_bundle.installed_vllm()
     vllm_capture.stub_support().stub_extensions(vllm_bundle.extension_modules(info), shadow=True)

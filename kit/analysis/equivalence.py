@@ -6,7 +6,7 @@ outputs would differ from an eager run of the same model on the same input.
 through the same model eagerly, for every capture size, and reports
 bit-exact equality or the largest difference per output: the replica's
 runner through `check_equivalence`, vLLM's own path through
-`kit.experiments.vllm_capture.check_vllm_equivalence`.
+`kit.experiments.vllm.capture.check_vllm_equivalence`.
 """
 
 from __future__ import annotations

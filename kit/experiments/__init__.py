@@ -20,13 +20,11 @@
   saving buys (`kit alternatives`);
 - `drafter_run`: alternative (a)'s own lifetime argument, what the drafter's
   graphs write against what the step still reads;
-- `vllm_capture`: vLLM 0.33's own capture code (not the replica) with real
-  CUDA graphs around a stand-in DeepSeek-V4.1, unpatched and under the PR,
-  from vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`); the
-  entry point, built on `vllm_import` (importing vLLM's capture path, its
-  compiled parts stood in, with the stubs of `kit/experiments/vllm_stubs/`)
-  and `vllm_standin` (the stand-in model and vLLM's runner around it), with
-  `vllm_safety`: the read/write obligation and the pairings on that path;
+- `vllm`: vLLM 0.33's own capture code (not the replica) with real CUDA
+  graphs around a stand-in DeepSeek-V4.1, unpatched and under the PR, from
+  vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`), in a
+  sub-package of its own (`vllm.capture`, `vllm.importing`, `vllm.standin`,
+  `vllm.safety`: its docstring says which is which);
 - `early_aux`: the PR's early-aux exception on vLLM's semantics, read from the
   vLLM-path recordings in both return shapes (V4.1's nested aux list, and the
   hypothetical flat one): needed or defensive, its cost, what would need it;

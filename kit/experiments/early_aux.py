@@ -14,7 +14,7 @@ returns `(hidden_states, aux_hidden_states)`, a list inside the tuple: the
 wrapper's stored output keeps every aux tensor, and its block, allocated.
 
 So the kit records early aux in both return shapes (`RETURN_SHAPES`) on
-vLLM's path (`kit.experiments.vllm_capture`): `nested`, V4.1's, and `flat`,
+vLLM's path (`kit.experiments.vllm.capture`): `nested`, V4.1's, and `flat`,
 hypothetical (each aux weak, as a model returning its aux flattened or a
 recursing `weak_ref_tensors` would hand it out). `early_aux_verdict(summaries)` reads
 from those recordings' summaries, never from a constant: per shape, the run

@@ -5,7 +5,7 @@ Each scenario (`pr`, `unpatched`, `early_aux_shared`, the scenarios of
 capture recorder (the allocator trace) and the read/write recorder
 (`kit.record.readwrite`), with phases set from the replica's breakable
 capture (`replica_phases`; `capture_phases` is the one phase recorder, for
-the replica's breakable graphs and, through `vllm_safety.vllm_phases`,
+the replica's breakable graphs and, through `vllm.safety.vllm_phases`,
 vLLM's): model graph N segment J, its break J, its outputs (read by the
 caller after the forward), replay graph R. Then, side
 by side for every (model graph, replay graph) pairing:

@@ -1,6 +1,6 @@
 """The figures of one capture experiment's snapshot, read one way for the replica's scenarios and vLLM's.
 
-`kit.experiments.scenarios` (the replica) and `kit.experiments.vllm_capture`
+`kit.experiments.scenarios` (the replica) and `kit.experiments.vllm.capture`
 (vLLM 0.33's own capture path) record the same kind of snapshot: a global
 graph pool, the model graphs' and replay graphs' streams in its `kit` key,
 each capture's window, and the graphs-versus-eager check. `summarize` reads

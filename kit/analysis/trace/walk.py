@@ -60,9 +60,9 @@ def _keep(snap: Snapshot, walk: TraceWalk) -> None:
     if snap.cache_source is None:
         return
     allocs, made = walk.allocs, walk.new_segments
-    pools = np.array(allocs["pool"].tolist(), dtype=np.int64).reshape(-1, 2)
+    pools = _pool_pairs(allocs["pool"])
     stranded = np.flatnonzero((allocs["served"] == "stranded").to_numpy())
-    made_pools = np.array(made["pool"].tolist(), dtype=np.int64).reshape(-1, 2)
+    made_pools = _pool_pairs(made["pool"])
     ints = {
         "allocs.index": allocs["index"],
         "allocs.pool_a": pools[:, 0],
@@ -80,6 +80,13 @@ def _keep(snap: Snapshot, walk: TraceWalk) -> None:
     described = {"device": walk.device, "rewound": walk.rewound_segments, "mismatches": list(walk.mismatches)}
     path, stamp = snap.cache_source
     caches.save_extra(path, stamp, f"{KIND}{walk.device}", arrays, described)
+
+
+def _pool_pairs(pools: pd.Series) -> np.ndarray:
+    """Each row's pool `(a, b)` as two int64 columns; read once per distinct pool (a million rows hold a few)."""
+    codes, distinct = pd.factorize(pools)
+    pairs = np.array(list(distinct), dtype=np.int64).reshape(-1, 2)
+    return pairs[codes]
 
 
 def _kept(snap: Snapshot, device: int) -> TraceWalk | None:

@@ -1,11 +1,11 @@
 """Importing vLLM 0.33's capture path here, and standing in the compiled parts it lacks.
 
-`kit.experiments.vllm_capture` runs vLLM's own capture code; this is how that
+`kit.experiments.vllm.capture` runs vLLM's own capture code; this is how that
 code gets imported on a machine that has vLLM's Python sources but not all of
 its compiled extensions or optional packages (the kit's GPU machine, from the
 bundle `scripts/vllm_bundle.py` builds):
 
-- the stub packages of `kit/experiments/vllm_stubs/` (shipped with the kit as
+- the stub packages of `kit/experiments/vllm/stubs/` (shipped with the kit as
   package data) for packages the imports touch but the capture path never
   calls, and `stub_missing_extensions` for the wheel's compiled extensions;
 - `stand_in_compiled`: vLLM's platform resolved, then the CUTLASS capability
@@ -30,8 +30,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-MODULE = "kit.experiments.vllm_capture"  # the entry point a probe's fresh process runs
-STUBS = Path(__file__).resolve().parent / "vllm_stubs"
+MODULE = "kit.experiments.vllm.capture"  # the entry point a probe's fresh process runs
+STUBS = Path(__file__).resolve().parent / "stubs"
 STAND_IN_STEP = "kit: vLLM's platform, and stand-ins for its compiled parts"
 PROBE_MARK = "KIT_PROBE "
 PROBE_BUDGET_S = 150.0

@@ -45,7 +45,7 @@ What is stood in, and why (each is also in every recording's provenance:
 - `vllm._C`'s `weak_ref_tensor` op: the compiled extension is not carried;
   `install_weak_ref_op` registers the same op (a tensor viewing the same
   memory that does not keep it alive) where it is missing;
-- on the GPU machine, the stub modules of `kit/experiments/vllm_stubs/` for
+- on the GPU machine, the stub modules of `kit/experiments/vllm/stubs/` for
   packages it lacks that the imports touch but the path never calls.
 
 Not modelled (`NOT_MODELLED`): the speculator (DSpark drafter), FULL and
@@ -72,18 +72,18 @@ scenario, the path that ran, the streams `graph_capture` made, the
 graphs-versus-eager check, the read/write obligation over the dispatchable
 pairings (`readwrite`, recorded during the capture by vLLM's phases), the
 pairings against eager (`pairings`), what each break read (`break_reads`) and
-the provenance (`kit.experiments.vllm_safety`); `record` writes them with
+the provenance (`kit.experiments.vllm.safety`); `record` writes them with
 `PROVENANCE.json`.
 
 This module runs the scenarios and reads their recordings back; it is the
 entry point, and re-exports what the tests and notebooks use of the two it
-is built on: `kit.experiments.vllm_import` (importing vLLM's capture path and
-standing in its compiled parts, with the stubs of `kit/experiments/vllm_stubs/`)
-and `kit.experiments.vllm_standin` (the stand-in model and the runner built
+is built on: `kit.experiments.vllm.importing` (importing vLLM's capture path and
+standing in its compiled parts, with the stubs of `kit/experiments/vllm/stubs/`)
+and `kit.experiments.vllm.standin` (the stand-in model and the runner built
 around it). The figures are `kit.experiments.summary`'s, as the replica's.
 
-    python -m kit.experiments.vllm_capture --out DIR          # every scenario (needs CUDA)
-    python -m kit.experiments.vllm_capture --probe            # which capture modules import here
+    python -m kit.experiments.vllm.capture --out DIR          # every scenario (needs CUDA)
+    python -m kit.experiments.vllm.capture --probe            # which capture modules import here
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ from kit.errors import KitError, check_one_of
 from kit.experiments import early_aux
 from kit.experiments.recorded import child_error, run_fresh
 from kit.experiments.summary import saved_by_the_patch, summarize, vllm_scenario_of
-from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry point's names
+from kit.experiments.vllm.importing import (  # noqa: F401 - re-exported: the entry point's names
     CAPTURE_MODULES,
     MODULE,
     PROBE_MARK,
@@ -118,7 +118,7 @@ from kit.experiments.vllm_import import (  # noqa: F401 - re-exported: the entry
     stubs_in_use,
     vllm_source,
 )
-from kit.experiments.vllm_standin import (  # noqa: F401 - re-exported: the entry point's names
+from kit.experiments.vllm.standin import (  # noqa: F401 - re-exported: the entry point's names
     BYPASSED,
     CAPTURE_NEEDS_CUDA,
     CONSTRUCTED,
@@ -304,8 +304,8 @@ def run_scenario(name: str, path: str = "runner") -> dict:
 
     import kit.patch.vllm as vllm_patch
     from kit.analysis.readwrite import attach_break_reads
-    from kit.experiments import vllm_safety
     from kit.experiments.recorded import trim_frames
+    from kit.experiments.vllm import safety as vllm_safety
     from kit.patch.policy import has_early_aux
     from kit.record.recorder import CaptureRecorder
 
@@ -362,7 +362,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
     if attached is not raw:
         raw["kit"]["break_reads_error"] = attached
     raw["kit"]["provenance"].update(
-        provenance(f"python -m kit.experiments.vllm_capture --scenario {name} --path {path}", python=True),
+        provenance(f"python -m kit.experiments.vllm.capture --scenario {name} --path {path}", python=True),
         vllm=vllm_source(), stubs=stubs_in_use(), stood_in=STOOD_IN, bypassed=BYPASSED,
         constructed=list(CONSTRUCTED), not_modelled=NOT_MODELLED, weak_ref_tensor=weak_ref,
         compiled_stand_ins=stood_in,
@@ -373,7 +373,7 @@ def run_scenario(name: str, path: str = "runner") -> dict:
 def capture_recorded(runner, path: str):
     """`capture_graphs(runner, path)` under a `ReadWriteRecorder`, by vLLM's phases (`vllm_safety.vllm_phases`); the
     recording of what every op read and wrote."""
-    from kit.experiments import vllm_safety
+    from kit.experiments.vllm import safety as vllm_safety
     from kit.record.readwrite import ReadWriteRecorder
 
     with ReadWriteRecorder() as rw, vllm_safety.vllm_phases(runner, rw):
@@ -459,7 +459,7 @@ def shipped_invariants() -> dict[str, dict]:
     (`vllm_safety.invariant_of_snapshot`: as recorded, or computed from the recording), or
     `{"holds": None, "summary": "... not recorded ..."}` (`kit safety` shows it)."""
     from kit.analysis.invariant import INVARIANT, NOT_RECORDED
-    from kit.experiments.vllm_safety import invariant_of_snapshot
+    from kit.experiments.vllm.safety import invariant_of_snapshot
 
     out = {}
     for stem in (*VLLM_SCENARIOS, *OLD_NAMES):  # each file read as the scenario it ran (`recorded_as`)
@@ -503,7 +503,7 @@ def demo_lines(summaries: dict) -> list[str]:
     from kit.analysis.added_segments import added_segments_lines
     from kit.analysis.readwrite import OBLIGATION
     from kit.analysis.tables import format_bytes
-    from kit.experiments.vllm_safety import short_obligation
+    from kit.experiments.vllm.safety import short_obligation
 
     lines = []
     for name, s in summaries.items():
@@ -600,7 +600,7 @@ def record(out_dir: str | Path, names: tuple[str, ...] = tuple(VLLM_SCENARIOS)) 
         raw = pickle.loads(data)
         entry = {
             **raw["kit"]["provenance"],
-            "command": f"python -m kit.experiments.vllm_capture --out {out.name}",
+            "command": f"python -m kit.experiments.vllm.capture --out {out.name}",
             "vllm_scenario": raw["kit"]["vllm_scenario"],
             "figures": summary,
             "earlier_path_failed": errors,

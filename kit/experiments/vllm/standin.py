@@ -1,4 +1,4 @@
-"""The stand-in DeepSeek-V4.1 and the vLLM objects built around it, for `kit.experiments.vllm_capture`.
+"""The stand-in DeepSeek-V4.1 and the vLLM objects built around it, for `kit.experiments.vllm.capture`.
 
 `StandInDeepseekV41` is shaped like DeepSeek-V4.1 where vLLM 0.33's capture
 path looks (its backbone, the replay start, the aux ids, vLLM's own
@@ -6,7 +6,7 @@ path looks (its backbone, the replay start, the aux ids, vLLM's own
 `GPUModelRunner` with vLLM's own graph managers, model state and wrappers.
 What is stood in, bypassed, constructed and not modelled is listed here
 (`STOOD_IN`, `BYPASSED`, `CONSTRUCTED`, `NOT_MODELLED`) and written into
-every recording's provenance. Needs vLLM imported (`kit.experiments.vllm_import`).
+every recording's provenance. Needs vLLM imported (`kit.experiments.vllm.importing`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The safety argument on vLLM 0.33's own path: the read/write obligation per pairing, and the pairings against eager.
 
-`kit.experiments.vllm_capture` runs vLLM's own capture path around a stand-in
+`kit.experiments.vllm.capture` runs vLLM's own capture path around a stand-in
 DeepSeek-V4.1 (`GPUModelRunner.capture_model`, `BreakableCUDAGraphWrapper`,
 `DecoderReplayLayers`, `DecoderReplayCudaGraphManager`); this module adds,
 in the same fresh process as each scenario's capture:
@@ -336,7 +336,7 @@ def run_pairings(
     """Every dispatchable (N, R) through vLLM's path, graphs against eager; the rows, the verdict, how they ran.
 
     `forward(runner, input_ids, use_cudagraph, rows=..., pad=...)` is
-    `kit.experiments.vllm_capture.run_forward`. A pairing whose replay batch
+    `kit.experiments.vllm.capture.run_forward`. A pairing whose replay batch
     did not replay exactly graph R once is kept with an `error`. `to_run`:
     (N, R, rows) to run instead of `dispatchable_pairs(runner)`. Each pairing
     carries its power (`kit.experiments.power`): its graph forward again with
