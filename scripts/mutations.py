@@ -1787,6 +1787,31 @@ MUTATIONS = (
         ("tests/test_ranks.py",),
         "a rank is named as the one that differs only against a majority that agrees",
     ),
+    # --- issue 38: one word in the data, the registries generated ---
+    Mutation(
+        "old_recordings_lose_their_replica_scenario",
+        "kit/experiments/recorded.py",
+        '            if "scenario" in item:\n                item["replica_scenario"] = item.pop("scenario")\n',
+        "",
+        ("tests/test_safety_run.py::test_a_recording_in_the_words_of_before_reads_as_one_in_todays",),
+        "a run recorded as policy=<scenario>, scenario=<replica scenario> reads as today's scenario and replica_scenario",
+    ),
+    Mutation(
+        "safety_json_drops_the_contracts_policy_key",
+        "kit/experiments/safety_run.py",
+        '        pairs.append({**pair, **figures, "policy": pair["scenario"]})',
+        "        pairs.append({**pair, **figures})",
+        ("tests/test_safety_run.py::test_safety_json_is_the_contract",),
+        "kit safety --json keeps the key its contract names, `policy`, beside `scenario`",
+    ),
+    Mutation(
+        "registries_ignore_what_a_test_docstring_names",
+        "scripts/registries.py",
+        '    found = set(re.findall(r"`(kit[\\w.]*)`", ast.get_docstring(tree) or ""))',
+        "    found = set()",
+        ("tests/test_layout.py::test_the_registries_see_a_stale_page_a_package_with_no_layer_and_an_untested_module",),
+        "a module tested through another is named in the test's docstring, and the table counts it",
+    ),
 )
 
 
