@@ -19,12 +19,12 @@ def small(tmp_path_factory) -> dict:
 
 
 def _pairs(data: dict, policy: str) -> list[dict]:
-    return [p for p in data["pairs"] if p["policy"] == policy]
+    return [p for p in data["pairs"] if p["scenario"] == policy]
 
 
 def _paired(data: dict, policy: str) -> set[int]:
     """The model graph sizes whose graphs differed from eager with their own replay graph (N/2)."""
-    return {r["size"] for r in data["policies"][policy]["equivalence"] if not r["bit_exact"]}
+    return {r["size"] for r in data["scenarios"][policy]["equivalence"] if not r["bit_exact"]}
 
 
 def test_under_the_pr_the_obligation_holds_on_every_dispatchable_pairing(small):
@@ -35,7 +35,7 @@ def test_under_the_pr_the_obligation_holds_on_every_dispatchable_pairing(small):
     assert _paired(small, "pr") == set()
     # several break inputs: the blocks each break read and the forward keeps bound are break inputs,
     # which the trace alone cannot tell from blocks read after the break
-    policy = small["policies"]["pr"]
+    policy = small["scenarios"]["pr"]
     with_reads = [b["classes"] for b in policy["break_inputs"] if b["analysis"] == "with_break_reads"]
     assert with_reads and all(c.get("break input", {}).get("blocks", 0) >= 3 for c in with_reads)
     assert all("held after the break" not in c for c in with_reads)
@@ -51,7 +51,7 @@ def test_with_early_aux_shared_the_obligation_fails_where_the_lifetime_analysis_
     assert any(p["dispatchable"] for p in pairs if not p["readwrite_holds"])
     assert all(p["reading_ops"] == [OUTPUTS_READ] for p in pairs if not p["readwrite_holds"])  # the early aux
     # the replica's own pairing (N, the replay graph N/2 rows pad to) differs from eager exactly where it fails
-    config = small["policies"]["early_aux_shared"]["config"]
+    config = small["scenarios"]["early_aux_shared"]["config"]
     replay_sizes = ReplicaConfig(
         **{
             **config,

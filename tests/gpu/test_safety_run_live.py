@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from kit.experiments.power import NOTHING_READ
+from kit.experiments.recorded import current_words
 from kit.experiments.safety_run import (
     SAFETY_SCENARIOS,
     enumerate_pairs,
@@ -31,16 +32,16 @@ def small(tmp_path_factory) -> dict:
 
 def test_every_pair_ran_under_every_policy(small):
     df = pairs_frame(small)
-    assert list(df["policy"].unique()) == list(SAFETY_SCENARIOS)
-    for policy, rows in df.groupby("policy"):
+    assert list(df["scenario"].unique()) == list(SAFETY_SCENARIOS)
+    for policy, rows in df.groupby("scenario"):
         ran = list(zip(rows["model_size"], rows["replay_size"], rows["dispatchable"], strict=True))
         assert ran == enumerate_pairs(scenario_safety_config(policy, "small")), policy
         assert set(rows.loc[rows["dispatchable"], "how"]) == {"dispatched"}  # run as vLLM runs them
-        assert (rows["outputs"] == len(small["policies"][policy]["outputs"])).all()
+        assert (rows["outputs"] == len(small["scenarios"][policy]["outputs"])).all()
 
 
 def test_the_policies_took_effect(small):
-    meta = small["policies"]
+    meta = small["scenarios"]
     assert [meta[p]["shares_model_stream"] for p in SAFETY_SCENARIOS] == [True, False, True, True]
     assert [meta[p]["has_early_aux"] for p in SAFETY_SCENARIOS] == [False, False, True, False]
 
@@ -48,7 +49,7 @@ def test_the_policies_took_effect(small):
 def test_pr_and_unpatched_are_bit_exact_on_every_pairing(small):
     df = pairs_frame(small)
     for policy in ("pr", "unpatched"):
-        rows = df[df["policy"] == policy]
+        rows = df[df["scenario"] == policy]
         assert rows["bit_exact"].all() and (rows["max_abs_diff"] == 0).all(), rows[~rows["bit_exact"]]
         assert rows["alone_bit_exact"].all()
     n, dispatchable = len(df) // len(SAFETY_SCENARIOS), int(df["dispatchable"].sum()) // len(SAFETY_SCENARIOS)
@@ -72,11 +73,11 @@ def test_power_where_the_early_aux_is_read_after_r_and_none_where_nothing_is(sma
     """Early aux forced to share: the early aux, read after every R, makes every pairing's check able to fail.
     Under the PR and unpatched N reads nothing from the graph pool after R but R's outputs: no pairing can fail."""
     df = pairs_frame(small)
-    early = df[df["policy"] == "early_aux_shared"]
+    early = df[df["scenario"] == "early_aux_shared"]
     assert early["power"].astype(bool).all(), early[~early["power"].astype(bool)]
     assert all("aux_hidden_state[1]" in outs for outs in early["power_differing_outputs"])
     for policy in ("pr", "unpatched"):
-        rows = df[df["policy"] == policy]
+        rows = df[df["scenario"] == policy]
         assert not rows["power"].astype(bool).any() and (rows["power_reason"] == NOTHING_READ).all(), policy
     lines = pair_verdicts(df)
     assert lines[2].endswith(f"; {len(early)} of {len(early)} pairings shown (with power)")
@@ -106,7 +107,7 @@ def test_the_poison_covers_the_graph_pool_and_is_put_back(monkeypatch):
 
 def test_early_aux_forced_to_share_differs_from_eager_on_some_pairing(small):
     df = pairs_frame(small)
-    rows = df[df["policy"] == "early_aux_shared"]
+    rows = df[df["scenario"] == "early_aux_shared"]
     bad = rows[~rows["bit_exact"]]
     assert len(bad) >= 1 and (bad["max_abs_diff"] > 0).all()
     assert bad["dispatchable"].any(), "a pairing vLLM runs must show the early aux overwritten"
@@ -122,8 +123,8 @@ def test_safety_live_prints_the_same_contract():
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["source"].startswith("live GPU (")
-    recorded = json.loads((RECORDINGS / "safety" / "small.json").read_text())["pairs"]
-    key = ("policy", "model_size", "replay_size", "dispatchable")
+    recorded = current_words(json.loads((RECORDINGS / "safety" / "small.json").read_text()))["pairs"]
+    key = ("scenario", "model_size", "replay_size", "dispatchable")
     assert sorted(tuple(p[k] for k in key) for p in out["pairs"]) == sorted(tuple(p[k] for k in key) for p in recorded)
     for pair in out["pairs"]:
         assert {"policy", "model_size", "replay_size", "bit_exact", "max_abs_diff"} <= set(pair)
