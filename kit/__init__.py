@@ -2,7 +2,7 @@
 
 The public API: what the notebooks, the README and the docs call as `kit.X`, by idea.
 - snapshots: `load_snapshot`, `Snapshot`
-- tables: `segment_table`, `diff_tables`, `diff_summary`, `pool_summary`, `style_table`, `format_bytes`
+- tables: `segment_table`, `diff_tables`, `diff_summary`, `pool_summary`, `style_table`; bytes: `format_bytes`
 - names: `stream_labels`, `pool_labels` (the same everywhere, stable across processes)
 - pictures: `group_bar_figure`, `segment_map_figure`, `show_in` (plotly, imported on use)
 - report: `write_report`
@@ -101,7 +101,7 @@ _HOMES = {  # public name -> the module it lives in, imported on first use
     "readwrite_table": "kit.analysis.readwrite",
     "diff_summary": "kit.analysis.tables",
     "diff_tables": "kit.analysis.tables",
-    "format_bytes": "kit.analysis.tables",
+    "format_bytes": "kit.units",
     "pool_summary": "kit.analysis.tables",
     "segment_table": "kit.analysis.tables",
     "style_table": "kit.analysis.tables",

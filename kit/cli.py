@@ -27,7 +27,8 @@ from kit.units import GIB
 def _print_table(table, as_json: bool, empty: str = "no rows: the table is empty") -> None:
     """The source line, then the table (bytes in binary units); `--json`: its rows. No rows: the `empty` line."""
     from kit.analysis.names import naming_hint
-    from kit.analysis.tables import byte_columns, format_bytes, table_records
+    from kit.analysis.tables import byte_columns, table_records
+    from kit.units import format_bytes
 
     if as_json:
         json.dump(table_records(table), sys.stdout, indent=1)
@@ -106,10 +107,11 @@ def cmd_diff(args: argparse.Namespace) -> None:
 
 def cmd_reuse(args: argparse.Namespace) -> None:
     from kit.analysis.attribution import checked_capture_windows
-    from kit.analysis.tables import format_bytes, table_records
+    from kit.analysis.tables import table_records
     from kit.analysis.trace.reports import reuse_table, stranding_report
     from kit.analysis.trace.walk import walk_trace
     from kit.load.snapshot import load_snapshot
+    from kit.units import format_bytes
 
     snap = load_snapshot(args.snapshot)
     checked_capture_windows(snap)

@@ -16,11 +16,11 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from kit.analysis.names import pool_labels, stream_labels
-from kit.analysis.tables import FIGURES, KEY, format_bytes, pool_label
+from kit.analysis.tables import FIGURES, KEY, pool_label
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.show.pictures import STATE_STYLE
 from kit.show.pictures import titled as _titled
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
 
 def segment_frame(snapshot: Snapshot) -> pd.DataFrame:

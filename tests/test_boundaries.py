@@ -41,7 +41,6 @@ from kit.allocator.rules import get_allocation_size, is_small_request, is_small_
 from kit.allocator.simulator import simulate
 from kit.allocator.workload import parse_workload
 from kit.analysis.attribution import capture_attribution, checked_capture_windows
-from kit.analysis.tables import format_bytes
 from kit.analysis.trace.columnar import walk_columns
 from kit.analysis.trace.rows import walk_rows
 from kit.errors import KitError
@@ -58,6 +57,7 @@ from kit.load.rows import (
 )
 from kit.load.snapshot import Snapshot
 from kit.patch.source import Hunk, apply_hunk
+from kit.units import format_bytes
 
 from .helpers import KIB, MIB, segment
 
@@ -395,7 +395,7 @@ def test_a_recorded_window_may_end_at_the_traces_end_and_begin_at_its_end(begin,
             checked_capture_windows(snap)
 
 
-# The byte formatter (`kit.analysis.tables.format_bytes`): each unit from exactly 1024 of the one below.
+# The byte formatter (`kit.units.format_bytes`): each unit from exactly 1024 of the one below.
 
 GIB = 1 << 30
 

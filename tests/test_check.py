@@ -27,11 +27,11 @@ import pickle
 import pytest
 
 import kit
-from kit.analysis.tables import format_bytes
 from kit.cli import main
 from kit.experiments.scenarios import summarize
 from kit.recordings import RECORDINGS, recording
 from kit.replica.model import DecoderLayer
+from kit.units import format_bytes
 
 from .helpers import MIB, RECORDED
 from .test_tables import run_kit

@@ -10,12 +10,12 @@ import pytest
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.answer import explain
 from kit.analysis.ranking import SHARING_CAVEAT, rank_maps
-from kit.analysis.tables import format_bytes
 from kit.analysis.whatif import what_if
 from kit.load.snapshot import load_snapshot
 from kit.markup import html_text
 from kit.recordings import RECORDINGS
 from kit.show.report import render_report
+from kit.units import format_bytes
 
 from .test_tables import run_kit
 

@@ -22,8 +22,9 @@ from kit.analysis.ranks import (
     rank_table,
     rank_verdicts,
 )
-from kit.analysis.tables import format_bytes, segment_table
+from kit.analysis.tables import segment_table
 from kit.recordings import RECORDINGS
+from kit.units import format_bytes
 
 from .helpers import FIXTURES, MIB, segment
 

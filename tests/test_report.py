@@ -11,12 +11,12 @@ import pytest
 
 from kit import group_bar_figure, load_snapshot, segment_map_figure
 from kit.analysis.attribution import capture_attribution
-from kit.analysis.tables import format_bytes
 from kit.analysis.trace.reports import reuse_table, stranding_report
 from kit.analysis.whatif import what_if
 from kit.errors import KitError
 from kit.markup import html_text
 from kit.show.report import render_report, write_report
+from kit.units import format_bytes
 
 from .helpers import MIB, RECORDED
 from .hostile import GPU, MODULE_LABEL, POOL_NAME, SCRIPT_LABEL, figure_texts, hostile_snapshot, raw_markup

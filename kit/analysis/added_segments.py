@@ -35,11 +35,12 @@ from kit.allocator.rules import K_SMALL_SIZE, is_small_request, round_size
 from kit.analysis.attribution import checked_capture_windows, is_replay_capture
 from kit.analysis.frames import frame_line, is_user_frame
 from kit.analysis.names import pool_labels, stream_labels
-from kit.analysis.tables import format_bytes, pool_label
+from kit.analysis.tables import pool_label
 from kit.analysis.trace.reports import WHY_STREAM
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import trace_decisions
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 TOO_SMALL, OTHER_SIZE_CLASS, OTHER_STREAM = "too_small", "other_size_class", "other_stream"
 REASONS = {"too small": TOO_SMALL, "other size class": OTHER_SIZE_CLASS, "other stream": OTHER_STREAM}  # simulator's

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.ranking import SHARING_CAVEAT, rank_maps, saving_text
-from kit.analysis.tables import format_bytes, segment_table
+from kit.analysis.tables import segment_table
 from kit.analysis.trace.reports import WHY_STREAM, stranding_report
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 TOP_POOLS = 3
 RANK_EVENTS = 500_000  # above this many trace events no map is ranked (each map is one more simulation)

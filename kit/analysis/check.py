@@ -60,11 +60,11 @@ from dataclasses import dataclass, field
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.attribution import checked_capture_windows
 from kit.analysis.names import stream_labels
-from kit.analysis.tables import format_bytes
 from kit.analysis.trace.reports import stranding_report
 from kit.analysis.trace.walk import walk_trace
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 POOLS = ("graph", "all")
 # What PR 63155 argues may keep a stream of its own: the speculator's captures (`is_drafter_capture`'s words).

@@ -50,7 +50,7 @@ from kit.analysis.readwrite import (
     _recording,
     carried_reads,
 )
-from kit.analysis.tables import format_bytes
+from kit.units import format_bytes
 
 INVARIANT = (
     "After the replay break nothing reads a graph-pool value from before it, except early aux: for every model graph "

@@ -28,10 +28,10 @@ import pandas as pd
 from kit.analysis.attribution import captures_by_name, is_replay_capture
 from kit.analysis.frames import first_user_frame, frame_line, is_user_frame
 from kit.analysis.readwrite import Ranges, read_break_reads, read_step_reads
-from kit.analysis.tables import format_bytes
 from kit.analysis.trace.walk import walk_trace
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 RELEASED = "released by the break"
 BREAK_INPUT = "break input"

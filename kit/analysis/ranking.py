@@ -30,12 +30,13 @@ import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL
 from kit.analysis.names import DEFAULT_POOL_LABEL, pool_labels, stream_labels
-from kit.analysis.tables import format_bytes, pool_label
+from kit.analysis.tables import pool_label
 from kit.analysis.trace.reports import map_argument, stranding_report
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, baseline_table, reserved_by_pool, simulated_reserved, what_if
 from kit.errors import KitError
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 # Said wherever the kit suggests moving a capture onto another stream (the PR's own safety argument, in general).
 SHARING_CAVEAT = (

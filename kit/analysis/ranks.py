@@ -42,10 +42,10 @@ import numpy as np
 import pandas as pd
 
 from kit.allocator.rules import DEFAULT_POOL
-from kit.analysis.tables import FIGURES, format_bytes, segment_table
+from kit.analysis.tables import FIGURES, segment_table
 from kit.errors import KitError, check_one_of
 from kit.load.snapshot import Snapshot, load_snapshot
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".json")
 PROVENANCE = "PROVENANCE.json"  # a recording folder's provenance, never a rank's snapshot

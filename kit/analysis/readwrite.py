@@ -82,8 +82,8 @@ import numpy as np
 import pandas as pd
 
 from kit.analysis.attribution import is_replay_capture
-from kit.analysis.tables import format_bytes
 from kit.errors import KitError
+from kit.units import format_bytes
 
 OBLIGATION = (
     "For every model graph N and every replay graph R that can run in N's eager break, the bytes R writes "

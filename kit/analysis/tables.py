@@ -31,6 +31,7 @@ from kit.analysis.names import (
 from kit.analysis.pairing import PoolPairing, pair_pools, pairing_reason
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
+from kit.units import format_bytes
 
 __all__ = ["generated_labels", "pool_labels", "stream_labels", "trace_stream_order"]
 
@@ -262,30 +263,20 @@ def _keys(table: pd.DataFrame, keys: dict) -> list[str]:
 
 
 def table_records(table: pd.DataFrame) -> list[dict]:
-    """Rows as plain JSON-ready dicts, bytes exact, pool as [a, b]."""
-    records = []
-    for row in table.to_dict(orient="records"):
-        rec = {}
-        for k, v in row.items():
-            if k == "pool":
-                rec[k] = [int(v[0]), int(v[1])]
-            elif hasattr(v, "item"):
-                rec[k] = v.item()
-            else:
-                rec[k] = v
-        records.append(rec)
-    return records
+    """Rows as plain JSON-ready dicts: numpy scalars as Python's, bytes exact, a pool (any tuple) as a list.
+
+    The one way a table becomes JSON (`--json`, the recordings' tables): a value pandas holds as missing
+    (None, NaN) is None, never NaN, which JSON has not.
+    """
+    return [{k: _json_value(v) for k, v in row.items()} for row in table.to_dict(orient="records")]
 
 
-def format_bytes(n: float) -> str:
-    """Human-readable bytes, binary units: 5.18 GiB, 20.0 MiB, -2.0 MiB."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+def _json_value(value):
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
 
 
 def _bytes_or_dash(n: float | None) -> str:

@@ -47,7 +47,7 @@ from kit.allocator.rules import DEFAULT_POOL, DEFAULT_STREAM, K_ROUND_LARGE, K_S
 from kit.allocator.simulator import GPU_MEMORY, CachingAllocatorSim, range_bases, seeded_id
 from kit.allocator.workload import DEFAULT
 from kit.analysis.names import DEFAULT_STREAM_LABEL, pool_labels, resolve_stream, stream_labels
-from kit.analysis.tables import format_bytes, pool_label, segment_table
+from kit.analysis.tables import pool_label, segment_table
 from kit.analysis.trace.rows import initial_state
 from kit.analysis.trace.state import TraceWalk
 from kit.analysis.trace.walk import walk_trace
@@ -55,6 +55,7 @@ from kit.analysis.workspaces import find_workspaces
 from kit.errors import KitError
 from kit.load.columns import INACTIVE
 from kit.load.snapshot import Snapshot, load_snapshot, per_snapshot
+from kit.units import format_bytes
 
 
 @dataclass

@@ -75,7 +75,7 @@ from kit.patch.pr import Codebase, Target
 from kit.patch.source import Hunk
 from kit.record.provenance import provenance, require_cuda
 from kit.recordings import RECORDINGS
-from kit.units import GIB, MIB
+from kit.units import GIB, format_bytes
 
 RECORDINGS_DIR = RECORDINGS / "alternatives"
 SEED = 1234
@@ -653,8 +653,9 @@ def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
     return data
 
 
-def mib(n: int) -> str:
-    return f"{n / MIB:,.1f} MiB"
+def _mib(n: int) -> str:
+    """The alternatives' figures, all in MiB to one place so that they line up (`format_bytes` with a unit)."""
+    return format_bytes(n, "MiB", 1)
 
 
 def _sizes(sizes: list[int]) -> str:
@@ -678,8 +679,8 @@ def alternatives_lines(data: dict) -> list[str]:
         [
             {
                 "scenario": v,
-                "graph pool": mib(data[v]["graph_pool_bytes"]),
-                "saved": mib(data[v]["saved_bytes"]),
+                "graph pool": _mib(data[v]["graph_pool_bytes"]),
+                "saved": _mib(data[v]["saved_bytes"]),
                 "safe in the replica's step": "yes" if data[v]["safe"] else "NO",
             }
             for v in MAIN_SCENARIOS
@@ -713,8 +714,8 @@ def cap_lines(data: dict) -> list[str]:
         [
             {
                 "max replay size": "none" if row["max_replay_size"] is None else row["max_replay_size"],
-                "graph pool": mib(row["graph_pool_bytes"]),
-                "saved": mib(_saved(data, row)),
+                "graph pool": _mib(row["graph_pool_bytes"]),
+                "saved": _mib(_saved(data, row)),
                 "eager replay sizes": _sizes(row["eager_replay_sizes"]),
                 "steps that can go eager": steps(row["max_replay_size"]) if row["eager_replay_sizes"] else "none",
             }
@@ -750,8 +751,8 @@ def fewer_sizes_lines(data: dict) -> list[str]:
         [
             {
                 "kept replay sizes": _kept(row["kept_replay_sizes"], every),
-                "graph pool": mib(row["graph_pool_bytes"]),
-                "saved": mib(_saved(data, row)),
+                "graph pool": _mib(row["graph_pool_bytes"]),
+                "saved": _mib(_saved(data, row)),
                 "eager replay sizes": _sizes(row["eager_replay_sizes"]),
             }
             for row in rows
@@ -778,12 +779,12 @@ def replay_group_lines(data: dict) -> list[str]:
     dropped = [r for r in rows if largest in r["kept_replay_sizes"] and len(r["kept_replay_sizes"]) < n]
     if not dropped:
         return [f"  only {n} replay size(s): no size below the largest to drop"]
-    lines = [f"  the replay graphs' own group, every size captured: {mib(group)} (what the PR saves)"]
+    lines = [f"  the replay graphs' own group, every size captured: {_mib(group)} (what the PR saves)"]
     for row in dropped:
         k, saved = len(row["kept_replay_sizes"]), base - row["graph_pool_bytes"]
         lines.append(
-            f"  keeping {_sizes(row['kept_replay_sizes'])} ({k} of {n} sizes) saves {mib(saved)}; in proportion to "
-            f"the sizes dropped it would save {mib(group * (n - k) // n)}"
+            f"  keeping {_sizes(row['kept_replay_sizes'])} ({k} of {n} sizes) saves {_mib(saved)}; in proportion to "
+            f"the sizes dropped it would save {_mib(group * (n - k) // n)}"
         )
     best = max(base - row["graph_pool_bytes"] for row in dropped)
     caps = [
@@ -791,10 +792,10 @@ def replay_group_lines(data: dict) -> list[str]:
         for row in data["cap_replay_sizes"]
         if row["max_replay_size"] is not None and row["max_replay_size"] < largest
     ]
-    capped = ", ".join(f"cap {cap} saves {mib(saved)}" for cap, saved in caps)
+    capped = ", ".join(f"cap {cap} saves {_mib(saved)}" for cap, saved in caps)
     if best <= 0:
         verdict = (
-            f"  so: dropping intermediate sizes did not shrink the graph pool (it saved at most {mib(best)}): the "
+            f"  so: dropping intermediate sizes did not shrink the graph pool (it saved at most {_mib(best)}): the "
             f"replay graphs' group follows the largest captured replay size ({largest}), not the number of sizes"
         )
         if any(saved > 0 for _, saved in caps):
@@ -803,7 +804,7 @@ def replay_group_lines(data: dict) -> list[str]:
             verdict += f"; no cap shrank it either ({capped})"
     else:
         verdict = (
-            f"  so: dropping intermediate sizes did shrink the graph pool, by up to {mib(best)}: the replay graphs' "
+            f"  so: dropping intermediate sizes did shrink the graph pool, by up to {_mib(best)}: the replay graphs' "
             "group does not follow the largest captured size alone"
         )
         if caps:
@@ -817,11 +818,11 @@ def kv_cache_lines(kv: dict) -> list[str]:
     replica = kv.get("replica")
     if replica:
         layout = replica["layout"]
-        estimates = ", ".join(f"{v} {mib(b)}" for v, b in replica["profile_estimate_bytes"].items())
+        estimates = ", ".join(f"{v} {_mib(b)}" for v, b in replica["profile_estimate_bytes"].items())
         lines.append(f"  replica estimate: {estimates}")
         for scenario, freed in replica["freed"].items():
             lines.append(
-                f"  {scenario} frees {mib(freed['bytes'])} of KV budget: {freed['blocks']:,} blocks, "
+                f"  {scenario} frees {_mib(freed['bytes'])} of KV budget: {freed['blocks']:,} blocks, "
                 f"{freed['tokens']:,} tokens"
             )
         per_token, block = layout["bytes_per_token"], layout["block_size"]
@@ -853,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         old_flag="--variant",
         names="unpatched, pr, share_all, cap_<N>, keep_<a>_<b>...",
         run_one=run_scenario,
-        said=lambda name, result: f"{name}: graph pool {mib(result['graph_pool_bytes'])}",
+        said=lambda name, result: f"{name}: graph pool {_mib(result['graph_pool_bytes'])}",
         record=record,
         summary=lambda preset, path: alternatives_lines(load_graphs_vs_eager(preset, path)),
     )

@@ -27,7 +27,7 @@ necessary (the flat shape). `early_aux_lines` says it for a terminal.
 
 from __future__ import annotations
 
-from kit.analysis.tables import format_bytes
+from kit.units import format_bytes
 
 # How a forward hands its aux hidden states out of a captured graph; "nested" is what vLLM 0.33 runs.
 RETURN_SHAPES = {

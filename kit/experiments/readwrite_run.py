@@ -79,7 +79,6 @@ from kit.analysis.readwrite import (
     readwrite_table,
     unseen_writer_lines,
 )
-from kit.analysis.tables import format_bytes
 from kit.errors import check_one_of
 from kit.experiments import recorded
 from kit.experiments.safety_run import SAFETY_SCENARIOS
@@ -87,6 +86,7 @@ from kit.patch.install import Patch
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
 from kit.recordings import RECORDINGS
+from kit.units import format_bytes
 
 RECORDINGS_DIR = RECORDINGS / "readwrite"
 OUTPUTS_READ = "the forward's caller"  # the op name of the reads of a model graph's outputs

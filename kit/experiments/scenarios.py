@@ -38,7 +38,6 @@ from pathlib import Path
 
 from kit import progress
 from kit.analysis.equivalence import check_equivalence
-from kit.analysis.tables import format_bytes
 from kit.errors import KitError, check_one_of
 from kit.experiments.early_aux import RETURN_SHAPES
 from kit.experiments.recorded import child_error, run_fresh
@@ -48,6 +47,7 @@ from kit.load.snapshot import Snapshot, load_snapshot
 from kit.record.provenance import require_cuda
 from kit.record.recorder import CaptureRecorder
 from kit.recordings import RECORDED, RECORDINGS, check_source, default_source
+from kit.units import format_bytes
 
 SCENARIOS = {
     "unpatched": (None, False, "vLLM 0.33: replay graphs on a new stream"),

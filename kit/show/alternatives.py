@@ -29,12 +29,12 @@ import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
-from kit.analysis.tables import format_bytes, style_table
+from kit.analysis.tables import style_table
+from kit.experiments.alternatives import MAIN_SCENARIOS
 from kit.markup import html_text
 from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in, stream_colours
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
-MAIN = ("unpatched", "pr", "share_all")
 WHAT = {
     "unpatched": "vLLM 0.33: every capture on a stream of its own",
     "pr": "PR 63155: the replay graphs on the model graphs' stream",
@@ -94,7 +94,7 @@ def scenario_table(data: dict) -> pd.DataFrame:
     """
     base_estimate = data["unpatched"]["profile_estimate_bytes"]
     rows = []
-    for name in MAIN:
+    for name in MAIN_SCENARIOS:
         row = _row(data, name, WHAT[name], data[name], [], base_estimate)
         rows.append({**row, "safe": bool(data[name]["safe"]), "evidence": data[name]["evidence"]})
     for cap in data["cap_replay_sizes"]:
@@ -103,10 +103,10 @@ def scenario_table(data: dict) -> pd.DataFrame:
         eager = cap["eager_replay_sizes"]
         measured_in = cap.get("measured_in", "")
         what = f"alternative (b): replay graphs captured up to {cap['max_replay_size']} rows"
-        if measured_in in MAIN:
+        if measured_in in MAIN_SCENARIOS:
             what += f" (every size: {measured_in} itself)"
         row = _row(data, cap_name(cap["max_replay_size"]), what, cap, eager, base_estimate)
-        checked = measured_in in MAIN
+        checked = measured_in in MAIN_SCENARIOS
         evidence = (
             data[measured_in]["evidence"]
             if checked
@@ -115,7 +115,7 @@ def scenario_table(data: dict) -> pd.DataFrame:
         rows.append({**row, "safe": bool(data[measured_in]["safe"]) if checked else None, "evidence": evidence})
         rows[-1]["max_replay_size"] = cap["max_replay_size"]
     for kept in data.get("drop_intermediate_sizes", []):
-        if kept.get("measured_in") in MAIN:
+        if kept.get("measured_in") in MAIN_SCENARIOS:
             continue  # every size kept: unpatched itself
         sizes = kept["kept_replay_sizes"]
         what = (
@@ -189,7 +189,7 @@ def estimate_table(data: dict) -> pd.DataFrame:
     `outside_graph_pool` is the drop less the graph pool.
     """
     rows = []
-    for name in MAIN:
+    for name in MAIN_SCENARIOS:
         entry = data[name]
         delta = entry["capture_free_memory_delta"]
         rows.append(
@@ -343,7 +343,7 @@ def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
         f"graph pool {format_bytes(row['graph_pool_bytes'])} ({html_text(by_stream)}); saves "
         f"{format_bytes(row['saved_bytes'])} against unpatched",
     ]
-    streams = data[selected].get("capture_streams") if selected in MAIN else None
+    streams = data[selected].get("capture_streams") if selected in MAIN_SCENARIOS else None
     if streams:
         lines.append("captured on: " + html_text(", ".join(f"{m} on the {s}" for m, s in streams.items())))
     eager = row["eager_replay_sizes"]
@@ -355,7 +355,7 @@ def details_html(data: dict, table: pd.DataFrame, selected: str) -> str:
     )
     lines.append(f"graphs vs eager: {html_text(row['evidence'])}")
     page = "".join(f"<p>{line}</p>" for line in lines)
-    if selected in MAIN:
+    if selected in MAIN_SCENARIOS:
         page += style_table(checks_table(data, selected)).to_html()
     return page
 

@@ -21,12 +21,12 @@ import plotly.graph_objects as go
 
 from kit.analysis.attribution import capture_table, is_replay_capture
 from kit.analysis.names import GRAPH_POOL_LABEL
-from kit.analysis.tables import diff_tables, format_bytes, segment_table, style_table
+from kit.analysis.tables import diff_tables, segment_table, style_table
 from kit.experiments import safety_run
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
 from kit.show.pictures import BAR_TOP_MARGIN, STATE_COLOURS, FigureWidget, figure_widget, title_room, titled
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
 GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
 # The two runs the view compares: experiment scenario -> the replica scenario that runs it.

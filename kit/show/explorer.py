@@ -35,7 +35,7 @@ from kit.analysis.attribution import capture_attribution
 from kit.analysis.check import check_snapshot
 from kit.analysis.liveness import liveness_verdicts
 from kit.analysis.names import DEFAULT_STREAM_LABEL, stream_labels
-from kit.analysis.tables import format_bytes, segment_table, style_table
+from kit.analysis.tables import segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_verdicts
 from kit.analysis.trace.walk import walk_trace
 from kit.analysis.whatif import WhatIf, what_if
@@ -45,6 +45,7 @@ from kit.load.snapshot import Snapshot, load_snapshot, snapshot_from_bytes
 from kit.markup import html_text
 from kit.recordings import LIVE, recording
 from kit.show.pictures import FigureWidget, group_bar_figure, segment_map_figure, show_in
+from kit.units import format_bytes
 
 SHIPPED = {  # the explorer's choices of shipped recording -> file under kit/recordings/
     # Plain snapshots first; the shared-stream run leads, since the default path is its separate-stream twin.

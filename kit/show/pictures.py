@@ -39,12 +39,12 @@ from kit.analysis.names import (
     SPECULATOR_STREAM_LABEL,
     pool_labels,
 )
-from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels
+from kit.analysis.tables import pool_label, segment_table, stream_labels
 from kit.errors import KitError
 from kit.load.rows import BLOCK_STATES
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
 BAR_TOP_MARGIN = 120  # px above the bars: the two-line title, then the legend's row
 TITLE_LINE = 16  # px per extra line of a wrapped source

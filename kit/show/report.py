@@ -40,7 +40,7 @@ import plotly.offline
 from kit.analysis.answer import explain
 from kit.analysis.attribution import capture_attribution
 from kit.analysis.names import naming_hint, pool_labels
-from kit.analysis.tables import format_bytes, segment_table, style_table
+from kit.analysis.tables import segment_table, style_table
 from kit.analysis.trace.reports import reuse_table, stranding_report
 from kit.analysis.whatif import WhatIf, reserved_by_pool, resolve_stream_map, what_if
 from kit.errors import KitError
@@ -48,6 +48,7 @@ from kit.fileio import atomic_write
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
 from kit.show.pictures import group_bar_figure, segment_map_figure
+from kit.units import format_bytes
 
 VERDICT_MIN_BYTES = 1 << 20  # groups that made less than this get no verdict on the page
 

@@ -37,7 +37,7 @@ from pandas.io.formats.style import Styler
 from kit.analysis.equivalence import Equivalence
 from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations, liveness_table
 from kit.analysis.names import MODEL_STREAM_LABEL
-from kit.analysis.tables import format_bytes, style_table
+from kit.analysis.tables import style_table
 from kit.errors import KitError
 from kit.experiments import readwrite_run, safety_run
 from kit.experiments.summary import summarize
@@ -47,6 +47,7 @@ from kit.patch.policy import replay_stream
 from kit.recordings import LIVE, RECORDINGS, check_source
 from kit.show.pictures import FigureWidget, show_in
 from kit.show.timeline import block_roles, timeline_figure
+from kit.units import format_bytes
 
 # The four checks of one pairing, in the order `agreement_table` shows them: (column, rows it flags).
 CHECKS = {

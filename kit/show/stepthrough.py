@@ -24,12 +24,12 @@ import plotly.graph_objects as go
 from kit.allocator.simulator import CachingAllocatorSim, Decision, recorded_segment_addresses
 from kit.allocator.workload import DEFAULT, Op, parse_workload
 from kit.analysis.names import GRAPH_POOL_LABEL
-from kit.analysis.tables import format_bytes, pool_label, segment_table, stream_labels, style_table
+from kit.analysis.tables import pool_label, segment_table, stream_labels, style_table
 from kit.analysis.whatif import layout_differences, trace_to_workload
 from kit.load.snapshot import Snapshot, load_snapshot
 from kit.markup import html_text
 from kit.show.pictures import MARK_COLOURS, FigureWidget, figure_widget, segment_map_figure, segment_row
-from kit.units import MIB
+from kit.units import MIB, format_bytes
 
 TAKEN = "taken"
 FITS = "fits, not the best fit"  # the allocator takes the smallest fitting block, lowest address first

@@ -33,9 +33,9 @@ import plotly.graph_objects as go
 from kit.analysis.attribution import captures_by_name, is_replay_capture
 from kit.analysis.frames import user_frame_line
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness
-from kit.analysis.tables import format_bytes
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
+from kit.units import format_bytes
 
 BREAK_INPUT_RELEASED, BREAK_INPUT_BOUND = "break input, released by the break", "break input, kept bound"
 AUX_HIDDEN_STATE, HELD_AFTER = "aux hidden state", "held after the break"

@@ -26,8 +26,8 @@ from kit.analysis.readwrite import (
     replay_graph,
     unseen_writer_lines,
 )
-from kit.analysis.tables import format_bytes
 from kit.record.readwrite import ReadWriteRecorder
+from kit.units import format_bytes
 
 try:
     import triton

@@ -41,12 +41,12 @@ import pandas as pd
 from kit.allocator.rules import DEFAULT_POOL, is_small_request, round_size, round_sizes
 from kit.analysis.frames import user_frame_line
 from kit.analysis.names import generated_labels, natural_order, pool_labels, stream_labels
-from kit.analysis.tables import format_bytes
 from kit.analysis.trace.state import TraceWalk
 from kit.analysis.trace.walk import walk_trace
 from kit.load.columns import TraceColumns
 from kit.load.rows import TRACE_ACTIONS
 from kit.load.snapshot import Snapshot, load_snapshot
+from kit.units import format_bytes
 
 REUSE_COLUMNS = ("allocs", "reused", "new_segments", "new_segment_bytes", "stranded_bytes")
 REPORT_COLUMNS = (

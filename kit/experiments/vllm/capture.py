@@ -502,8 +502,8 @@ def demo_lines(summaries: dict) -> list[str]:
     the read/write obligation and the pairings on vLLM's path."""
     from kit.analysis.added_segments import added_segments_lines
     from kit.analysis.readwrite import OBLIGATION
-    from kit.analysis.tables import format_bytes
     from kit.experiments.vllm.safety import short_obligation
+    from kit.units import format_bytes
 
     lines = []
     for name, s in summaries.items():

@@ -79,12 +79,13 @@ from kit.analysis.readwrite import (
     readwrite_table,
     unseen_writer_lines,
 )
-from kit.analysis.tables import format_bytes
+from kit.analysis.tables import table_records
 from kit.experiments import dispatch
 from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
 from kit.experiments.readwrite_run import capture_phases
 from kit.experiments.summary import vllm_scenario_of
 from kit.patch.install import Patch
+from kit.units import format_bytes
 
 SEED = 4321
 NOT_RUN = (
@@ -194,30 +195,11 @@ def dispatchable_pairs(runner) -> list[tuple[int, int, int | None]]:
 
 
 def readwrite_records(table) -> list[dict]:
-    """`readwrite_table`'s rows as JSON-able records (ints, bools, lists, None for no overlap)."""
-    records = []
-    for row in table.to_dict("records"):
-        record = {}
-        for key, value in row.items():
-            if isinstance(value, list | tuple):
-                record[key] = [str(v) for v in value]
-            elif value is None or (not isinstance(value, str) and _missing(value)):
-                record[key] = None
-            elif hasattr(value, "item"):
-                record[key] = value.item()
-            else:
-                record[key] = value
-        records.append(record)
-    return records
-
-
-def _missing(value: Any) -> bool:
-    import pandas as pd
-
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
+    """`readwrite_table`'s rows as JSON-able records (`table_records`), its lists of names as strings."""
+    return [
+        {k: [str(v) for v in value] if isinstance(value, list) else value for k, value in row.items()}
+        for row in table_records(table)
+    ]
 
 
 def vllm_invariant(recording: ReadWriteRecording, raw: dict, runner) -> dict:
