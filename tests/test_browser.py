@@ -223,6 +223,7 @@ def test_playwright_core_is_pinned_exactly():
     assert set(package["dependencies"]) == {"playwright-core"}, "the driver needs nothing else from npm"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[str, str], browser: Path):
     base, token = lab

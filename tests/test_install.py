@@ -75,3 +75,12 @@ def test_the_vllm_stubs_are_package_data():
     files = [p.relative_to(STUBS.parent).as_posix() for p in STUBS.rglob("*.py")]
     assert STUBS == ROOT / "kit" / "experiments" / "vllm" / "stubs" and len(files) >= 10
     assert all(any(fnmatch(f, g) and f.count("/") == g.count("/") for g in globs) for f in files)
+
+
+def test_make_test_runs_the_slow_tests_too():
+    """`slow` only lets a person leave the long tests out of a quick loop: the suite CI runs selects them."""
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "slow" not in recipe and "slow" not in addopts
+    marked = [p.name for p in (ROOT / "tests").glob("test_*.py") if "@pytest.mark.slow" in p.read_text()]
+    assert "test_browser.py" in marked and "test_notebooks.py" in marked

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from .servers import free_port, stop_process_group, wait_until_up
 
@@ -112,6 +113,7 @@ def make_lab(*make_args: str) -> Iterator[tuple[int, str]]:
             stop_process_group(proc)
 
 
+@pytest.mark.slow
 def test_make_lab_serves_notebooks_with_kit_importable():
     with make_lab() as (port, token):
         contents = _api(port, token, "/api/contents")

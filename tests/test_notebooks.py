@@ -287,6 +287,7 @@ def test_every_notebook_has_its_expectations():
     assert {s.stem for s in SOURCES} == set(KEY_LINES) == set(SHOWN)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_notebook_runs_headless_and_shows_its_figures(source, walked):
     html_page = (walked / f"{source.stem}.html").read_text()

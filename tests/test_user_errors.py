@@ -82,6 +82,7 @@ def test_an_unknown_demo_preset_lists_the_presets_and_suggests_no_live_run():
 # 4. vllm-diff --check (and its old name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vllm-diff", "vllm-patch"])  # vllm-patch: the command's old name, kept
 def test_vllm_diff_check_prints_its_answer_and_nothing_else(name):
     done = _kit(name, "--check", "--quiet")

@@ -183,6 +183,7 @@ def test_the_platform_is_the_one_this_process_has():
             assert vllm.triton_utils.triton.Config({"BLOCK": 64}, num_stages=1).num_stages == 1
 
 
+@pytest.mark.slow
 def test_under_the_gpu_machines_cuda_platform_the_capture_path_imports_and_runs():
     """The tests below again, in a process where vLLM resolves its CUDA platform (tests/vllm_cuda_emulation.py)."""
     if os.environ.get("KIT_VLLM_CUDA_EMULATED"):

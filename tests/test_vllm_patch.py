@@ -87,6 +87,7 @@ def _modules_importing_graph_capture_by_name() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_module_that_imported_graph_capture_by_name_gets_the_patched_one():
     importers = _modules_importing_graph_capture_by_name()
     assert "vllm.v1.worker.gpu.cudagraph_utils" in importers
@@ -128,6 +129,7 @@ def test_each_patched_function_is_the_installed_one_with_the_prs_edits():
     assert "stream=self.cudagraph_manager.capture_stream" in patch_vllm.diff()
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_the_diff():
     run = subprocess.run([sys.executable, "-m", "kit", "vllm-diff"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -15,6 +15,8 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 from kit.analysis.ranks import load_manifests, load_ranks
 from kit.record.provenance import sha256
 from tests.vllm_plugin_worker import ESTIMATE
@@ -59,6 +61,7 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+@pytest.mark.slow
 def test_vllm_untouched_when_not_asked_and_an_unknown_vllm_refused_with_one_line():
     code = """
 import os
@@ -102,6 +105,7 @@ assert not [f for f in sys.meta_path if type(f).__name__ == "_AfterImport"]
     assert "KIT_VLLM_PATCH=sometimes is not one of pr, share, separate; vLLM runs unpatched" in line
 
 
+@pytest.mark.slow
 def test_two_worker_processes_record_their_rank_through_the_plugin_alone(tmp_path):
     """Rank 0 asks for the PR, rank 1 does not: two files each, rank-tagged, and `kit ranks` sets them side by side."""
     folder = tmp_path / "caps"
