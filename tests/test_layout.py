@@ -23,15 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "kit"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def load_registries():
+    """scripts/registries.py, the one place that lists the kit's modules and writes the registries."""
+    spec = importlib.util.spec_from_file_location("registries", ROOT / "scripts" / "registries.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-# The vLLM stubs are stand-in packages shipped as data for vLLM's imports (`kit.experiments.vllm.importing` puts them
-# on the path), not modules of the kit.
-STUBS = KIT / "experiments" / "vllm" / "stubs"
-MODULES = {module_name(p): p for p in sorted(KIT.rglob("*.py")) if STUBS not in p.parents}
+REGISTRIES = load_registries()
+MODULES = REGISTRIES.kit_modules()  # every module, the vLLM stubs (data put on vLLM's import path) left out
+only_a_docstring = REGISTRIES.only_a_docstring
 
 
 def resolve(name: str) -> str | None:
@@ -208,19 +210,12 @@ def test_a_sub_packages_docstring_names_each_of_its_modules(package):
 # --- docs/testing.md: which test files cover which module ---------------------------------------
 
 
-def registries():
-    spec = importlib.util.spec_from_file_location("registries", ROOT / "scripts" / "registries.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_package_map_and_the_test_table_are_as_the_code_makes_them(capsys):
-    assert registries().main(["--check"]) == 0, capsys.readouterr().err
+    assert REGISTRIES.main(["--check"]) == 0, capsys.readouterr().err
 
 
 def test_the_registries_see_a_stale_page_a_package_with_no_layer_and_an_untested_module(tmp_path, monkeypatch):
-    reg = registries()
+    reg = REGISTRIES
     page = tmp_path / "testing.md"
     page.write_text(reg.TESTING.read_text().replace("| `kit.cli` |", "| `kit.cli_gone` |"))
     monkeypatch.setattr(reg, "TESTING", page)
@@ -232,11 +227,6 @@ def test_the_registries_see_a_stale_page_a_package_with_no_layer_and_an_untested
         reg.test_table({**modules, "kit.analysis.untested": KIT / "errors.py"})
     assert "kit.analysis.pairing" in reg.covered_by(ROOT / "tests" / "test_diff_pairing.py", modules, {})
     assert "kit.__main__" in reg.covered_by(ROOT / "tests" / "test_ranks.py", modules, {})
-
-
-def only_a_docstring(path: Path) -> bool:
-    body = ast.parse(path.read_text()).body
-    return len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
 
 
 def modules_in_the_test_table(text: str) -> set[str]:

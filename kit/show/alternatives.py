@@ -30,7 +30,7 @@ from pandas.io.formats.style import Styler
 
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import style_table
-from kit.experiments.alternatives import MAIN_SCENARIOS
+from kit.experiments.alternatives import MAIN_SCENARIOS, steps_with_eager_replay
 from kit.markup import html_text
 from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in, stream_colours
 from kit.units import MIB, format_bytes
@@ -160,8 +160,6 @@ def cap_line(table: pd.DataFrame, scenario: str, config: dict) -> str:
     `config` is the recording's replica config: which steps can make a replay batch above the
     cap follows vLLM's rule (`kit.experiments.alternatives.steps_with_eager_replay`).
     """
-    from kit.experiments.alternatives import steps_with_eager_replay
-
     row = _get(table, scenario)
     eager = row["eager_replay_sizes"]
     line = f"{saving_line(table, scenario)}; "
