@@ -27,6 +27,7 @@ import kit.load.rows
 import kit.load.unpickle
 from kit import KitError, Snapshot, load_snapshot
 from kit.analysis.tables import segment_table, stream_labels
+from kit.analysis.trace import forward
 from kit.analysis.trace.columnar import _holders
 from kit.analysis.trace.columnar import walk_columns as fast_walk
 from kit.analysis.trace.reports import reuse_table, stranding_report
@@ -167,7 +168,16 @@ def _same_replay(snap: Snapshot, name: str) -> None:
     pd.testing.assert_frame_equal(stranding_report(snap, new), stranding_report(snap, old), obj=name)
 
 
-def test_walk_equals_the_per_row_walk(generated):
+@pytest.fixture(params=["plain", "compiled"])
+def forward_pass(request, monkeypatch) -> str:
+    """The forward pass as a short trace runs it (plain Python) and as a long one does (compiled by numba)."""
+    if request.param == "compiled":
+        monkeypatch.setattr(forward, "JIT_EVENTS", 0)
+        assert forward._kernel(1, True) is not forward._walk  # numba is installed with the kit: it compiled
+    return request.param
+
+
+def test_walk_equals_the_per_row_walk(generated, forward_pass):
     stranded = 0
     for name, raw in _cases(generated):
         snap = Snapshot(raw)
@@ -238,14 +248,36 @@ def _overlapping() -> dict:
     return {"segments": final, "device_traces": [_trace(*events)]}
 
 
-@pytest.mark.parametrize("make", [_reused_addresses, _overlapping], ids=["address-reuse", "overlap"])
-def test_inconsistent_traces_take_the_search_and_agree(make, monkeypatch):
+def _replaced_in_place() -> dict:
+    """A segment_alloc over a live segment takes its place in the walk's order: it wins a tie with a later one."""
+    events = [("segment_alloc", BASE, 2 * MIB, 1), ("segment_alloc", BASE + 4 * MIB, 2 * MIB, 2)]
+    events += [("segment_alloc", BASE, 2 * MIB, 1)]  # over the live one, as no allocator does
+    events += [("segment_alloc", BASE + 8 * MIB, 2 * MIB, 3), ("alloc", BASE + 8 * MIB, 2 * MIB, 3)]
+    final = [segment(BASE, [(2 * MIB, "inactive")]), segment(BASE + 4 * MIB, [(2 * MIB, "inactive")])]
+    final += [segment(BASE + 8 * MIB, [(2 * MIB, "active_allocated")])]
+    return {"segments": final, "device_traces": [_trace(*events)]}
+
+
+@pytest.mark.parametrize(
+    "make", [_reused_addresses, _overlapping, _replaced_in_place], ids=["address-reuse", "overlap", "replaced"]
+)
+def test_inconsistent_traces_take_the_search_and_agree(make, forward_pass, monkeypatch):
     snap = Snapshot(make())
     seen = []
     placed = "kit.analysis.trace.columnar._holders"
     monkeypatch.setattr(placed, lambda *a: (h := _holders(*a), seen.append(h.copy()))[0])
     _same_replay(snap, make.__name__)
     assert (seen[0] == -2).any()  # left to the search, which then placed them as the old walk did
+    if make is _replaced_in_place:  # of two equal free segments, the one in the replaced segment's place
+        assert walk_trace(snap).allocs["other_block"].tolist() == [BASE]
+
+
+def test_without_numba_a_long_trace_is_walked_plainly(generated, monkeypatch):
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` fails, as on the bare GPU machine
+    monkeypatch.setattr(forward, "_compiled", None)
+    monkeypatch.setattr(forward, "JIT_EVENTS", 0)
+    assert forward._kernel(1, True) is forward._walk
+    _same_replay(Snapshot(generated), "generated")
 
 
 def test_expandable_segments_are_walked_entry_by_entry():

@@ -2,7 +2,8 @@
 
 `walk.walk_trace` is the entry point. It runs one of two walks over the
 same state (`state`): the columnar walk (`columnar`, numpy, millions of
-events) or, for expandable segments, the walk entry by entry (`rows`), which
+events, its forward pass over plain arrays in `forward`, compiled by numba
+on long traces) or, for expandable segments, the walk entry by entry (`rows`), which
 is also the columnar walk's reference in the tests. `reports` turns a walk
 into the reuse table and the stranding verdicts.
 

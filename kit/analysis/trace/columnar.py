@@ -26,8 +26,6 @@ holds the two walks side by side.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from heapq import heappop, heappush
-from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -36,6 +34,7 @@ import pandas as pd
 
 from kit import progress
 from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, round_sizes, split_limit
+from kit.analysis.trace.forward import Forward, Instances, places_in_runs, walk_forward
 from kit.analysis.trace.state import ALLOC_COLUMNS, CapturePools, TraceWalk, WalkSegment, segment_differences
 from kit.errors import KitError
 from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns
@@ -48,41 +47,38 @@ MAPPING = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
 
 
 class _Segment(WalkSegment):
-    """A segment in the walk: `WalkSegment`, with what the columnar walk keeps beside it."""
+    """A segment of the rewind: `WalkSegment`, with its end kept."""
 
-    __slots__ = ("end", "limit", "seq", "dirty")
+    __slots__ = ("end",)
 
     def __init__(self, address, size, pool, stream, small):
         super().__init__(address, size, pool, stream, small)
         self.end = address + size
-        self.limit = split_limit(small)  # `should_split`, read once per segment on the hot path
-        self.seq = 0  # its place in the walk's segment dict (the order `free_elsewhere` searches in)
-        self.dirty: set | None = None  # its group's set of segments whose gaps changed
 
 
 class _Events(NamedTuple):
-    """The trace entries that move memory (alloc, free_completed, segment_alloc, segment_free), in trace order.
-
-    Each field twice: numpy arrays for the vectorised steps, lists for the
-    loops (a list hands out its ints as they are; an array makes each anew).
-    """
+    """The trace entries that move memory (alloc, free_completed, segment_alloc, segment_free), in trace order."""
 
     index: np.ndarray  # each event's entry in the trace
     action: np.ndarray
     address: np.ndarray
     size: np.ndarray
-    acts: list
-    addrs: list
-    sizes: list
-    streams: list
+    stream: np.ndarray
+
+    def lists(self, rows: np.ndarray) -> tuple[list, ...]:
+        """`rows` and their action, address, size and stream, as lists for a loop (a list hands out its ints as
+        they are; an array makes each anew)."""
+        return rows.tolist(), *(column[rows].tolist() for column in (self.action, self.address, self.size, self.stream))
+
+    @property
+    def segment_rows(self) -> np.ndarray:
+        return np.flatnonzero((self.action == SEGMENT_ALLOC) | (self.action == SEGMENT_FREE))
 
 
 def _events(tc: TraceColumns) -> _Events:
     """The entries that move memory; the walk skips the rest."""
     index = np.flatnonzero(np.isin(tc.action, (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)))
-    action, address, size = tc.action[index], tc.addr[index], tc.size[index]
-    lists = action.tolist(), address.tolist(), size.tolist(), tc.stream[index].tolist()
-    return _Events(index, action, address, size, *lists)
+    return _Events(index, tc.action[index], tc.addr[index], tc.size[index], tc.stream[index])
 
 
 def walk_columns(snap: Snapshot, device: int = 0) -> TraceWalk | None:
@@ -94,7 +90,7 @@ def walk_columns(snap: Snapshot, device: int = 0) -> TraceWalk | None:
         raise KitError(f"{snap.origin}: no trace recorded on device {device}")
     if np.isin(tc.action, MAPPING).any():
         return None
-    with gc_paused():  # the walk makes a few hundred thousand objects that almost all die with it
+    with gc_paused(), progress.working("walking the trace"):  # it makes objects that almost all die with it
         return _walk(snap, tc, device)
 
 
@@ -106,19 +102,65 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceWalk:
     rewound = len(live)
     instances = list(live.values())  # every segment of the walk: the rewound ones, then one per segment_alloc
     made, made_by = _segments_made(final, events, instances, CapturePools(snap.kit))
-    holder = _holders(live, instances, made_by, events.action, events.address)
+    inst = _instances(instances, rewound)
+    # Born at their segment_alloc (`made_by` is in instance order), or before the trace (-1) for the rewound ones.
+    born = np.concatenate((np.full(rewound, -1, dtype=np.int64), np.fromiter(made_by, dtype=np.int64)))
+    n = len(events.action)
+    died = _deaths(inst.address, born, events.action, events.address) if instances else born
+    holder = _holders(live, inst, born, died, made_by, events.action, events.address)
     if (holder == -2).any():
-        _search_holders(holder, live, instances, made_by, events.acts, events.addrs)
+        _search_holders(holder, live, instances, made_by, events)
     rounded = round_sizes(events.size)
     rows = np.flatnonzero((events.action == ALLOC) & (holder >= 0))  # the allocs placed: the frame's rows
     fresh = _fresh_bytes(events.action, events.address, events.size, rounded, rows)
-    asks = _asks(len(events.acts), rows, fresh)
-    new_rows = _walk_forward(events, holder, rounded, asks, instances, live)
+    dying = np.full(n, -1, dtype=np.int64)  # the instance leaving the walk at each event
+    gone = np.flatnonzero(died < n)
+    dying[died[gone]] = gone
+    rewound_blocks = _blocks_of(instances[:rewound])
+    ask = _asks(n, rows, fresh)
+    walked = walk_forward(inst, rewound_blocks, (events.action, events.address, holder, rounded, ask), dying, rows.size)
+    stranded = np.flatnonzero(walked.found)
     pools = np.empty(len(instances), dtype=object)
     pools[:] = [seg.pool for seg in instances]
-    allocs = alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, new_rows)
+    on_other = (stranded, walked.block[stranded], walked.size[stranded], walked.stream[stranded])
+    allocs = alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, on_other)
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
-    return TraceWalk(allocs, new_segments, _compare(snap, live, device), rewound, device)
+    at_end = np.flatnonzero(died == n)
+    return TraceWalk(allocs, new_segments, _compare(snap, instances, at_end, walked, device), rewound, device)
+
+
+def _instances(instances: list, rewound: int) -> Instances:
+    """The walk's segments as the forward pass's arrays; a (pool, size class) group numbered by first appearance."""
+    count = len(instances)
+    groups: dict[tuple, int] = {}
+    group = [groups.setdefault((seg.pool, seg.small), len(groups)) for seg in instances]
+    small = np.fromiter((seg.small for seg in instances), dtype=bool, count=count)
+    return Instances(
+        address=_ints_or_objects([seg.address for seg in instances]),
+        end=_ints_or_objects([seg.end for seg in instances]),
+        limit=np.where(small, split_limit(True), split_limit(False)).astype(np.int64),
+        group=np.array(group, dtype=np.int64),
+        stream=_ints_or_objects([seg.stream for seg in instances]),
+        rewound=rewound,
+    )
+
+
+def _ints_or_objects(values: list) -> np.ndarray:
+    """Python ints as int64, or as objects when one does not fit (an address beyond int64)."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+
+
+def _blocks_of(segments: list) -> tuple[list, list, list]:
+    """The active blocks of the rewound segments: (instance, address, size), by instance, then address."""
+    out: tuple[list, list, list] = ([], [], [])
+    for k, seg in enumerate(segments):
+        out[0].extend([k] * len(seg.starts))
+        out[1].extend(seg.starts)
+        out[2].extend(seg.sizes[a] for a in seg.starts)
+    return out
 
 
 class _FinalSegments:
@@ -154,11 +196,9 @@ def _rewound(final: _FinalSegments, events: _Events) -> dict[int, _Segment]:
     rewind: most of a long trace's segments are dropped again at their
     segment_alloc without ever being needed.
     """
-    acts, addrs, sizes, streams = events.acts, events.addrs, events.sizes, events.streams
     segments: dict = {address: i for i, address in enumerate(final.address)}
     starts = sorted(segments)
-    for r in reversed(_rewind_rows(final, events)):
-        a, addr = acts[r], addrs[r]
+    for _, a, addr, size, stream in zip(*events.lists(_rewind_rows(final, events)[::-1]), strict=True):
         if a == SEGMENT_ALLOC:
             if segments.pop(addr, None) is not None:
                 del starts[bisect_left(starts, addr)]
@@ -167,7 +207,7 @@ def _rewound(final: _FinalSegments, events: _Events) -> dict[int, _Segment]:
             # pools are not freed while their graphs live).
             if addr not in segments:
                 insort(starts, addr)
-            segments[addr] = _Segment(addr, sizes[r], DEFAULT_POOL, streams[r], is_small_segment(sizes[r]))
+            segments[addr] = _Segment(addr, size, DEFAULT_POOL, stream, is_small_segment(size))
         else:
             j = bisect_right(starts, addr) - 1
             if j < 0:
@@ -180,14 +220,14 @@ def _rewound(final: _FinalSegments, events: _Events) -> dict[int, _Segment]:
             if a == ALLOC:
                 seg.release(addr)
             elif addr not in seg.sizes:  # free_completed
-                seg.activate(addr, round_size(sizes[r]))  # its exact size is not in the trace
+                seg.activate(addr, round_size(size))  # its exact size is not in the trace
     for address, seg in segments.items():
         if type(seg) is int:
             segments[address] = final.make(seg)
     return segments
 
 
-def _rewind_rows(final: _FinalSegments, events: _Events) -> list[int]:
+def _rewind_rows(final: _FinalSegments, events: _Events) -> np.ndarray:
     """The events the rewind must visit: every segment event, and the block events of segments that outlive it.
 
     Walking backwards, a block event changes the segment that holds its address
@@ -197,25 +237,23 @@ def _rewind_rows(final: _FinalSegments, events: _Events) -> list[int]:
     them: the snapshot's segments the trace never allocated, and segments the
     trace frees but never allocated (present up to their segment_free).
     """
-    acts, addrs, sizes = events.acts, events.addrs, events.sizes
-    is_segment = (events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE)
-    segment_rows = np.flatnonzero(is_segment).tolist()
-    n = len(acts)
+    segment_rows = events.segment_rows
+    n = len(events.action)
     present = {a: (a, size, n) for a, size in zip(final.address, final.size, strict=True)}
-    for r in reversed(segment_rows):
-        if acts[r] == SEGMENT_ALLOC:
-            present.pop(addrs[r], None)
+    for r, a, addr, size, _ in zip(*events.lists(segment_rows[::-1]), strict=True):
+        if a == SEGMENT_ALLOC:
+            present.pop(addr, None)
         else:
-            present[addrs[r]] = (addrs[r], sizes[r], r)  # present before row r
+            present[addr] = (addr, size, r)  # present before row r
     if not present:
         return segment_rows
     first, size, until = (np.array(x, dtype=np.int64) for x in zip(*sorted(present.values()), strict=True))
     if np.any(first[1:] < first[:-1] + size[:-1]):
-        return list(range(n))  # overlapping segments: visit everything, as the walk by entry does
-    address = np.array(addrs, dtype=np.int64)
+        return np.arange(n)  # overlapping segments: visit everything, as the walk by entry does
+    address = np.asarray(events.address, dtype=np.int64)
     at = np.searchsorted(first, address, side="right") - 1
     held = (at >= 0) & (address < (first + size)[at]) & (np.arange(n) < until[at])
-    return np.flatnonzero(is_segment | held).tolist()
+    return np.flatnonzero((events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE) | held)
 
 
 def _segments_made(final: _FinalSegments, events: _Events, instances: list, captured: CapturePools) -> tuple:
@@ -224,21 +262,20 @@ def _segments_made(final: _FinalSegments, events: _Events, instances: list, capt
     # back after a segment_free, so an earlier segment at the same address, one freed
     # within the trace, is the pool of the recorded capture it was made in, else the
     # default pool's (graph pools are not freed while their graphs live).
-    acts, addrs, sizes, streams = events.acts, events.addrs, events.sizes, events.streams
     known = dict(zip(final.address, zip(final.pool, final.small, strict=True), strict=True))
-    segment_rows = np.flatnonzero((events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE)).tolist()
-    trace_index = events.index.tolist()
+    segment_rows = events.segment_rows
+    trace_index = events.index[segment_rows].tolist()
+    rows, acts, addrs, sizes, streams = events.lists(segment_rows)
     freed_later, last_alloc = set(), {}
-    for r in segment_rows:
-        if acts[r] == SEGMENT_ALLOC:
-            last_alloc[addrs[r]] = trace_index[r]
-        elif addrs[r] in last_alloc:
-            freed_later.add(last_alloc[addrs[r]])
+    for a, addr, i in zip(acts, addrs, trace_index, strict=True):
+        if a == SEGMENT_ALLOC:
+            last_alloc[addr] = i
+        elif addr in last_alloc:
+            freed_later.add(last_alloc[addr])
     made, made_by = [], {}
-    for r in segment_rows:
-        if acts[r] != SEGMENT_ALLOC:
+    for r, a, addr, size, stream, i in zip(rows, acts, addrs, sizes, streams, trace_index, strict=True):
+        if a != SEGMENT_ALLOC:
             continue
-        i, addr, size, stream = trace_index[r], addrs[r], sizes[r], streams[r]
         if i in freed_later:
             pool, small = captured.at(i, stream) or DEFAULT_POOL, is_small_segment(size)
         else:
@@ -249,29 +286,23 @@ def _segments_made(final: _FinalSegments, events: _Events, instances: list, capt
     return made, made_by
 
 
-def _holders(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> np.ndarray:
+def _holders(live: dict[int, _Segment], inst: Instances, born, died, made_by: dict, action, address) -> np.ndarray:
     """For each event: the instance whose segment holds its address then, -1 for none, -2 to search while walking.
 
     Segment events get the instance they make (segment_alloc). Block events are
     placed with numpy (see the module's docstring); overlapping segments (an
-    inconsistent trace) leave every block event to the search.
+    inconsistent trace) leave every block event to the search. An instance
+    lives from `born` to `died` (event rows).
     """
     holder = np.full(len(action), -1, dtype=np.int64)
-    for r, k in made_by.items():
-        holder[r] = k
+    holder[np.fromiter(made_by, dtype=np.int64, count=len(made_by))] = np.arange(len(made_by)) + inst.rewound
     blocks = np.flatnonzero((action == ALLOC) | (action == FREE_COMPLETED))
-    if not instances or not blocks.size:
+    if not len(inst.address) or not blocks.size:
         return holder
-    if _ever_overlap(live, instances, made_by, action, address):
+    if _ever_overlap(live, inst, made_by, action, address):
         holder[blocks] = -2
         return holder
-    first = np.fromiter((s.address for s in instances), dtype=np.int64, count=len(instances))
-    end = np.fromiter((s.end for s in instances), dtype=np.int64, count=len(instances))
-    # Born at their segment_alloc (`made_by` is in instance order), or before the trace (-1) for the rewound ones.
-    rewound = len(instances) - len(made_by)
-    born = np.concatenate((np.full(rewound, -1, dtype=np.int64), np.fromiter(made_by, dtype=np.int64)))
-    died = _deaths(first, born, action, address)
-    holder[blocks] = _place(blocks, address[blocks], first, end, born, died, len(action))
+    holder[blocks] = _place(blocks, address[blocks], inst.address, inst.end, born, died, len(action))
     return holder
 
 
@@ -342,34 +373,35 @@ def _place(rows: np.ndarray, x: np.ndarray, first, end, born, died, n: int) -> n
     return found
 
 
-def _ever_overlap(live: dict[int, _Segment], instances: list, made_by: dict, action, address) -> bool:
+def _ever_overlap(live: dict[int, _Segment], inst: Instances, made_by: dict, action, address) -> bool:
     """Whether two live segments ever overlap (or one replaces another), walking the segment events."""
-    current = dict(live)
+    current = {a: seg.end for a, seg in live.items()}  # start -> end
     starts = sorted(current)
-    if len(set(starts)) != len(starts) or any(current[a].end > b for a, b in zip(starts[:-1], starts[1:], strict=True)):
+    if any(current[a] > b for a, b in zip(starts[:-1], starts[1:], strict=True)):
         return True
+    ends = inst.end.tolist()
     for r in np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE)).tolist():
         addr = int(address[r])
         if r in made_by:
             if addr in current:
                 return True
-            seg = current[addr] = instances[made_by[r]]
+            end = current[addr] = ends[made_by[r]]
             insort(starts, addr)
             k = bisect_left(starts, addr)
-            if (k > 0 and current[starts[k - 1]].end > addr) or (k + 1 < len(starts) and seg.end > starts[k + 1]):
+            if (k > 0 and current[starts[k - 1]] > addr) or (k + 1 < len(starts) and end > starts[k + 1]):
                 return True
         elif current.pop(addr, None) is not None:
             del starts[bisect_left(starts, addr)]
     return False
 
 
-def _search_holders(holder: np.ndarray, live: dict, instances: list, made_by: dict, acts: list, addrs: list) -> None:
+def _search_holders(holder: np.ndarray, live: dict, instances: list, made_by: dict, events: _Events) -> None:
     """Fill in the events `_holders` left (-2) by searching the live segments at each, in trace order."""
     live = dict(live)
     starts = sorted(live)
     number = {id(seg): k for k, seg in enumerate(instances)}
-    for r in np.flatnonzero((holder == -2) | np.isin(np.array(acts), (SEGMENT_ALLOC, SEGMENT_FREE))).tolist():
-        a, addr = acts[r], addrs[r]
+    searched = np.flatnonzero((holder == -2) | (events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE))
+    for r, a, addr, _, _ in zip(*events.lists(searched), strict=True):
         if a == SEGMENT_ALLOC:
             if addr not in live:
                 insort(starts, addr)
@@ -413,150 +445,24 @@ def _asks(n: int, rows: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     return ask
 
 
-class _Group:
-    """The segments of one (pool, size class, stream), by largest free gap: a heap, refreshed lazily.
+def alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, stranded: tuple) -> pd.DataFrame:
+    """One row per alloc the walk placed (`rows`: their trace indices), columns as the walk by entry makes them.
 
-    A segment whose blocks changed is only marked dirty; its gap is measured
-    again when another stream's new segment asks, so a walk of millions of
-    events measures each segment at most once between two such questions.
-    Each measure pushes a new entry; the older ones of that segment are stale
-    (their version is not its latest) and are dropped when they reach the top.
+    `stranded` is (frame row, other block, its size, its stream) of each alloc
+    that made new memory while a free block as large was on another stream.
     """
-
-    __slots__ = ("heap", "dirty", "versions", "pushes")
-
-    def __init__(self) -> None:
-        self.heap: list[tuple] = []  # (-gap, seq, version, at, segment)
-        self.dirty: set[_Segment] = set()
-        self.versions: dict[_Segment, int] = {}  # segment -> the version of its latest entry
-        self.pushes = 0  # the last version given: unique, so entries never tie up to the segment
-
-    def best(self, live: dict[int, _Segment]):
-        """(gap, seq, at) of the live segment with the largest gap, the earliest on ties; None if none."""
-        heap, versions = self.heap, self.versions
-        for seg in self.dirty:
-            if live.get(seg.address) is seg:
-                gap, at = seg.largest_gap()
-                self.pushes += 1
-                versions[seg] = self.pushes
-                heappush(heap, (-gap, seg.seq, self.pushes, at, seg))
-        self.dirty.clear()
-        while heap:
-            gap, seq, version, at, seg = heap[0]
-            if versions.get(seg) == version and live.get(seg.address) is seg:
-                return -gap, seq, at
-            heappop(heap)
-        return None
-
-
-class _StrandingIndex:
-    """The walk's segments by (pool, size class, stream), to answer "a fitting free block on another stream?".
-
-    `live` is the walk's address -> segment dict, which the walk keeps
-    current; a group's segments that left it are skipped when asked.
-    """
-
-    __slots__ = ("groups", "live")
-
-    def __init__(self, live: dict[int, _Segment]) -> None:
-        self.groups: dict[tuple, dict[int, _Group]] = {}
-        self.live = live
-        for seq, seg in enumerate(live.values()):
-            self.enter(seg, seq)
-
-    def enter(self, seg: _Segment, seq: int) -> None:
-        """Add a segment, `seq` its place in the walk's dict order; its gap is measured when first asked."""
-        by_stream = self.groups.setdefault((seg.pool, seg.small), {})
-        group = by_stream.get(seg.stream)
-        if group is None:
-            group = by_stream[seg.stream] = _Group()
-        seg.seq, seg.dirty = seq, group.dirty
-        group.dirty.add(seg)
-
-    def free_elsewhere(self, new: _Segment, rounded: int) -> tuple:
-        """The largest free block of the same pool and size class on another stream, if it fits.
-
-        As the row walk's `_free_elsewhere` finds it searching every segment in the
-        walk's order: the largest gap, the first segment on ties; (address, size,
-        stream), or three Nones.
-        """
-        best = None
-        for stream, group in self.groups.get((new.pool, new.small), {}).items():
-            if stream == new.stream:
-                continue
-            found = group.best(self.live)
-            if found and found[0] >= rounded and (best is None or (found[0], -found[1]) > (best[0], -best[1])):
-                best = (*found, stream)
-        if best is None:
-            return None, None, None
-        size, _seq, at, stream = best
-        return at, size, stream
-
-
-def _walk_forward(
-    events: _Events, holder: np.ndarray, rounded: np.ndarray, asks: np.ndarray, instances: list, live: dict
-) -> dict[int, tuple]:
-    """Walk the events forward from the rewound `live`; frame row -> (other block, size, stream) of each ask.
-
-    Keeps `live` current. An alloc takes the low end of the gap at its address,
-    and the whole gap when `should_split` says the rest stays with it.
-    """
-    stranding = _StrandingIndex(live)
-    enter, free_elsewhere = stranding.enter, stranding.free_elsewhere
-    next_seq = len(live)
-    new_rows: dict[int, tuple] = {}  # frame row -> (other block, its size, its stream) or three Nones
-    walked = zip(events.acts, events.addrs, holder.tolist(), rounded.tolist(), asks.tolist(), strict=True)
-    for a, addr, k, need, q in progress.track(walked, "walking the trace", len(events.acts), every=65536):
-        if a == ALLOC:
-            if k < 0:
-                continue
-            seg = instances[k]
-            ss, sizes_of = seg.starts, seg.sizes
-            j = bisect_right(ss, addr)
-            gap = (ss[j] if j < len(ss) else seg.end) - addr
-            if addr not in sizes_of:
-                ss.insert(j, addr)
-            sizes_of[addr] = need if gap - need > seg.limit else max(gap, need)
-            seg.dirty.add(seg)
-            if q >= 0:  # the alloc needed new memory: was a free block as large on another stream?
-                new_rows[q] = free_elsewhere(seg, need)
-        elif a == FREE_COMPLETED:
-            if k < 0:
-                continue
-            seg = instances[k]
-            if seg.sizes.pop(addr, None) is not None:
-                del seg.starts[bisect_left(seg.starts, addr)]
-                seg.dirty.add(seg)
-        elif a == SEGMENT_ALLOC:
-            seg = instances[k]
-            replaced = live.get(addr)
-            if replaced is not None:
-                enter(seg, replaced.seq)  # a dict keeps a replaced key's place
-            else:
-                enter(seg, next_seq)
-                next_seq += 1
-            live[addr] = seg
-        else:  # segment_free
-            live.pop(addr, None)
-    return new_rows
-
-
-def alloc_frame(tc: TraceColumns, rows: np.ndarray, row_pools: np.ndarray, fresh, new_rows: dict) -> pd.DataFrame:
-    """One row per alloc the walk placed (`rows`: their trace indices), columns as the walk by entry makes them."""
     n = len(rows)
     if not n:
         return pd.DataFrame([], columns=list(ALLOC_COLUMNS))
     served = _SERVED[(np.asarray(fresh) > 0).view(np.int8)]
     other_size = np.zeros(n, dtype=np.int64)
-    # Built as pandas reads a column of ints and Nones: floats with NaN, or objects when all are None.
-    any_stranded = any(v[0] is not None for v in new_rows.values())
-    other_block, other_stream = (np.full(n, np.nan) if any_stranded else np.full(n, None) for _ in range(2))
-    found = [(r, *v) for r, v in new_rows.items() if v[0] is not None]
-    if found:
-        r, blocks, block_sizes, block_streams = zip(*found, strict=True)
-        r = np.array(r, dtype=np.int64)
-        served[r] = "stranded"
-        other_block[r], other_size[r], other_stream[r] = blocks, block_sizes, block_streams
+    # Built as pandas reads a column of ints and Nones: floats with NaN, objects when all are None, ints when none is.
+    at, blocks, block_sizes, block_streams = stranded
+    empty = np.zeros(n, dtype=np.int64) if len(at) == n else np.full(n, np.nan) if len(at) else np.full(n, None)
+    other_block, other_stream = empty, empty.copy()
+    if len(at):
+        served[at] = "stranded"
+        other_block[at], other_size[at], other_stream[at] = blocks, block_sizes, block_streams
     time_us = tc.time_us[rows]
     columns = {
         "index": rows,
@@ -589,14 +495,22 @@ def _frames_of(tc: TraceColumns, rows: np.ndarray) -> np.ndarray:
     return np.fromiter(picked, dtype=object, count=len(rows))
 
 
-def _compare(snap: Snapshot, segments: dict[int, _Segment], device: int) -> list[str]:
-    """As the row walk's `_compare_with_snapshot`: what differs between the walk's end and the snapshot's segments."""
+def _compare(snap: Snapshot, instances: list, at_end: np.ndarray, walked: Forward, device: int) -> list[str]:
+    """As the row walk's `_compare_with_snapshot`: what differs between the walk's end and the snapshot's segments.
+
+    `at_end` numbers the instances still live when the walk ends; `walked`
+    holds their blocks.
+    """
     c = snap.columns
     on = c.device == device
+    address = np.array([instances[k].address for k in at_end.tolist()], dtype=walked.buf_addr.dtype)
+    size = np.array([instances[k].size for k in at_end.tolist()], dtype=walked.buf_addr.dtype)
+    slots = np.repeat(walked.start[at_end], walked.count[at_end]) + places_in_runs(walked.count[at_end])
+    got = (address, size, np.repeat(address, walked.count[at_end]), walked.buf_addr[slots], walked.buf_size[slots])
     try:
-        if _same_as_snapshot(c, on, segments):
+        if _same_as_snapshot(c, on, got):
             return []
-    except (OverflowError, ValueError):  # addresses beyond int64: compare them one by one
+    except (OverflowError, ValueError, TypeError):  # addresses beyond int64: compare them one by one
         pass
     want = {}
     for i in np.flatnonzero(on).tolist():
@@ -605,33 +519,32 @@ def _compare(snap: Snapshot, segments: dict[int, _Segment], device: int) -> list
             c.block_address[lo:hi].tolist(), c.block_size[lo:hi].tolist(), c.block_state[lo:hi].tolist(), strict=True
         )
         want[int(c.address[i])] = (int(c.total_size[i]), {a: n for a, n, st in blocks if st != INACTIVE})
+    segments = {}
+    for k in at_end.tolist():
+        seg = segments[instances[k].address] = WalkSegment(instances[k].address, instances[k].size, None, None, None)
+        lo, hi = int(walked.start[k]), int(walked.start[k] + walked.count[k])
+        seg.sizes = dict(zip(walked.buf_addr[lo:hi].tolist(), walked.buf_size[lo:hi].tolist(), strict=True))
     return segment_differences(want, segments)
 
 
-def _same_as_snapshot(c, on: np.ndarray, segments: dict[int, _Segment]) -> bool:
-    """Whether the walk's segments and active blocks are the snapshot's, compared as sorted arrays."""
+def _same_as_snapshot(c, on: np.ndarray, got: tuple) -> bool:
+    """Whether the walk's segments and active blocks are the snapshot's, compared as sorted arrays.
+
+    `got` is the walk's (segment address, size) and, per block, (its
+    segment's address, address, size).
+    """
     address, total = c.address[on], c.total_size[on]
-    if np.unique(address).size != address.size or len(segments) != address.size:
+    got_addr, got_size, *got_blocks = got
+    if np.unique(address).size != address.size or got_addr.size != address.size:
         return False
-    values = list(segments.values())
-    got_addr = np.fromiter(segments, dtype=np.int64, count=len(values))
-    got_size = np.fromiter((s.size for s in values), dtype=np.int64, count=len(values))
     order, want_order = np.argsort(got_addr), np.argsort(address)
     if not (
         np.array_equal(got_addr[order], address[want_order]) and np.array_equal(got_size[order], total[want_order])
     ):
         return False
     active = (c.block_state != INACTIVE) & on[c.block_segment]
-    counts = np.fromiter((len(s.sizes) for s in values), dtype=np.int64, count=len(values))
-    if counts.sum() != active.sum():
+    if got_blocks[0].size != active.sum():
         return False
-    n = int(counts.sum())
-    got = np.stack(
-        [
-            np.repeat(got_addr, counts),
-            np.fromiter(chain.from_iterable(s.sizes for s in values), dtype=np.int64, count=n),
-            np.fromiter(chain.from_iterable(s.sizes.values() for s in values), dtype=np.int64, count=n),
-        ]
-    )
+    mine = np.stack(got_blocks)
     want = np.stack([c.address[c.block_segment[active]], c.block_address[active], c.block_size[active]])
-    return np.array_equal(got[:, np.lexsort(got[1::-1])], want[:, np.lexsort(want[1::-1])])
+    return np.array_equal(mine[:, np.lexsort(mine[1::-1])], want[:, np.lexsort(want[1::-1])])

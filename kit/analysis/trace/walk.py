@@ -113,9 +113,8 @@ def _kept(snap: Snapshot, device: int) -> TraceWalk | None:
         ):
             raise ValueError("its arrays do not fit the trace")
         row_pools = _pools(get["allocs.pool_a"], get["allocs.pool_b"])
-        stranded = zip(*(get[f"stranded.{c}"].tolist() for c in _STRANDED), strict=True)
-        new_rows = {r: (block, size, stream) for r, block, size, stream in stranded}
-        allocs = alloc_frame(tc, rows, row_pools, fresh, new_rows)
+        stranded = tuple(get[f"stranded.{c}"] for c in _STRANDED)
+        allocs = alloc_frame(tc, rows, row_pools, fresh, stranded)
         made = list(
             zip(
                 *(get[f"made.{c}"].tolist() for c in ("index", "addr", "size")),
