@@ -202,6 +202,14 @@ MUTATIONS = (
         "a segment_alloc over a live segment's address takes its place in the walk's dict order",
     ),
     Mutation(
+        "whatif_simulation_drops_the_trace_it_was_asked_to_keep",
+        "kit/analysis/whatif.py",
+        "        if not keep_trace and not expandable:",
+        "        if not expandable:",
+        ("tests/test_plain_snapshots.py::test_a_simulation_keeps_its_trace_when_asked_and_only_then",),
+        "only a run nobody reads the trace of may keep none",
+    ),
+    Mutation(
         "row_walk_strands_only_beside_a_larger_block",
         "kit/analysis/trace/rows.py",
         "        if size >= rounded and (best is None or size > best[1]):",

@@ -113,6 +113,14 @@ def test_the_trace_replayed_from_its_rewound_start_ends_at_the_recording(cut, na
     assert what_if(snap, {}).corrections == []
 
 
+def test_a_simulation_keeps_its_trace_when_asked_and_only_then():
+    snap = plain(ALL[0])
+    kept, left = simulate_trace(snap), simulate_trace(snap, trace=False)
+    assert left.history == "none" and kept.has_trace  # the run nobody reads the trace of keeps none
+    walk = walk_trace(kept)  # the trace kept walks to the simulated segments, an alloc for each recorded one
+    assert walk.mismatches == [] and len(walk.allocs) == len(walk_trace(snap).allocs) > 0
+
+
 @pytest.mark.parametrize("arm", ["unpatched", "patched"])
 def test_a_graph_pool_freed_within_the_trace_is_told_by_the_capture_windows(arm):
     snap = load_snapshot(recording(f"vllm_plugin/{arm}/rank0.pickle"))

@@ -91,6 +91,7 @@ class Block:
         "allocated",
         "mapped",
         "range",
+        "free_list",
     )
 
     def __init__(self, address, size, stream, pool, small, range_=None):
@@ -105,6 +106,7 @@ class Block:
         self.allocated = False
         self.mapped = True  # False only for an expandable segment's unmapped pages
         self.range = range_  # the ExpandableRange of an expandable segment's block
+        self.free_list = (pool, small, stream)  # the key of its free-block list, made once (a hot path)
 
 
 @dataclass
@@ -187,10 +189,10 @@ class CachingAllocatorSim:
 
     # -- free-block sets -----------------------------------------------------
     def _insert_free(self, b: Block) -> None:
-        insort(self.free.setdefault((b.pool, b.small, b.stream), []), (b.size, b.address))
+        insort(self.free.setdefault(b.free_list, []), (b.size, b.address))
 
     def _remove_free(self, b: Block) -> None:
-        lst = self.free[(b.pool, b.small, b.stream)]
+        lst = self.free[b.free_list]
         del lst[bisect_left(lst, (b.size, b.address))]
 
     def _get_free_block(self, pool, small, stream, size) -> Block | None:

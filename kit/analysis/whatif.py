@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -255,9 +256,13 @@ class _TraceSim(CachingAllocatorSim):
     segments land can change which block later requests split.
     """
 
-    def __init__(self, recorded: list[int], above: int, placement: str = RECORDED, expandable: bool = False) -> None:
+    def __init__(
+        self, recorded: list[int], above: int, placement: str = RECORDED, expandable: bool = False, keep_trace=True
+    ) -> None:
         # the trace holds the RNG state's allocations already
         super().__init__(rng_state=False, expandable_segments=expandable)
+        if not keep_trace and not expandable:  # (expandable segments read their own trace back while mapping)
+            self.trace = deque(maxlen=0)  # a run nobody reads the trace of appends to a sink: a sixth of its time
         if placement == SHUFFLED:
             recorded = random.Random(0).sample(recorded, len(recorded))
         self._recorded: Iterator[int] = iter(recorded if placement in (RECORDED, SHUFFLED) else ())
@@ -297,10 +302,17 @@ class _TraceSim(CachingAllocatorSim):
         return address
 
     def empty_cache(self, pools=()) -> None:
+        held = len(self.segments) + len(self.ranges)
         super().empty_cache(pools)
-        self._extents = {a: n for a, n in self._extents.items() if a in self.segments or a in self.ranges}
-        self._starts = sorted(self._extents)
-        self._top = max((a + n for a, n in self._extents.items()), default=0)
+        if len(self.segments) + len(self.ranges) == held:  # nothing released: the layout stands
+            return
+        gone = self._extents.keys() - self.segments.keys() - self.ranges.keys()
+        reached_top = False
+        for address in gone:
+            del self._starts[bisect_left(self._starts, address)]
+            reached_top |= address + self._extents.pop(address) >= self._top
+        if reached_top:
+            self._top = max((a + n for a, n in self._extents.items()), default=0)
 
 
 def _round_up(n: int) -> int:
@@ -323,7 +335,8 @@ def simulate_trace(
     """
     snap = load_snapshot(snapshot)
     moves = resolve_stream_map(snap, stream_map or {})
-    sim, labels, left_out, workspaces = _run_trace(snap, moves, walk or walk_trace(snap, device), device, placement)
+    walk = walk or walk_trace(snap, device)
+    sim, labels, left_out, workspaces = _run_trace(snap, moves, walk, device, placement, keep_trace=trace)
     raw = sim.snapshot(trace=trace)
     # Streams and pools labelled as in the recording (the simulated trace has no frames to name them from).
     raw["kit"]["streams"] = {label: sid for sid, label in labels.items() if label != DEFAULT_STREAM_LABEL}
@@ -351,7 +364,7 @@ def simulated_reserved(
     snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, placement: str = RECORDED
 ) -> dict[tuple[int, int], int]:
     """Reserved bytes per pool of the trace simulated with `moves` (ids resolved), nothing else built."""
-    return _run_trace(snap, moves, walk, walk.device, placement)[0].reserved_by_pool()
+    return _run_trace(snap, moves, walk, walk.device, placement, keep_trace=False)[0].reserved_by_pool()
 
 
 def trace_decisions(snapshot: Snapshot | str | dict, *, walk: TraceWalk | None = None, device: int = 0) -> list:
@@ -362,10 +375,17 @@ def trace_decisions(snapshot: Snapshot | str | dict, *, walk: TraceWalk | None =
 
 
 def _run_trace(
-    snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, device: int, placement: str, explain: bool = False
+    snap: Snapshot,
+    moves: Mapping[int, int],
+    walk: TraceWalk,
+    device: int,
+    placement: str,
+    explain: bool = False,
+    keep_trace: bool = True,
 ) -> tuple:
     """The trace run on the simulator from its rewound start, `moves` applied: the simulator, the stream labels,
-    the workspaces left out, and the workspaces found."""
+    the workspaces left out, and the workspaces found. `keep_trace=False`: the simulator keeps no trace of its
+    own (nothing will read it)."""
     entries = snap.trace_view(device)
     acts, addrs, sizes, streams = entries.fields()
     labels = stream_labels(snap)
@@ -378,7 +398,7 @@ def _run_trace(
         seeded = _rewound(snap, device)
         recorded = [addr for action, addr in zip(acts, addrs, strict=True) if action == "segment_alloc"]
     top = max([a + s for a, s, *_ in seeded] + [a + s for a, s in zip(addrs, sizes, strict=True)] + [0])
-    sim = _TraceSim(recorded, top, placement, expandable)
+    sim = _TraceSim(recorded, top, placement, expandable, keep_trace)
     sim.explain = explain  # a Decision per allocation, its refusals listed, with the id `a<trace index>`
     sim.stream_ids = {DEFAULT: DEFAULT_STREAM}
     for sid, label in labels.items():
@@ -410,6 +430,7 @@ def _run_trace(
     ids: dict[int, str] = {}
     freed_pools: set[tuple[int, int]] = set()  # graph pools whose graphs are gone
     in_release = False
+    named: dict[int, str] = {}  # `name` of each stream id, made once
     walked = enumerate(zip(acts, addrs, sizes, streams, strict=True))
     for i, (action, addr, size, stream) in progress.track(walked, "simulating the what-if", len(acts), every=4096):
         if action in RELEASES:  # the first of a run is the empty_cache that made them
@@ -432,8 +453,11 @@ def _run_trace(
                     left_out.append({"index": i, "kind": kind, "bytes": size, "stream": stream, "pool": pool})
                     continue
                 made.add(key)
-            ids[addr] = f"a{i}"
-            sim.malloc(f"a{i}", size, name(stream), pool)
+            ids[addr] = tid = f"a{i}"
+            label = named.get(stream)
+            if label is None:
+                label = named[stream] = name(stream)
+            sim.malloc(tid, size, label, pool)
         elif action == "free_completed":
             tid = ids.pop(addr, None)
             if tid is None and addr in live_seeded:
