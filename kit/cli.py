@@ -429,7 +429,7 @@ def cmd_safety(args: argparse.Namespace) -> None:
 
 
 def cmd_alternatives(args: argparse.Namespace) -> None:
-    from kit.experiments.alternatives import alternatives_json, alternatives_lines
+    from kit.experiments.alternatives.result import alternatives_json, alternatives_lines
     from kit.experiments.drafter_run import load_alternatives, run_alternatives_live
 
     data = run_alternatives_live(args.preset) if args.live else load_alternatives(args.preset)

@@ -48,14 +48,9 @@ import inspect
 from IPython.display import display
 
 import kit
-from kit.experiments.alternatives import (
-    SAFE_IN_THE_REPLICAS_STEP,
-    SHARE_ALL,
-    fewer_sizes_lines,
-    recording_path,
-    replay_group_lines,
-    steps_with_eager_replay,
-)
+from kit.experiments.alternatives.result import fewer_sizes_lines, recording_path, replay_group_lines
+from kit.experiments.alternatives.run import SHARE_ALL
+from kit.experiments.alternatives.scenarios import SAFE_IN_THE_REPLICAS_STEP, steps_with_eager_replay
 from kit.experiments.drafter_run import load_alternatives, run_alternatives_live
 from kit.recordings import LIVE, default_source
 from kit.replica.speculator import DSparkSpeculator
@@ -202,7 +197,7 @@ print(SAFE_IN_THE_REPLICAS_STEP)
 # step padded to N tokens at or above `decoder_replay_trim_threshold` breaks out to a replay
 # batch of each request's rows (decode rows kept, prefill rows trimmed to the last `window`),
 # so it can hold any count from 1 to N rows. The sweep is a handful of caps, not every replay
-# size (`kit.experiments.alternatives.cap_sweep` says which):
+# size (`kit.experiments.alternatives.scenarios.cap_sweep` says which):
 
 # %%
 print(f"data source: {SOURCE}")

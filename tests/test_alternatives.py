@@ -1,14 +1,15 @@
 """PR 63155's alternatives on the CPU: the speculator, alternative (a)'s patch, caps, the KV cache, the command.
 
-The variants run on a GPU (tests/gpu/test_alternatives_live.py); here the
+The scenarios run on a GPU (tests/gpu/test_alternatives_live.py); here the
 speculator runs eagerly against a reference computed by hand, the capture path
 runs on tests/test_faults.py's `FakeCuda`, the KV-cache figures are checked
 against numbers worked out by hand, the sweep of alternative (b) (caps and kept
 sets) is derived from configs with their sizing stated (the N/2 sizing and vLLM's
 default), the text that says whether dropping intermediate sizes saved anything is
 read from recordings assembled from fake runs, and such a recording in tmp_path
-stands in for the shipped one. The last section reads the shipped
-H200 recordings themselves (`kit/recordings/` `alternatives/<preset>.json`).
+stands in for the shipped one. The command, `kit.experiments.alternatives.__main__`,
+runs in fresh processes. The last section reads the shipped H200 recordings
+themselves (`kit/recordings/` `alternatives/<preset>.json`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kit.experiments.alternatives as alternatives
 import kit.patch.replica as replica_patch
 from kit import CaptureRecorder, KitError
 from kit.analysis.kv_cache import (
@@ -40,9 +40,10 @@ from kit.analysis.kv_cache import (
 )
 from kit.cli import main as kit_main
 from kit.experiments import recorded
-from kit.experiments.alternatives import (
-    SHARE_ALL,
-    assemble,
+from kit.experiments.alternatives import result, run, scenarios
+from kit.experiments.alternatives.result import replay_group_lines
+from kit.experiments.alternatives.run import SHARE_ALL, assemble, pool_figures, safety_verdict
+from kit.experiments.alternatives.scenarios import (
     cap_scenario,
     cap_sweep,
     capped_replay_sizes,
@@ -53,9 +54,6 @@ from kit.experiments.alternatives import (
     kept_eager_replay_sizes,
     padded_replay_sizes,
     parse_scenario,
-    pool_figures,
-    replay_group_lines,
-    safety_verdict,
     scenario_replay_sizes,
     scenarios_to_run,
     steps_with_eager_replay,
@@ -107,7 +105,7 @@ def test_the_replicas_kv_layout_and_what_24_mib_buys():
     assert kv_cache_bought(24 * MIB, layout) == {"bytes": 25_165_824, "blocks": 48, "tokens": 768}
     assert kv_cache_bought(24 * MIB + 524_287, layout)["blocks"] == 48  # whole blocks only
     assert kv_cache_bought(-MIB, layout) == {"bytes": -MIB, "blocks": -2, "tokens": -32}
-    assert alternatives.kv_layout(alternatives.alternatives_config("small")) == layout
+    assert scenarios.kv_layout(scenarios.alternatives_config("small")) == layout
     with pytest.raises(KitError, match="unknown dtype"):
         replica_layout(1024, 8, "int4")
 
@@ -381,17 +379,17 @@ def test_the_speculator_is_captured_last_on_the_stream_the_scenario_gives(
     fake_cuda, monkeypatch, scenario, replay_shares, drafter_shares
 ):
     runner = cpu_runner_with_graph_managers(monkeypatch)
-    with alternatives.scenario_patch(scenario), CaptureRecorder() as rec:
+    with run.scenario_patch(scenario), CaptureRecorder() as rec:
         runner.capture_model()
     managers = [r.manager for r in rec.records]
-    first_drafter = managers.index(alternatives.DRAFTER)
+    first_drafter = managers.index(scenarios.DRAFTER)
     assert set(managers[:first_drafter]) == {"model graphs", "replay graphs"}
-    assert set(managers[first_drafter:]) == {alternatives.DRAFTER}  # last, as in vLLM's capture_model
-    assert sorted(r.size for r in rec.records if r.manager == alternatives.DRAFTER) == [8, 16]
+    assert set(managers[first_drafter:]) == {scenarios.DRAFTER}  # last, as in vLLM's capture_model
+    assert sorted(r.size for r in rec.records if r.manager == scenarios.DRAFTER) == [8, 16]
     streams = {r.manager: r.stream for r in rec.records}
     assert (streams["replay graphs"] == streams["model graphs"]) is replay_shares
-    assert (streams[alternatives.DRAFTER] == streams["model graphs"]) is drafter_shares
-    assert streams[alternatives.DRAFTER] != streams["replay graphs"] or drafter_shares
+    assert (streams[scenarios.DRAFTER] == streams["model graphs"]) is drafter_shares
+    assert streams[scenarios.DRAFTER] != streams["replay graphs"] or drafter_shares
     pools = {r.pool for r in rec.records}
     assert len(pools) == 1  # one global graph pool for all three
     assert set(runner.speculator.query_cudagraph_manager.graphs) == {8, 16}
@@ -401,7 +399,7 @@ def test_the_speculator_is_captured_last_on_the_stream_the_scenario_gives(
 def test_a_kept_set_captures_only_its_replay_sizes_and_the_dispatch_pads_to_them(fake_cuda, monkeypatch):
     runner = cpu_runner_with_graph_managers(monkeypatch)
     assert TINY.decoder_replay_cudagraph_capture_sizes == [4, 8]
-    alternatives.set_replay_capture_sizes(runner, alternatives.scenario_replay_sizes(TINY, "keep_8"))
+    run.set_replay_capture_sizes(runner, scenarios.scenario_replay_sizes(TINY, "keep_8"))
     with CaptureRecorder() as rec:
         runner.capture_model()
     assert {r.size for r in rec.records if r.manager == "replay graphs"} == {8}
@@ -468,7 +466,7 @@ def fake_run(scenario: str, pool: int, estimate: int, streams: dict, *, differ=(
         "graph_pool_by_stream": {label: pool // len(labels) for label in labels},
         "capture_streams": streams,
         "replay_decisions": [],
-        "checks": checks if scenario in alternatives.MAIN_SCENARIOS else [],
+        "checks": checks if scenario in scenarios.MAIN_SCENARIOS else [],
         "profile_estimate_bytes": estimate,
         "capture_free_memory_delta": estimate,
         "provenance": {**PROVENANCE, "command": f"python -m kit.experiments.alternatives --scenario {scenario}"},
@@ -479,10 +477,10 @@ def fake_runs(share_all_differs=(), keep=(56, 56), caps=(40, 48)) -> dict[str, d
     """Runs for `HALF` (replay sizes 64, 128, 256); `keep`: the graph pool in MiB keeping 256 alone and 64 with 256;
     `caps`: capped at 64 and at 128 (unpatched's is 56 MiB, the PR's 32)."""
     own = {"model graphs": "model graphs stream", "replay graphs": "replay graphs stream"}
-    one = dict.fromkeys(("model graphs", "replay graphs", alternatives.DRAFTER), "model graphs stream")
+    one = dict.fromkeys(("model graphs", "replay graphs", scenarios.DRAFTER), "model graphs stream")
     return {
-        "unpatched": fake_run("unpatched", 56 * MIB, 120 * MIB, {**own, alternatives.DRAFTER: "DFlash stream"}),
-        "pr": fake_run("pr", 32 * MIB, 96 * MIB, {**one, alternatives.DRAFTER: "DFlash stream"}),
+        "unpatched": fake_run("unpatched", 56 * MIB, 120 * MIB, {**own, scenarios.DRAFTER: "DFlash stream"}),
+        "pr": fake_run("pr", 32 * MIB, 96 * MIB, {**one, scenarios.DRAFTER: "DFlash stream"}),
         "share_all": fake_run("share_all", 24 * MIB, 88 * MIB, one, differ=share_all_differs, overwritten=True),
         "cap_64": fake_run("cap_64", caps[0] * MIB, 104 * MIB, own),
         "cap_128": fake_run("cap_128", caps[1] * MIB, 112 * MIB, own),
@@ -500,7 +498,7 @@ def write_recording(folder, runs=None, preset="small", config=HALF):
 
 @pytest.fixture
 def recordings(tmp_path, monkeypatch):
-    monkeypatch.setattr(alternatives, "RECORDINGS_DIR", tmp_path)
+    monkeypatch.setattr(result, "RECORDINGS_DIR", tmp_path)
     return tmp_path
 
 
@@ -612,13 +610,13 @@ def test_pool_figures_sum_the_global_pool_by_stream():
         "kit": {
             "pools": {"global graph pool": [0, 1]},
             "streams": {"model graphs stream": 7, "replay graphs stream": 9},
-            "captures": [{"manager": "model graphs", "stream": 7}, {"manager": alternatives.DRAFTER, "stream": 11}],
+            "captures": [{"manager": "model graphs", "stream": 7}, {"manager": scenarios.DRAFTER, "stream": 11}],
         },
     }
     assert pool_figures(raw) == {
         "graph_pool_bytes": 24 * MIB,
         "graph_pool_by_stream": {"model graphs stream": 2 * MIB, "replay graphs stream": 22 * MIB},
-        "capture_streams": {"model graphs": "model graphs stream", alternatives.DRAFTER: "stream 0xb"},
+        "capture_streams": {"model graphs": "model graphs stream", scenarios.DRAFTER: "stream 0xb"},
     }
     with pytest.raises(KitError, match="no global graph pool"):
         pool_figures({"segments": [], "kit": {"pools": {}}})
@@ -651,7 +649,7 @@ def test_alternatives_prints_the_source_the_variants_the_caps_and_the_kv_cache(r
     assert any(line.split()[:5] == ["share_all", "24.0", "MiB", "32.0", "MiB"] for line in lines)
     assert any(line.split()[:6] == ["64", "40.0", "MiB", "16.0", "MiB", "128,"] for line in lines)
     assert "  pr frees 24.0 MiB of KV budget: 48 blocks, 768 tokens" in lines
-    assert f"  {alternatives.SAFE_IN_THE_REPLICAS_STEP}" in lines  # (a)'s "safe" is the replica's step only
+    assert f"  {scenarios.SAFE_IN_THE_REPLICAS_STEP}" in lines  # (a)'s "safe" is the replica's step only
     assert any(line.split() == ["64,", "256", "56.0", "MiB", "0.0", "MiB", "none"] for line in lines)  # kept sets
     assert any(line.startswith("  so: dropping intermediate sizes did not shrink the graph pool") for line in lines)
     write_recording(recordings, fake_runs(share_all_differs={(512, 512)}))
@@ -711,7 +709,7 @@ def test_a_recording_made_before_the_kept_sets_still_reads_and_says_they_were_no
     lines = capsys.readouterr().out.splitlines()
     assert "  not measured: this recording predates the measurement (python -m kit alternatives --live)" in lines
     assert not any(line.startswith("  so: ") for line in lines)
-    assert replay_group_lines(alternatives.load_graphs_vs_eager("small")) == []
+    assert replay_group_lines(result.load_graphs_vs_eager("small")) == []
 
 
 NO_CUDA = (
@@ -745,7 +743,7 @@ def test_live_without_cuda_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("preset", ["small", "large"])
 def test_the_shipped_recording_makes_sense(preset):
-    data = alternatives.load_graphs_vs_eager(preset)
+    data = result.load_graphs_vs_eager(preset)
     assert data["preset"] == preset and not recorded.predates_vllm_sizing(data)
     assert data["config"]["speculator"] is True and data["provenance"]["gpu"].startswith("NVIDIA")
     assert data["unpatched"]["saved_bytes"] == 0

@@ -41,7 +41,8 @@ from kit.analysis.readwrite import (
     step_read_entries,
 )
 from kit.errors import KitError
-from kit.experiments import alternatives, drafter_run
+from kit.experiments import drafter_run
+from kit.experiments.alternatives import result
 
 from .test_liveness import KIB, Trace
 
@@ -264,7 +265,7 @@ def test_share_alls_verdict_is_backed_by_both_drafter_analyses(recording):
     assert entry["drafter_analyses"]["safe"] and entry["graphs_vs_eager"]["safe"] and entry["safe"]
     assert "drafter read/write obligation holds" in entry["evidence"]
     assert "lifetime analysis with the step's reads: no conflict" in entry["evidence"]
-    assert "drafter_analyses" not in alternatives.load_graphs_vs_eager(preset)["share_all"]  # graphs vs eager alone
+    assert "drafter_analyses" not in result.load_graphs_vs_eager(preset)["share_all"]  # graphs vs eager alone
     # A violated drafter obligation makes share_all unsafe, whatever graphs vs eager said.
     broken = {**recording, "pairs": [{**p, "readwrite_holds": False} for p in recording["pairs"]]}
     fresh = drafter_run.load_alternatives(preset)

@@ -13,7 +13,8 @@ import pytest
 
 import kit
 from kit.analysis.liveness import BREAK_INPUT, HELD, RELEASED, Liveness, break_allocations
-from kit.experiments.alternatives import SHARE_ALL, load_graphs_vs_eager
+from kit.experiments.alternatives.result import load_graphs_vs_eager
+from kit.experiments.alternatives.run import SHARE_ALL
 from kit.experiments.dispatch import dispatch_replay_size
 from kit.experiments.scenarios import replica_runs
 from kit.markup import html_text

@@ -237,7 +237,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     """Capture the replica with its speculator under `scenario`, record reads and writes, run a step of each size."""
     import torch
 
-    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config, build_runner, scenario_patch
+    from kit.experiments.alternatives.run import LIVE_NEEDS_CUDA, build_runner, scenario_patch
+    from kit.experiments.alternatives.scenarios import alternatives_config
     from kit.experiments.dispatch import can_run
     from kit.experiments.readwrite_run import compare_analyses, replica_phases
     from kit.record.readwrite import ReadWriteRecorder
@@ -305,7 +306,7 @@ def compact_snapshot(raw: dict, frames: int = 1) -> dict:
 
 
 def _capture_streams(raw: dict) -> dict[str, str]:
-    from kit.experiments.alternatives import pool_figures
+    from kit.experiments.alternatives.run import pool_figures
 
     return pool_figures(raw)["capture_streams"]
 
@@ -318,7 +319,8 @@ def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
 
 def record(preset: str, out_dir: Path) -> Path:
     """Both scenarios, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.alternatives import LIVE_NEEDS_CUDA, alternatives_config
+    from kit.experiments.alternatives.run import LIVE_NEEDS_CUDA
+    from kit.experiments.alternatives.scenarios import alternatives_config
 
     alternatives_config(preset)  # an unknown preset first
     require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
@@ -430,11 +432,11 @@ def load_alternatives(preset: str = "small", path: str | Path | None = None, dra
     beside `path`, as `run_alternatives_live` writes it). Without a drafter recording, the
     alternatives as recorded.
     """
-    from kit.experiments import alternatives
+    from kit.experiments.alternatives.result import load_graphs_vs_eager, recording_path
 
-    data = alternatives.load_graphs_vs_eager(preset, path)
+    data = load_graphs_vs_eager(preset, path)
     if drafter_path is None:
-        beside_shipped = path is None or Path(path) == alternatives.recording_path(preset)
+        beside_shipped = path is None or Path(path) == recording_path(preset)
         drafter_path = (RECORDINGS_DIR if beside_shipped else Path(path).parent / "drafter") / f"{preset}.json"
     if shipped(Path(drafter_path)) is not None:  # NAME or NAME.gz
         with_drafter_analyses(data, load_recording(preset, drafter_path))
@@ -443,10 +445,10 @@ def load_alternatives(preset: str = "small", path: str | Path | None = None, dra
 
 def run_alternatives_live(preset: str = "small") -> dict:
     """Record the alternatives and the drafter's analyses on this GPU now; share_all backed by both."""
-    from kit.experiments import alternatives
+    from kit.experiments.alternatives.run import run_live
 
     out = Path(tempfile.mkdtemp(prefix="kit-alternatives-"))
-    data = alternatives.run_live(preset, out)
+    data = run_live(preset, out)
     with_drafter_analyses(data, load_recording(preset, record(preset, out / "drafter")))
     return data
 

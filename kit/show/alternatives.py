@@ -30,7 +30,7 @@ from pandas.io.formats.style import Styler
 
 from kit.analysis.kv_cache import KVLayout, kv_cache_bought
 from kit.analysis.tables import style_table
-from kit.experiments.alternatives import MAIN_SCENARIOS, steps_with_eager_replay
+from kit.experiments.alternatives.scenarios import MAIN_SCENARIOS, steps_with_eager_replay
 from kit.markup import html_text
 from kit.show.pictures import STREAM_COLOURS, FigureWidget, show_in, stream_colours
 from kit.units import MIB, format_bytes
@@ -158,7 +158,7 @@ def cap_line(table: pd.DataFrame, scenario: str, config: dict) -> str:
     """One sentence: a cap's graph pool and saving, and the replay batches (and model steps) it leaves to eager.
 
     `config` is the recording's replica config: which steps can make a replay batch above the
-    cap follows vLLM's rule (`kit.experiments.alternatives.steps_with_eager_replay`).
+    cap follows vLLM's rule (`kit.experiments.alternatives.scenarios.steps_with_eager_replay`).
     """
     row = _get(table, scenario)
     eager = row["eager_replay_sizes"]

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from kit.experiments.alternatives import (
+from kit.experiments.alternatives.result import load_graphs_vs_eager
+from kit.experiments.alternatives.run import record
+from kit.experiments.alternatives.scenarios import (
     DRAFTER,
     MAIN_SCENARIOS,
     alternatives_config,
     cap_sweep,
     eager_replay_sizes,
-    load_graphs_vs_eager,
-    record,
 )
 
 pytestmark = pytest.mark.gpu
