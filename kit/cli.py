@@ -405,7 +405,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_safety(args: argparse.Namespace) -> None:
     from kit.experiments.early_aux import early_aux_lines, replica_shape_lines, replica_shapes
     from kit.experiments.readwrite_run import recorded_if_any
-    from kit.experiments.safety_run import load_recording, run_live, safety_json, safety_lines
+    from kit.experiments.safety_run.result import load_recording, safety_json, safety_lines
+    from kit.experiments.safety_run.run import run_live
     from kit.experiments.vllm.capture import recorded_early_aux_verdict, shipped_invariants
     from kit.experiments.vllm.safety import vllm_invariant_lines
 

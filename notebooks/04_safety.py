@@ -64,7 +64,7 @@ from kit.analysis.readwrite import OBLIGATION
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.dispatch import default_step_replay_graph
 from kit.experiments.early_aux import early_aux_lines, replica_shape_lines
-from kit.experiments.safety_run import pair_verdicts
+from kit.experiments.safety_run.result import pair_verdicts
 from kit.experiments.scenarios import replica_runs
 from kit.experiments.vllm.capture import recorded_early_aux_verdict
 from kit.recordings import default_source

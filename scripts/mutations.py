@@ -1350,7 +1350,7 @@ MUTATIONS = (
     ),
     Mutation(
         "safety_json_without_the_invariant",
-        "kit/experiments/safety_run.py",
+        "kit/experiments/safety_run/result.py",
         '        figures = {k: row.get(k) for k in (*INVARIANT_PAIR_KEYS, "readwrite_holds")}',
         "        figures = {}",
         ("tests/test_invariant.py",),
@@ -1411,7 +1411,7 @@ MUTATIONS = (
     ),
     Mutation(
         "poison_before_the_replay",
-        "kit/experiments/safety_run.py",
+        "kit/experiments/safety_run/run.py",
         "            outputs = real(rows, inputs)\n            self.replayed.append(size)\n"
         "            if self.poison is not None:\n                self.poison(outputs)",
         "            if self.poison is not None:\n                self.poison(None)\n"
@@ -1421,7 +1421,7 @@ MUTATIONS = (
     ),
     Mutation(
         "stress_pairings_not_forced_into_r",
-        "kit/experiments/safety_run.py",
+        "kit/experiments/safety_run/run.py",
         "            batch.forward_context = ForwardContext(self.replay_size, CUDAGraphMode.PIECEWISE)",
         "            pass",
         ("tests/test_safety_run.py",),
@@ -1822,7 +1822,7 @@ MUTATIONS = (
     ),
     Mutation(
         "safety_json_drops_the_contracts_policy_key",
-        "kit/experiments/safety_run.py",
+        "kit/experiments/safety_run/result.py",
         '        pairs.append({**pair, **figures, "policy": pair["scenario"]})',
         "        pairs.append({**pair, **figures})",
         ("tests/test_safety_run.py::test_safety_json_is_the_contract",),

@@ -14,7 +14,7 @@ from kit.experiments.dispatch import (
     dispatchable_replay_sizes,
     rows_for,
 )
-from kit.experiments.safety_run import enumerate_pairs, no_break_sizes
+from kit.experiments.safety_run.result import enumerate_pairs, no_break_sizes
 from kit.replica.model import PRESETS, ReplicaConfig, default_replay_capture_sizes
 from kit.replica.model_runner import GPUModelRunner
 
@@ -223,7 +223,7 @@ def test_the_replica_runs_more_replay_rows_than_tokens_as_a_pcp_steps_global_cou
 def test_every_pairing_vllm_dispatches_under_some_pcp_size_runs_its_replay_graph_in_the_replica(preset):
     """What run_pairs asks of the replica on the H200, with the replay manager's dispatch stood in on the CPU."""
     from kit.experiments.dispatch import config_rows_for, smallest_pcp
-    from kit.experiments.safety_run import safety_config
+    from kit.experiments.safety_run.result import safety_config
 
     config = safety_config("patched", preset)
     runner = GPUModelRunner(dataclasses.replace(config, hidden_size=16, num_layers=2, decoder_replay_start=1,

@@ -305,7 +305,7 @@ def test_the_replica_rows_say_their_return_shape():
 
 def test_kit_safety_prints_the_early_aux_verdict_from_vllms_recordings(capsys):
     from kit.cli import main
-    from kit.experiments.safety_run import load_recording
+    from kit.experiments.safety_run.result import load_recording
 
     expected = ea.early_aux_verdict({name: vc.summarize(snap) for name, snap in vc.load_recordings().items()})
     assert main(["safety"]) == 0

@@ -40,7 +40,8 @@ from kit.analysis.readwrite import (
     model_segment,
     replay_graph,
 )
-from kit.experiments import readwrite_run, safety_run
+from kit.experiments import readwrite_run
+from kit.experiments.safety_run import result as safety_result
 from kit.recordings import RECORDINGS
 
 PLANTED = "planted_cross_break_read"
@@ -257,7 +258,7 @@ def test_kit_safety_json_carries_the_invariant_per_pairing_and_says_not_recorded
     assert [s["invariant_holds"] for s in out["scenarios"].values()] == [True, True, True, False]
     assert all(s["obligation"] for s in out["scenarios"].values())  # the obligation beside it
     assert out["vllm_invariant"]["patched"]["holds"] is True
-    with_it = safety_run.safety_json(safety_run.load_recording("small"), _readwrite_with_invariant(False))
+    with_it = safety_result.safety_json(safety_result.load_recording("small"), _readwrite_with_invariant(False))
     assert all(p["invariant_holds"] is False and p["graph_pool_carried_bytes"] == 4096 for p in with_it["pairs"])
     assert with_it["scenarios"]["pr"]["invariant_holds"] is False
 
@@ -268,12 +269,12 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
     assert main(["safety"]) == 0
     out = capsys.readouterr().out
     assert "the structural invariant (" in out and INVARIANT in out
-    for scenario in safety_run.UNPLANTED:
+    for scenario in safety_result.UNPLANTED:
         assert f"\n{scenario}: invariant holds: " in out
     assert f"\n{PLANTED}: invariant VIOLATED on 11 of 11 pairings" in out or f"\n{PLANTED}: invariant VIOLATED: " in out
-    assert out.count("  beside it, the byte-overlap obligation: ") == len(safety_run.SAFETY_SCENARIOS)
+    assert out.count("  beside it, the byte-overlap obligation: ") == len(safety_result.SAFETY_SCENARIOS)
     assert "patched: invariant holds: " in out and "planted_cross_break_read: invariant VIOLATED: " in out
-    lines = safety_run.safety_lines(safety_run.load_recording("small"), _readwrite_with_invariant(True))
+    lines = safety_result.safety_lines(safety_result.load_recording("small"), _readwrite_with_invariant(True))
     assert "pr: invariant holds: Summary of pr." in lines and "  model graph 128 break 3: pr" in lines
 
 
@@ -283,11 +284,11 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
 def test_the_planted_scenarios_run_the_prs_capture_with_the_planted_model():
     from kit.experiments.vllm.capture import VLLM_SCENARIOS
 
-    config = safety_run.scenario_safety_config("planted_cross_break_read", "small")
+    config = safety_result.scenario_safety_config("planted_cross_break_read", "small")
     assert config.planted_cross_break_read
-    assert not safety_run.scenario_safety_config("pr", "small").planted_cross_break_read
-    assert safety_run.SCENARIO_OF["planted_cross_break_read"] == "patched"  # PR 63155's capture: a shared stream
-    assert "PLANTED" in safety_run.scenario_description("planted_cross_break_read")
+    assert not safety_result.scenario_safety_config("pr", "small").planted_cross_break_read
+    assert safety_result.SCENARIO_OF["planted_cross_break_read"] == "patched"  # PR 63155's capture: a shared stream
+    assert "PLANTED" in safety_result.scenario_description("planted_cross_break_read")
     assert early_aux_count(config.aux_hidden_state_layers, config.decoder_replay_start) == 0  # the PR shares
     planted = VLLM_SCENARIOS["planted_cross_break_read"]
     assert planted.planted and planted.policy == "pr" and not planted.early_aux

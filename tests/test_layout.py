@@ -414,7 +414,7 @@ POLICY_KEYS = {
     "kit.experiments.summary": "the stream rule of the run summarized",
     "kit.experiments.early_aux": "the stream rule of the run looked for",
     "kit.show.safety": "the stream rule of the run shown",
-    "kit.experiments.safety_run": "`kit safety --json`'s contract names each pairing's scenario `policy` too",
+    "kit.experiments.safety_run.result": "`kit safety --json`'s contract names each pairing's scenario `policy` too",
 }
 
 

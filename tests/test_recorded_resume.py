@@ -96,7 +96,9 @@ MODULES = ("safety_run", "readwrite_run", "drafter_run", "alternatives")
 def test_every_recording_module_records_through_record_each(name, tmp_path, monkeypatch):
     import importlib
 
-    module = importlib.import_module(f"kit.experiments.{name}")
+    package = importlib.import_module(f"kit.experiments.{name}")
+    # A split experiment records from its GPU-run module; the command it names is the package's.
+    module = importlib.import_module(f"{package.__name__}.run") if hasattr(package, "__path__") else package
     seen = []
 
     def record_each(module_name, names, run_one, preset, out_dir):
@@ -108,5 +110,5 @@ def test_every_recording_module_records_through_record_each(name, tmp_path, monk
     with pytest.raises(KitError, match="stop here"):
         module.record("small", tmp_path)
     [(module_name, names, run_one, preset)] = seen
-    assert module_name == module.__name__ and preset == "small" and names
+    assert module_name == package.__name__ and preset == "small" and names
     assert run_one is module.run_scenario_in_subprocess

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kit.experiments.power import NOT_RECORDED
-from kit.experiments.safety_run import (
+from kit.experiments.safety_run.result import (
     PLANTED,
     SAFETY_SCENARIOS,
     SCENARIO_OF,
@@ -156,10 +156,12 @@ def test_a_recording_with_a_pairing_that_should_have_power_fails(tmp_path, unpow
 
 
 def test_a_recording_that_counts_a_pairing_without_power_as_shown_fails(tmp_path, monkeypatch):
-    from kit.experiments import safety_run
+    from kit.experiments.safety_run import result as safety_result
 
     path = _recorded(tmp_path, differing={(512, 96)}, unpowered={("pr", 128, 96)})
-    monkeypatch.setattr(safety_run, "power_clause", lambda rows: f"{len(list(rows))} of 18 pairings shown (with power)")
+    monkeypatch.setattr(
+        safety_result, "power_clause", lambda rows: f"{len(list(rows))} of 18 pairings shown (with power)"
+    )
     with pytest.raises(AssertionError, match="pr: power miscounted"):
         check_safety_recording(path)
 

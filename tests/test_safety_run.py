@@ -3,7 +3,8 @@
 The pairs themselves run on a GPU (tests/gpu/test_safety_run_live.py); here a
 fake recording in tmp_path stands in for the shipped one, and a fake replay
 graph manager (the real manager's `run`, with an eager "replay" that logs
-each call) stands in for the replay graphs.
+each call) stands in for the replay graphs. The command,
+`kit.experiments.safety_run.__main__`, runs in fresh processes.
 """
 
 from __future__ import annotations
@@ -17,24 +18,23 @@ import sys
 import pytest
 import torch
 
-import kit.experiments.safety_run as safety_run
 from kit import KitError
 from kit.cli import main as kit_main
+from kit.experiments.dispatch import RULE as DISPATCH_RULE
 from kit.experiments.power import CONTROL, FAILED, NOT_RECORDED, NOTHING_READ, SHOWN, PoolPoison, power_fields
-from kit.experiments.safety_run import (
-    DISPATCH_RULE,
+from kit.experiments.safety_run import result as safety_result
+from kit.experiments.safety_run import run as safety_gpu
+from kit.experiments.safety_run.result import (
     SCENARIO_OF,
     UNPLANTED,
-    adversary,
-    compare_outputs,
     enumerate_pairs,
     load_pairs,
     load_recording,
-    output_names,
     pair_tables,
     pair_verdicts,
     pairs_frame,
 )
+from kit.experiments.safety_run.run import adversary, compare_outputs, output_names
 from kit.experiments.scenarios import SCENARIOS
 from kit.replica.forward_context import CUDAGraphMode, get_forward_context, override_forward_context
 from kit.replica.model import PRESETS, ReplicaConfig
@@ -184,7 +184,7 @@ class PoolRunner:
 def pool_pairs(carried: bool, masked: bool = False) -> tuple[list[dict], PoolPoison]:
     runner = PoolRunner(carried, masked)
     poison = PoolPoison([runner.pool.view(torch.uint8)])
-    return safety_run.run_pairs(runner, poison=poison), poison
+    return safety_gpu.run_pairs(runner, poison=poison), poison
 
 
 def test_every_pairing_runs_one_replay_graph_r_dispatched_or_forced_and_equals_eager(monkeypatch):
@@ -194,12 +194,12 @@ def test_every_pairing_runs_one_replay_graph_r_dispatched_or_forced_and_equals_e
     assert set(pcp) == {(8, s) for s in (10, 12, 14, 16)} and all(r["how"] == "dispatched" for r in rows)
     assert all(r["replay_rows"] > 8 for r in pcp.values())
     # where no pcp_size dispatches a pairing, N's rows are forced into R
-    without_pcp = safety_run.smallest_pcp
+    without_pcp = safety_result.smallest_pcp
 
     def pcp1_only(config, model_size, replay_size):
         return without_pcp(config, model_size, replay_size, pcp_sizes=(1,))
 
-    monkeypatch.setattr(safety_run, "smallest_pcp", pcp1_only)
+    monkeypatch.setattr(safety_gpu, "smallest_pcp", pcp1_only)  # as run_pairs reads it
     rows, poison = pool_pairs(carried=True)
     assert [(r["model_size"], r["replay_size"], r["dispatchable"]) for r in rows] == enumerate_pairs(STRESS)
     forced = {(r["model_size"], r["replay_size"]) for r in rows if r["how"] == "forced"}
@@ -273,7 +273,7 @@ def test_outputs_are_compared_bit_for_bit_hidden_states_and_every_aux_state():
 def policy_metadata(policy: str, preset: str) -> dict:
     """What `run_scenario` records beside a policy's pairs."""
     scenario = SCENARIO_OF[policy]
-    config = safety_run.safety_config(scenario, preset)
+    config = safety_result.safety_config(scenario, preset)
     return {
         "scenario": policy,
         "replica_scenario": scenario,
@@ -283,7 +283,7 @@ def policy_metadata(policy: str, preset: str) -> dict:
         "has_early_aux": policy == "early_aux_shared",
         "shares_model_stream": policy != "unpatched",
         "outputs": output_names(config),
-        "seed": safety_run.SEED,
+        "seed": safety_result.SEED,
         "provenance": PROVENANCE,
     }
 
@@ -330,7 +330,7 @@ def fake_recording(folder, differing=frozenset(), alone_differing=frozenset(), p
 
 @pytest.fixture
 def recordings(tmp_path, monkeypatch):
-    monkeypatch.setattr(safety_run, "RECORDINGS_DIR", tmp_path)
+    monkeypatch.setattr(safety_result, "RECORDINGS_DIR", tmp_path)
     return tmp_path
 
 
@@ -468,7 +468,7 @@ def test_an_unknown_preset_or_scenario_is_one_line(recordings, capsys):
         "unknown preset 'huge': one of small, large, small_half, large_half, h200-default, gb200-default"
     )
     with pytest.raises(KitError, match="unknown safety scenario 'share': one of pr, unpatched, early_aux_shared"):
-        safety_run.run_scenario("share")
+        safety_gpu.run_scenario("share")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -529,7 +529,7 @@ def test_a_recording_in_the_words_of_before_reads_as_one_in_todays(tmp_path):
     for pair in before["pairs"]:
         pair["policy"] = pair.pop("scenario")
     (tmp_path / "before.json").write_text(json.dumps(before))
-    read = safety_run.load_recording("small", tmp_path / "before.json")
+    read = safety_result.load_recording("small", tmp_path / "before.json")
     assert {k: v for k, v in read.items() if k != "source"} == today
-    again = safety_run.load_recording("small", tmp_path / "small.json")
-    assert safety_run.safety_lines(read)[1:] == safety_run.safety_lines(again)[1:]
+    again = safety_result.load_recording("small", tmp_path / "small.json")
+    assert safety_result.safety_lines(read)[1:] == safety_result.safety_lines(again)[1:]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kit.experiments.dispatch import can_run, dispatch_replay_size
-from kit.experiments.safety_run import enumerate_pairs, no_break_sizes
+from kit.experiments.safety_run.result import enumerate_pairs, no_break_sizes
 from kit.replica.model import PRESETS, VLLM_PRESETS_JSON, default_replay_capture_sizes, vllm_default_presets
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -81,7 +81,7 @@ from kit.analysis.readwrite import (
 )
 from kit.errors import check_one_of
 from kit.experiments import recorded
-from kit.experiments.safety_run import SAFETY_SCENARIOS
+from kit.experiments.safety_run.result import SAFETY_SCENARIOS
 from kit.patch.install import Patch
 from kit.record.provenance import provenance as _provenance
 from kit.record.provenance import require_cuda
@@ -363,7 +363,7 @@ def run_scenario(scenario: str, preset: str = "small") -> dict:
 
     from kit.analysis.equivalence import check_equivalence
     from kit.experiments.dispatch import can_run
-    from kit.experiments.safety_run import SCENARIO_OF, scenario_description, scenario_safety_config
+    from kit.experiments.safety_run.result import SCENARIO_OF, scenario_description, scenario_safety_config
     from kit.experiments.scenarios import SCENARIOS, check_preset
     from kit.patch import replica as replica_patch
     from kit.record.readwrite import ReadWriteRecorder
@@ -421,7 +421,7 @@ def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
 
 def record(preset: str, out_dir: Path) -> Path:
     """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.safety_run import DISPATCH_RULE
+    from kit.experiments.dispatch import RULE as DISPATCH_RULE
     from kit.experiments.scenarios import check_preset
 
     check_preset(preset)
@@ -470,7 +470,7 @@ def recorded_if_any(preset: str) -> dict | None:
 
 
 def _schema_problem(data: Any) -> str | None:
-    from kit.experiments.safety_run import pairless_preset
+    from kit.experiments.safety_run.result import pairless_preset
 
     pairs = data.get("pairs") if isinstance(data, dict) else None
     if not isinstance(pairs, list) or not all(isinstance(p, dict) for p in pairs):
@@ -485,7 +485,7 @@ def _schema_problem(data: Any) -> str | None:
 
 def summary_lines(data: dict) -> list[str]:
     """Per scenario: the obligation's result on the dispatchable pairings, and where the analyses agree."""
-    from kit.experiments.safety_run import no_pairs_line
+    from kit.experiments.safety_run.result import no_pairs_line
 
     if not data["pairs"] or not any(p["dispatchable"] for p in data["pairs"]):
         # Stress pairings only (a replay graph replayed in a model graph's attention break, which vLLM never does):

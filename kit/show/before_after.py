@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from kit.analysis.attribution import capture_table, is_replay_capture
 from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.tables import diff_tables, segment_table, style_table
-from kit.experiments import safety_run
+from kit.experiments.safety_run import result as safety_result
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
 from kit.show.pictures import BAR_TOP_MARGIN, STATE_COLOURS, FigureWidget, figure_widget, title_room, titled
@@ -30,7 +30,7 @@ from kit.units import MIB, format_bytes
 
 GRAPH_POOL_AXIS = "MiB (the graph pool's groups; every pool is in the tables above)"
 # The two runs the view compares: experiment scenario -> the replica scenario that runs it.
-SCENARIO_OF = {name: safety_run.SCENARIO_OF[name] for name in ("unpatched", "pr")}
+SCENARIO_OF = {name: safety_result.SCENARIO_OF[name] for name in ("unpatched", "pr")}
 RUN_TITLES = {  # scenario -> what the run is: the replica, never vLLM itself
     "unpatched": "replica, unpatched (its mirror of vLLM 0.33's capture path)",
     "patched": "replica, patched (PR 63155, policy pr)",

@@ -39,7 +39,9 @@ from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations
 from kit.analysis.names import MODEL_STREAM_LABEL
 from kit.analysis.tables import style_table
 from kit.errors import KitError
-from kit.experiments import readwrite_run, safety_run
+from kit.experiments import readwrite_run
+from kit.experiments.safety_run import result as safety_result
+from kit.experiments.safety_run import run as safety_gpu
 from kit.experiments.summary import summarize
 from kit.load.snapshot import Snapshot
 from kit.markup import html_text
@@ -64,7 +66,7 @@ SCROLL = '<div style="overflow-x: auto; max-width: 100%">{}</div>'
 
 @dataclass
 class SafetyRecords:
-    """The adversarial pairings (`pairs`, `kit.experiments.safety_run.pairs_frame`) and the read/write run.
+    """The adversarial pairings (`pairs`, `kit.experiments.safety_run.result.pairs_frame`) and the read/write run.
 
     `readwrite` is a `kit.experiments.readwrite_run` recording with a
     `source` line added; `pairs.attrs["source"]` names the pairings' source.
@@ -86,7 +88,7 @@ class SafetyRecords:
         table = left.merge(right, on=["scenario", "model_size", "replay_size"], how="outer", validate="one_to_one")
         if table[["bit_exact", "readwrite_holds"]].isna().any().any():
             raise KitError("the pairings and read/write recordings do not cover the same scenarios and pairings")
-        order = {scenario: i for i, scenario in enumerate(safety_run.SAFETY_SCENARIOS)}
+        order = {scenario: i for i, scenario in enumerate(safety_result.SAFETY_SCENARIOS)}
         table = table.sort_values(
             ["scenario", "model_size", "replay_size"], key=lambda c: c.map(order) if c.name == "scenario" else c
         ).reset_index(drop=True)
@@ -166,17 +168,17 @@ def load_safety(preset: str, source: str) -> SafetyRecords:
     """The pairings and read/write runs at `preset`: the H200 recordings, or recorded now on this GPU (`LIVE`).
 
     Live, each scenario of each experiment is captured in a fresh process
-    (`safety_run.run_live`, `readwrite_run.record`), some minutes on a GPU.
+    (`safety_gpu.run_live`, `readwrite_run.record`), some minutes on a GPU.
     """
     check_source(source)
     if source == LIVE:
-        pairs = safety_run.pairs_frame(safety_run.run_live(preset))
+        pairs = safety_result.pairs_frame(safety_gpu.run_live(preset))
         path = readwrite_run.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
         data = readwrite_run.load_recording(preset, path)
         data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each scenario in a fresh "
         data["source"] += f"process; {path})"
     else:
-        pairs = safety_run.load_pairs(preset)
+        pairs = safety_result.load_pairs(preset)
         path = readwrite_run.RECORDINGS_DIR / f"{preset}.json"
         data = readwrite_run.load_recording(preset, path)
         data["source"] = _recorded_source(data, path)
@@ -191,13 +193,13 @@ def _differs(cell: object) -> str:
 
 
 def pairings_table(pairs: pd.DataFrame) -> Styler:
-    """Every scenario's pairings in one table (`safety_run.pair_tables`): model graphs down, replay graphs across."""
+    """Every scenario's pairings in one table (`safety_result.pair_tables`): model graphs down, replay graphs across."""
     table = pd.concat(
-        [t.assign(scenario=scenario) for scenario, t in safety_run.pair_tables(pairs).items()], ignore_index=True
+        [t.assign(scenario=scenario) for scenario, t in safety_result.pair_tables(pairs).items()], ignore_index=True
     )
     table = table[["scenario", *(c for c in table.columns if c != "scenario")]]
     table.attrs["source"] = (
-        f"{pairs.attrs.get('source', '?')}; {safety_run.STRESS_NOTE}; † without power: it could not have failed, "
+        f"{pairs.attrs.get('source', '?')}; {safety_result.STRESS_NOTE}; † without power: it could not have failed, "
         "not shown"
     )
     return style_table(table).map(_differs)

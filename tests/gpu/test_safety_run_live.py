@@ -10,16 +10,15 @@ import pytest
 
 from kit.experiments.power import NOTHING_READ
 from kit.experiments.recorded import current_words
-from kit.experiments.safety_run import (
+from kit.experiments.safety_run.result import (
     SAFETY_SCENARIOS,
     enumerate_pairs,
     load_recording,
     pair_verdicts,
     pairs_frame,
-    record,
-    replica_pool_poison,
     scenario_safety_config,
 )
+from kit.experiments.safety_run.run import record, replica_pool_poison
 from kit.recordings import RECORDINGS
 
 pytestmark = pytest.mark.gpu

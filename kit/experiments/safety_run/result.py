@@ -1,71 +1,9 @@
-"""Pairings: every replay graph run in every model graph's break, against eager.
-
-The safety argument for sharing a stream is that, for every model graph N and
-every replay graph R that can run in N's eager break, what R writes does not
-change what is read after R starts. Here every pairing is run, on fresh
-random token ids, and N's outputs (hidden states and aux hidden states) are
-compared bit for bit with an eager forward of the same ids and replay rows:
-
-- a pairing vLLM's dispatch can produce (`kit.experiments.dispatch`: N at or
-  above the trim threshold, R = dispatch(r) for some r in 1..N, R = N and
-  R > N included) runs as vLLM runs it: N's step is given `rows_for(N, R)`
-  replay rows, which the replica's dispatch pads to R, and nothing else is
-  added (`how`: `dispatched`);
-- any other pairing is stress: N's step runs all its N rows in replay graph
-  R, forced past the dispatch (`Adversary`; `how`: `forced`), as vLLM would
-  run them if its dispatch picked R (under prefill context parallelism it
-  can pick R > N); the eager reference pads the same rows with zeros to R.
-
-Either way R is the one replay graph in N's break, as in vLLM. An earlier
-adversary replayed R on random inputs and then N's own replay graph; where
-that own graph rewrote what R could reach (model graph 2048 at the large
-preset: its own replay graph 1024 overwrites the whole early aux output) the
-check could not fail, on 24 pairings at the large preset and 3 at the small.
-With R the last writer in the break nothing can mask it, and running R on
-N's own rows keeps the comparison one against eager (a graph-vs-graph
-comparison with the same inputs' run without R would need another replay
-graph in the break, the masking writer itself).
-
-Every pairing carries its power (`kit.experiments.power`): the pairing's
-graph run again with every graph-pool byte but R's outputs poisoned right
-after R, against the unpoisoned run, graph against graph, bit for bit. A
-pairing whose outputs survive the poison (`power` false) could not have
-failed, and the verdicts never count it as shown: they say how many
-pairings are shown (with power), and which are not, and why.
-
-Model graphs below the trim threshold keep the replay layers inside the graph
-and have no break for R (`no_break`); they are listed, not paired.
-
-The hook leaves the replica's modules alone, so the PR's hunks still apply
-to them: `adversary()` shadows the model state's `prepare_replay_batch` on
-the instance, and arms each replay batch it sets (`Adversary.arm`: the
-forced graph, the eager padding, `run_graph` wrapped to record the replay
-and poison after it).
-
-Scenarios, each captured in a fresh process (patches and the graph pool are
-per process): `pr` (PR 63155), `unpatched` (vLLM 0.33) and
-`early_aux_shared` (an aux hidden state at layer 1, before the replay
-layers, with the replay graphs forced onto the model graphs' stream), the
-scenarios of `kit.experiments.scenarios`. The replica runs with V4.1's
-hyper-connection inputs to the break and an eager break at every layer's
-attention (`ReplicaConfig.attention_breaks`), so model graphs break several
-times and replay graphs have breaks of their own. `record(preset, out_dir)`
-writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the
-shipped recordings are `safety/<preset>.json` under `kit/recordings/`:
-
-    python -m kit.experiments.safety_run --preset small --out DIR   # the shipped: DIR = the recordings' safety/
-    python -m kit.experiments.safety_run --scenario pr --preset small --out pr.json   # one scenario, this process
-    python -m kit safety [--preset small|large] [--live] [--json]
-"""
+"""The safety experiment's scenarios and pairings (which model and replay graphs meet), its recording read back and
+checked (`load_recording`), and the tables, verdicts, text and JSON the kit shows of it. Nothing here needs torch."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
-import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,22 +21,17 @@ from kit.analysis.invariant import (
     NOT_RECORDED as INVARIANT_NOT_RECORDED,
 )
 from kit.analysis.readwrite import OBLIGATION
-from kit.errors import KitError, check_one_of
 from kit.experiments import recorded
 from kit.experiments.dispatch import (
     PCP_SIZES,
     breaks_out,
     config_dispatchable,
-    config_rows_for,
     config_rule,
     dispatchable_under,
     smallest_pcp,
 )
 from kit.experiments.dispatch import RULE as DISPATCH_RULE
-from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, PoolPoison, power_clause, power_fields
-from kit.patch.install import Patch
-from kit.record.provenance import provenance as _provenance
-from kit.record.provenance import require_cuda
+from kit.experiments.power import CONTROL, NOT_RECORDED, NOTHING_READ, power_clause
 from kit.recordings import RECORDINGS
 
 # The safety and read/write experiments' scenarios -> the replica scenario of
@@ -106,23 +39,36 @@ from kit.recordings import RECORDINGS
 # hypothetical flat return (each aux weak, its block free for R), the case the checks exist to catch: with V4.1's
 # nested return vLLM's wrapper keeps the block (`kit.experiments.early_aux`); its recorded config says which ran.
 SCENARIO_OF = {"pr": "patched", "unpatched": "unpatched", "early_aux_shared": "early_aux_shared_flat"}
+
+
 # PLANTED scenarios: the PR's capture (its replica scenario above) of a model with a bug put in on purpose
 # (`ReplicaConfig.planted_cross_break_read`: a graph-pool intermediate read after the replay break), to show the
 # structural invariant (kit.analysis.invariant) and graphs-vs-eager failing.
 PLANTED = {"planted_cross_break_read": "patched"}
+
+
 PLANTED_DESCRIPTION = (
     "PLANTED: PR 63155 on a model that keeps a graph-pool intermediate made before the replay break and reads it "
     "after the break (ReplicaConfig.planted_cross_break_read)"
 )
+
+
 SCENARIO_OF.update(PLANTED)
+
+
 SAFETY_SCENARIOS = tuple(SCENARIO_OF)
+
+
 UNPLANTED = tuple(s for s in SAFETY_SCENARIOS if s not in PLANTED)  # what recordings made before PLANTED hold
+
+
 RECORDINGS_DIR = RECORDINGS / "safety"
+
+
 SEED = 1234
+
+
 PAIR_KEYS = ("scenario", "model_size", "replay_size", "dispatchable", "bit_exact", "max_abs_diff", "outputs")
-
-
-# --- which pairs ---------------------------------------------------------------
 
 
 def enumerate_pairs(config) -> list[tuple[int, int, bool]]:
@@ -146,160 +92,6 @@ def no_break_sizes(config) -> list[int]:
     return [n for n in sorted(config.cudagraph_capture_sizes) if not breaks_out(n, threshold)]
 
 
-# --- the adversary ---------------------------------------------------------------
-
-
-@dataclass
-class Adversary:
-    """What a pairing does to N's step: its replay batch runs in replay graph `replay_size` (None: the one vLLM's
-    dispatch picks for its rows), and, with `poison`, the graph pool is poisoned right after that replay.
-
-    Eagerly the batch's rows are padded with zeros to `replay_size`, so graphs and eager run the replay layers on
-    the same shapes. `replayed` lists the replay graph every armed replay batch ran in.
-    """
-
-    replay_size: int | None = None
-    poison: Callable[[tuple], None] | None = None
-    replayed: list[int] = dataclasses.field(default_factory=list)
-
-    @property
-    def replays(self) -> int:
-        return len(self.replayed)
-
-    def arm(self, batch) -> None:
-        """Set a step's replay batch (a `ReplayBatch`) to run as this pairing runs it."""
-        from kit.replica.forward_context import CUDAGraphMode, ForwardContext
-
-        if batch.run_graph is None:
-            if self.replay_size is not None:
-                batch.num_padded = self.replay_size
-            return
-        if self.replay_size is not None:
-            batch.forward_context = ForwardContext(self.replay_size, CUDAGraphMode.PIECEWISE)
-        batch.run_graph = self.then(batch.run_graph, batch.forward_context.num_tokens)
-
-    def then(self, real: Callable[..., tuple], size: int) -> Callable[..., tuple]:
-        """A replay batch's `run_graph`: `real` (the gather, then the replay of graph `size`), then the poison."""
-
-        def run_graph(rows, inputs):
-            outputs = real(rows, inputs)
-            self.replayed.append(size)
-            if self.poison is not None:
-                self.poison(outputs)  # R's outputs keep their values: the break reads them as R's result
-            return outputs
-
-        return run_graph
-
-
-@contextlib.contextmanager
-def adversary(
-    model_state, replay_size: int | None = None, poison: Callable[[tuple], None] | None = None
-) -> Iterator[Adversary]:
-    """While open, every replay batch runs as `Adversary(replay_size, poison)` says (graphs and eager alike)."""
-    graphs = model_state.replay_cudagraphs
-    if replay_size is not None and (graphs is None or replay_size not in graphs.breakable_cg_runner.captures):
-        raise KitError(f"no replay graph of {replay_size} rows was captured to replay as an adversary")
-    hook = Adversary(replay_size, poison)
-    prepare = model_state.prepare_replay_batch
-
-    def prepare_then_arm(*args, **kwargs) -> None:
-        prepare(*args, **kwargs)
-        batch = model_state.decoder_replay_layers.replay_batch
-        if batch is not None:
-            hook.arm(batch)
-
-    with Patch("the adversary", [(model_state, "prepare_replay_batch", prepare_then_arm)]):
-        yield hook
-
-
-# --- running the pairs (CUDA) ------------------------------------------------------
-
-
-def output_names(config) -> list[str]:
-    return ["hidden_states", *(f"aux_hidden_state[{layer}]" for layer in sorted(set(config.aux_hidden_state_layers)))]
-
-
-def compare_outputs(config, graph: tuple, eager: tuple) -> dict:
-    """Graph outputs against eager ones, bit for bit: the pair's row figures."""
-    from kit.analysis.equivalence import compare_forward
-
-    return compare_forward(output_names(config), graph, eager)
-
-
-def replica_pool_poison(runner) -> PoolPoison:
-    """The positive control's poison over the runner's graph pool (`kit.experiments.power`)."""
-    return PoolPoison.of(runner.model_state.replay_cudagraphs.pool, runner.device)
-
-
-def run_pairs(runner, seed: int = SEED, poison: PoolPoison | None = None) -> list[dict]:
-    """Every pair of a captured runner, against eager, each with its power (`kit.experiments.power`).
-
-    A pairing vLLM's dispatch can produce runs `rows_for(N, R)` replay rows,
-    dispatched to R (`how`: `dispatched`); any other runs all N rows in
-    replay graph R, forced (`how`: `forced`). Either way R is the one replay
-    graph in N's break, as in vLLM, so nothing after R can mask what it wrote.
-    Each row also says how the model graph fares with its default replay
-    graph alone (`alone_bit_exact`). `poison` (default: the runner's graph
-    pool, `replica_pool_poison`) is the positive control's: the pairing's graph run
-    again with the pool poisoned right after R, against the unpoisoned one.
-    """
-    import torch
-
-    config = runner.config
-    names = output_names(config)
-    poison = replica_pool_poison(runner) if poison is None else poison
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-
-    def fresh_ids(size: int):
-        return torch.randint(config.vocab_size, (size,), generator=generator).to(runner.device)
-
-    alone = {}
-    for model_size in sorted(config.cudagraph_capture_sizes):
-        ids = fresh_ids(model_size)
-        alone[model_size] = compare_outputs(config, runner.run(ids), runner.run(ids, use_cudagraph=False))
-    rows = []
-    state = runner.model_state
-    for model_size, replay_size, dispatchable in enumerate_pairs(config):
-        ids = fresh_ids(model_size)
-        # vLLM runs it without PCP (pcp 1), or with prefill context parallelism, its rows counted over the global
-        # batch (more than N): the replica pads N's rows to the same replay graph (model_state.prepare_replay_batch).
-        # A pairing no pcp_size dispatches runs N's rows forced into R.
-        pcp_size = smallest_pcp(config, model_size, replay_size)
-        if pcp_size is not None:
-            num_rows, forced = config_rows_for(config, model_size, replay_size, pcp_size), None
-        else:
-            num_rows, forced = min(replay_size, model_size), replay_size
-        with adversary(state, forced):
-            eager = runner.run(ids, use_cudagraph=False, num_replay_rows=num_rows)
-        with adversary(state, forced) as hook:
-            graph = runner.run(ids, num_replay_rows=num_rows)
-        if hook.replayed != [replay_size]:
-            raise KitError(
-                f"{num_rows} replay rows in model graph {model_size} ran replay graph {hook.replayed or 'none'}, "
-                f"not [{replay_size}]"
-            )
-        try:
-            with adversary(state, forced, poison):
-                poisoned = runner.run(ids, num_replay_rows=num_rows)
-        finally:
-            poison.restore()
-        rows.append(
-            {
-                "model_size": model_size,
-                "replay_size": replay_size,
-                "dispatchable": dispatchable,
-                "dispatch_pcp": pcp_size,
-                "how": "forced" if forced else "dispatched",
-                "replay_rows": num_rows,
-                **(checked := compare_outputs(config, graph, eager)),
-                **power_fields(names, poisoned, graph, failed=not checked["bit_exact"]),
-                "alone_bit_exact": alone[model_size]["bit_exact"],
-                "alone_max_abs_diff": alone[model_size]["max_abs_diff"],
-            }
-        )
-    return rows
-
-
 def safety_config(replica_scenario: str, preset: str):
     """The scenario's replica with V4.1's break inputs and an eager break at every attention."""
     from kit.experiments.scenarios import scenario_config
@@ -318,78 +110,6 @@ def scenario_description(scenario: str) -> str:
     from kit.experiments.scenarios import SCENARIOS
 
     return PLANTED_DESCRIPTION if scenario in PLANTED else SCENARIOS[SCENARIO_OF[scenario]][2]
-
-
-def _shares_model_stream(runner) -> bool:
-    """Whether the replay graphs were captured on the model graphs' stream (the patch records `capture_stream`)."""
-    model = getattr(runner.cudagraph_manager, "capture_stream", None)
-    replay = getattr(runner.model_state.replay_cudagraphs, "capture_stream", None)
-    return model is not None and replay is not None and model == replay
-
-
-def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict:
-    """Capture the replica as `scenario` says in this process and run every pair; its rows and metadata."""
-    from kit.experiments.scenarios import SCENARIOS, check_preset
-    from kit.patch import replica as replica_patch
-    from kit.replica.model_runner import GPUModelRunner
-
-    check_one_of(scenario, SAFETY_SCENARIOS, "safety scenario")
-    check_preset(preset)
-    require_cuda(LIVE_NEEDS_CUDA)
-    replica_scenario = SCENARIO_OF[scenario]
-    patch_policy = SCENARIOS[replica_scenario][0]
-    description = scenario_description(scenario)
-    config = scenario_safety_config(scenario, preset)
-    with replica_patch.patched(patch_policy) if patch_policy else contextlib.nullcontext():
-        runner = GPUModelRunner(config)
-        runner.capture_model()
-    poison = replica_pool_poison(runner)
-    pairs = [{"scenario": scenario, **row} for row in run_pairs(runner, seed, poison)]
-    command = f"python -m kit.experiments.safety_run --scenario {scenario} --preset {preset}"
-    return {
-        "scenario": scenario,
-        "replica_scenario": replica_scenario,
-        "description": description,
-        "preset": preset,
-        "config": dataclasses.asdict(config),
-        "has_early_aux": replica_patch.has_early_aux(runner.model_state),
-        "shares_model_stream": _shares_model_stream(runner),
-        "outputs": output_names(config),
-        "no_break": no_break_sizes(config),
-        "power_control": CONTROL,
-        "poisoned_pool_bytes": poison.nbytes,
-        "seed": seed,
-        "pairs": pairs,
-        "provenance": _provenance(command),
-    }
-
-
-def run_scenario_in_subprocess(scenario: str, preset: str, out: Path) -> dict:
-    """`run_scenario` in a fresh process (its own patch and graph pool); what it wrote to `out`."""
-    failed = f"pairings for {scenario} ({preset})"
-    return recorded.run_in_subprocess("kit.experiments.safety_run", scenario, preset, out, failed)
-
-
-def record(preset: str, out_dir: Path) -> Path:
-    """Every scenario, each in a fresh process, into `out_dir/<preset>.json`; its `PROVENANCE.json` entry too."""
-    from kit.experiments.scenarios import check_preset
-
-    check_preset(preset)
-    require_cuda(LIVE_NEEDS_CUDA)
-    out_dir, runs, provenance = recorded.record_each(
-        "kit.experiments.safety_run", SAFETY_SCENARIOS, run_scenario_in_subprocess, preset, out_dir
-    )
-    pairs, scenarios = recorded.split_pairs(runs)
-    data = {"preset": preset, "rule": DISPATCH_RULE, "pairs": pairs, "scenarios": scenarios, "provenance": provenance}
-    return recorded.write_recording(data, out_dir, preset, verdicts=pair_verdicts(pairs_frame(data)))
-
-
-# --- reading and showing ---------------------------------------------------------
-
-
-LIVE_NEEDS_CUDA = (
-    "live safety runs need CUDA, and this process has none; without --live, safety shows the H200 recording"
-)
 
 
 def recording_path(preset: str) -> Path:
@@ -426,21 +146,6 @@ def _schema_problem(data: Any) -> str | None:
         if missing:
             return f"a pair lacks {', '.join(missing)}"
     return None
-
-
-def run_live(preset: str, out_dir: str | Path | None = None) -> dict:
-    """Record `preset` on this GPU now (each scenario in a fresh process) and read it back."""
-    from kit.experiments.scenarios import check_preset
-
-    check_preset(preset)
-    require_cuda(LIVE_NEEDS_CUDA)  # before any folder or process is made
-    out = Path(out_dir or tempfile.mkdtemp(prefix="kit-safety-"))
-    path = record(preset, out)
-    data = load_recording(preset, path)
-    data["source"] = (
-        f"live GPU ({data['provenance']['gpu']}: captured just now, each scenario in a fresh process; {path})"
-    )
-    return data
 
 
 def pairs_frame(data: dict) -> pd.DataFrame:
@@ -604,6 +309,8 @@ HOW_FORCED = (
     "(dispatched, or forced where vLLM's dispatch does not pick it); cells: N's outputs against eager, bit-exact or "
     "the largest difference"
 )
+
+
 HOW_ADVERSARY = (
     "rows: model graph N, run on fresh token ids; columns: replay graph R, replayed on random inputs in N's "
     "break before N's own; cells: N's outputs against eager, bit-exact or the largest difference"
@@ -661,26 +368,3 @@ def safety_json(data: dict, readwrite: dict | None = None) -> dict:
         "invariant_source": (readwrite or {}).get("source"),
         "scenarios": invariant_by_scenario(readwrite),
     }
-
-
-def scenario_said(name: str, result: dict) -> str:
-    """What one scenario's process prints: its verdict line, or that its preset has no pairing at all."""
-    lines = pair_verdicts(pairs_frame(result))
-    return lines[0] if lines else f"{name}: no pairing: no model graph reaches the trim threshold, none breaks out"
-
-
-def main(argv: list[str] | None = None) -> int:
-    return recorded.recording_main(
-        argv,
-        description="Adversarial pairings of the replica's graphs, on this GPU.",
-        old_flag="--policy",
-        names=", ".join(SAFETY_SCENARIOS),
-        run_one=run_scenario,
-        said=scenario_said,
-        record=record,
-        summary=lambda preset, path: pair_verdicts(load_pairs(preset, path)),
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
