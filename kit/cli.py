@@ -404,7 +404,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_safety(args: argparse.Namespace) -> None:
     from kit.experiments.early_aux import early_aux_lines, replica_shape_lines, replica_shapes
-    from kit.experiments.readwrite_run import recorded_if_any
+    from kit.experiments.readwrite_run.result import recorded_if_any
     from kit.experiments.safety_run.result import load_recording, safety_json, safety_lines
     from kit.experiments.safety_run.run import run_live
     from kit.experiments.vllm.capture import recorded_early_aux_verdict, shipped_invariants

@@ -298,7 +298,7 @@ print("\n".join(agreement_lines(records)))
 # invariant by exactly that block and differ from eager (its rows in the tables above).
 
 # %%
-from kit.experiments.readwrite_run import invariant_lines
+from kit.experiments.readwrite_run.result import invariant_lines
 from kit.experiments.vllm.capture import shipped_invariants
 from kit.experiments.vllm.safety import vllm_invariant_lines
 

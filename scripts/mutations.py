@@ -511,7 +511,7 @@ MUTATIONS = (
     ),
     Mutation(
         "readwrite_summary_counts_holding_pairings_as_violated",
-        "kit/experiments/readwrite_run.py",
+        "kit/experiments/readwrite_run/result.py",
         'f"{len(running) - len(violated) if violated.empty else len(violated)} of {len(running)} dispatchable "',
         'f"{len(running) - len(violated)} of {len(running)} dispatchable "',
         ("tests/test_readwrite_recording.py::test_the_summary_counts_only_the_dispatchable_pairings",),
@@ -626,7 +626,7 @@ MUTATIONS = (
     ),
     Mutation(
         "readwrite_summary_counts_pairings_that_cannot_run",
-        "kit/experiments/readwrite_run.py",
+        "kit/experiments/readwrite_run/result.py",
         '        running = rows[rows["dispatchable"]]\n',
         "        running = rows\n",
         ("tests/test_readwrite_recording.py::test_the_summary_counts_only_the_dispatchable_pairings",),
@@ -1238,7 +1238,7 @@ MUTATIONS = (
     ),
     Mutation(
         "readwrite_pairs_drop_the_unseen_writer",
-        "kit/experiments/readwrite_run.py",
+        "kit/experiments/readwrite_run/result.py",
         '"unseen_writer_bytes": int(row["unseen_writer_bytes"]),',
         '"unseen_writer_bytes": 0,',
         ("tests/test_readwrite.py::test_the_side_by_side_comparison_carries_the_unseen_writer_of_each_pairing",),
@@ -1342,7 +1342,7 @@ MUTATIONS = (
     ),
     Mutation(
         "invariant_merged_into_the_wrong_pairings",
-        "kit/experiments/readwrite_run.py",
+        "kit/experiments/readwrite_run/result.py",
         '    rows = {(r["model_size"], r["break"], r["replay_size"]): r for r in invariant["rows"]}',
         '    rows = {(r["replay_size"], r["break"], r["model_size"]): r for r in invariant["rows"]}',
         ("tests/test_invariant.py",),
@@ -1565,7 +1565,7 @@ MUTATIONS = (
     ),
     Mutation(
         "pairless_readwrite_claims_the_stress_rows",
-        "kit/experiments/readwrite_run.py",
+        "kit/experiments/readwrite_run/result.py",
         '    if not data["pairs"] or not any(p["dispatchable"] for p in data["pairs"]):',
         '    if not data["pairs"]:',
         ("tests/test_readwrite_recording.py",),

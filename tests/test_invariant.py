@@ -40,7 +40,7 @@ from kit.analysis.readwrite import (
     model_segment,
     replay_graph,
 )
-from kit.experiments import readwrite_run
+from kit.experiments.readwrite_run import result as readwrite_result
 from kit.experiments.safety_run import result as safety_result
 from kit.recordings import RECORDINGS
 
@@ -225,7 +225,7 @@ def test_a_vllm_recording_without_accesses_is_not_recorded_never_a_pass():
 
 def _readwrite_with_invariant(holds: bool) -> dict:
     """The shipped small read/write recording with an invariant recorded for every scenario."""
-    data = readwrite_run.load_recording("small")
+    data = readwrite_result.load_recording("small")
     data["source"] = "a test"
     for scenario, run in data["scenarios"].items():
         rows = []
@@ -313,10 +313,10 @@ def test_the_planted_decoder_reads_its_kept_block_after_the_break_and_it_changes
 
 
 def test_a_readwrite_recording_made_before_the_invariant_says_not_recorded():
-    data = readwrite_run.load_recording("small")
+    data = readwrite_result.load_recording("small")
     for run in data["scenarios"].values():
         del run["invariant"]
-    lines = readwrite_run.invariant_lines(data)
+    lines = readwrite_result.invariant_lines(data)
     assert lines[0] == INVARIANT and len(lines) == 1 + len(data["scenarios"])
     assert all(NOT_RECORDED in line for line in lines[1:])
 
@@ -324,7 +324,7 @@ def test_a_readwrite_recording_made_before_the_invariant_says_not_recorded():
 def test_the_large_recording_holds_the_invariant_but_for_the_planted_read():
     """Recorded on 2026-12-05: each model graph reads its planted block (the planted scenario's 11.92 MiB) after the
     break, on all 80 dispatchable pairings; the other scenarios hold on all 80, early aux the only bytes carried."""
-    data = readwrite_run.load_recording("large")
+    data = readwrite_result.load_recording("large")
     runs = {scenario: run["invariant"] for scenario, run in data["scenarios"].items()}
     assert {s: inv["holds"] for s, inv in runs.items()} == {
         "pr": True, "unpatched": True, "early_aux_shared": True, PLANTED: False,
@@ -341,7 +341,7 @@ def test_each_pairing_gets_the_invariant_of_its_own_model_graph_and_break():
     late = invariant_table(synthetic(read_kept=False), graph_pool_ranges(RAW), early_aux=1)
     result = {"rows": [*rows.assign(model_size=64).to_dict("records"), *late.assign(model_size=128).to_dict("records")]}
     pairs = [{"model_size": n, "break": 0, "replay_size": R} for n in (128, 64, 256)]
-    merged = readwrite_run.with_invariant(pairs, result)
+    merged = readwrite_result.with_invariant(pairs, result)
     assert [p["invariant_holds"] for p in merged] == [True, False, None]  # 256: no row, not recorded
     assert [p["graph_pool_carried_bytes"] for p in merged] == [0, 4096, None]
 
@@ -439,7 +439,7 @@ def test_the_planted_replicas_capture_reads_its_kept_block_after_the_replay_brea
     runner, recording = _captured(monkeypatch, config, spy=spy)
     blocks = kept_spans or {n: (0x1000 * n, 0x1000 * n + 64) for n in (8, 16)}  # unplanted: any pool at all
     raw = {"segments": [segment(span, (0, 1)) for span in blocks.values()]}
-    result = readwrite_run.replica_invariant(recording, raw, config)
+    result = readwrite_result.replica_invariant(recording, raw, config)
     sizes = {r["model_size"] for r in result["rows"]}
     assert sizes == {8, 16}
     for row in result["rows"]:

@@ -38,7 +38,8 @@ from kit.analysis.readwrite import (
     unseen_writer_lines,
     unwritten_returns,
 )
-from kit.experiments.readwrite_run import compare_analyses, replica_phases
+from kit.experiments.readwrite_run.result import compare_analyses
+from kit.experiments.readwrite_run.run import replica_phases
 from kit.patch.policy import has_early_aux
 from kit.record.readwrite import ReadWriteRecorder, byte_span, element_spans
 from kit.replica.model import ReplicaConfig
@@ -265,7 +266,7 @@ def test_the_shipped_recording_carries_what_is_read_after_the_replay_layers_star
     """On kit/recordings/readwrite/small.json under the PR, per model graph N: the replay rows' index (8 bytes a
     row, N/2 rows) read by the break's scatter after the replay layers, and the final norm's 2,048 bytes read by
     the last segment (the aux outputs are carried only when early aux shares the stream)."""
-    from kit.experiments.readwrite_run import load_recording
+    from kit.experiments.readwrite_run.result import load_recording
 
     recording = ReadWriteRecording.from_records(load_recording("small")["scenarios"]["pr"]["accesses"])
     table = readwrite_table(recording)
@@ -475,13 +476,13 @@ def test_an_op_with_a_kernel_for_the_tensors_backend_runs_that_kernel(monkeypatc
 
 
 def test_the_experiment_refuses_an_unknown_policy_and_a_machine_without_cuda(tmp_path, capsys):
-    from kit.experiments import readwrite_run
+    from kit.experiments.readwrite_run.__main__ import main
 
-    assert readwrite_run.main(["--policy", "sometimes", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["--policy", "sometimes", "--out", str(tmp_path / "x.json")]) == 2
     assert "unknown read/write scenario 'sometimes'" in capsys.readouterr().err
     if torch.cuda.is_available():
         return
-    assert readwrite_run.main(["--preset", "small", "--out", str(tmp_path / "out")]) == 2
+    assert main(["--preset", "small", "--out", str(tmp_path / "out")]) == 2
     assert "needs CUDA" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -604,7 +605,7 @@ def test_a_replay_graphs_unwritten_return_over_carried_bytes_cannot_be_decided()
 
 def test_a_recording_without_fresh_marks_reports_no_unseen_writer():
     """Recordings made before fresh bytes were marked (the shipped ones) load and report none."""
-    from kit.experiments.readwrite_run import load_recording
+    from kit.experiments.readwrite_run.result import load_recording
 
     recording = ReadWriteRecording.from_records(load_recording("small")["scenarios"]["pr"]["accesses"])
     table = readwrite_table(recording)

@@ -22,7 +22,7 @@ import pytest
 from kit.analysis.invariant import INVARIANT, invariant_table
 from kit.analysis.readwrite import OBLIGATION, Ranges, ReadWriteRecording, readwrite_table
 from kit.errors import KitError
-from kit.experiments.readwrite_run import load_recording, summary_lines
+from kit.experiments.readwrite_run.result import load_recording, summary_lines
 from kit.experiments.safety_run.result import PLANTED, SAFETY_SCENARIOS, UNPLANTED
 from kit.recordings import shipped_bytes
 from tests.helpers import owed

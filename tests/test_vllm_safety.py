@@ -37,7 +37,7 @@ from kit.analysis.readwrite import (
 from kit.errors import KitError
 from kit.experiments import power
 from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
-from kit.experiments.readwrite_run import OUTPUTS_READ
+from kit.experiments.readwrite_run.result import OUTPUTS_READ
 from kit.experiments.summary import vllm_scenario_of
 from kit.experiments.vllm import capture as vc
 from kit.experiments.vllm import safety as vs

@@ -10,7 +10,7 @@ fresh process, by the two analyses the replay graphs get:
 
 - reads and writes (`kit.analysis.readwrite.drafter_table`): the capture is
   recorded under the read/write recorder with the model and replay graphs'
-  phases (`readwrite_run.replica_phases`) and the drafter's (`drafter_phases`:
+  phases (`readwrite_run.run.replica_phases`) and the drafter's (`drafter_phases`:
   drafter graph D while `DFlashCudaGraphManager` captures size D); then one
   real step of every capture size is recorded: what the sampler and `propose`
   read before the drafter graph replays, and what the step reads after it.
@@ -22,7 +22,7 @@ fresh process, by the two analyses the replay graphs get:
   (`kit["step_reads"]`) and from the trace alone;
 
 side by side per (model graph, drafter graph) pairing, with the model graphs'
-own obligation on the same run (`readwrite_run.compare_analyses`). The
+own obligation on the same run (`readwrite_run.result.compare_analyses`). The
 snapshot of each run ships inside the recording (`compact_snapshot`: the
 program's own frames only), so the lifetime analysis can be run again on it.
 
@@ -240,7 +240,8 @@ def run_scenario(scenario: str, preset: str = "small", seed: int = SEED) -> dict
     from kit.experiments.alternatives.run import LIVE_NEEDS_CUDA, build_runner, scenario_patch
     from kit.experiments.alternatives.scenarios import alternatives_config
     from kit.experiments.dispatch import can_run
-    from kit.experiments.readwrite_run import compare_analyses, replica_phases
+    from kit.experiments.readwrite_run.result import compare_analyses
+    from kit.experiments.readwrite_run.run import replica_phases
     from kit.record.readwrite import ReadWriteRecorder
     from kit.record.recorder import CaptureRecorder
 

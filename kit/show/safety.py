@@ -39,7 +39,8 @@ from kit.analysis.liveness import BREAK_INPUT, HELD, Liveness, break_allocations
 from kit.analysis.names import MODEL_STREAM_LABEL
 from kit.analysis.tables import style_table
 from kit.errors import KitError
-from kit.experiments import readwrite_run
+from kit.experiments.readwrite_run import result as readwrite_result
+from kit.experiments.readwrite_run import run as readwrite_gpu
 from kit.experiments.safety_run import result as safety_result
 from kit.experiments.safety_run import run as safety_gpu
 from kit.experiments.summary import summarize
@@ -168,19 +169,19 @@ def load_safety(preset: str, source: str) -> SafetyRecords:
     """The pairings and read/write runs at `preset`: the H200 recordings, or recorded now on this GPU (`LIVE`).
 
     Live, each scenario of each experiment is captured in a fresh process
-    (`safety_gpu.run_live`, `readwrite_run.record`), some minutes on a GPU.
+    (`safety_gpu.run_live`, `readwrite_gpu.record`), some minutes on a GPU.
     """
     check_source(source)
     if source == LIVE:
         pairs = safety_result.pairs_frame(safety_gpu.run_live(preset))
-        path = readwrite_run.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
-        data = readwrite_run.load_recording(preset, path)
+        path = readwrite_gpu.record(preset, Path(tempfile.mkdtemp(prefix="kit-readwrite-")))
+        data = readwrite_result.load_recording(preset, path)
         data["source"] = f"live GPU ({data['provenance'].get('gpu', '?')}: captured just now, each scenario in a fresh "
         data["source"] += f"process; {path})"
     else:
         pairs = safety_result.load_pairs(preset)
-        path = readwrite_run.RECORDINGS_DIR / f"{preset}.json"
-        data = readwrite_run.load_recording(preset, path)
+        path = readwrite_result.RECORDINGS_DIR / f"{preset}.json"
+        data = readwrite_result.load_recording(preset, path)
         data["source"] = _recorded_source(data, path)
     return SafetyRecords(pairs, data)
 
@@ -268,7 +269,7 @@ def disagreement_lines(records: SafetyRecords) -> list[str]:
     The trace-only false positives over kept-bound break inputs
     (`bound_break_inputs`, checked on the recording) are grouped per scenario
     into one sentence; any other disagreement gets the explanation recorded
-    with it (`kit.experiments.readwrite_run.explain`), one line per pairing.
+    with it (`kit.experiments.readwrite_run.result.explain`), one line per pairing.
     """
     lines = []
     frame = pd.DataFrame(records.readwrite["pairs"])

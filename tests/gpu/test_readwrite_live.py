@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.dispatch import dispatch_replay_size
-from kit.experiments.readwrite_run import OUTPUTS_READ
+from kit.experiments.readwrite_run.result import OUTPUTS_READ
 from kit.replica.model import ReplicaConfig
 
 pytestmark = pytest.mark.gpu
@@ -13,7 +13,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> dict:
-    from kit.experiments.readwrite_run import load_recording, record
+    from kit.experiments.readwrite_run.result import load_recording
+    from kit.experiments.readwrite_run.run import record
 
     return load_recording("small", record("small", tmp_path_factory.mktemp("readwrite")))
 

@@ -82,7 +82,7 @@ from kit.analysis.readwrite import (
 from kit.analysis.tables import table_records
 from kit.experiments import dispatch
 from kit.experiments.power import CONTROL, PoolPoison, not_run, power_clause, power_fields
-from kit.experiments.readwrite_run import capture_phases
+from kit.experiments.readwrite_run.run import capture_phases
 from kit.experiments.summary import vllm_scenario_of
 from kit.patch.install import Patch
 from kit.units import format_bytes
@@ -105,7 +105,7 @@ REFERENCE = (
 
 
 def vllm_phases(runner, recorder) -> contextlib.AbstractContextManager:
-    """`readwrite_run.capture_phases` on vLLM's capture path (see the module docstring).
+    """`readwrite_run.run.capture_phases` on vLLM's capture path (see the module docstring).
 
     The model graphs' wrapper is the one `ModelCudaGraphManager.capture` made
     (`init_breakable_cg_runner`), the replay graphs' the replay manager's; a
