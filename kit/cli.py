@@ -380,7 +380,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from kit.record.provenance import require_cuda
 
     if args.vllm or args.json:
-        from kit.experiments.vllm.capture import demo
+        from kit.experiments.vllm.recordings import demo
 
         demo(live=args.live, as_json=args.json, vllm=args.vllm)
         return
@@ -407,7 +407,7 @@ def cmd_safety(args: argparse.Namespace) -> None:
     from kit.experiments.readwrite_run.result import recorded_if_any
     from kit.experiments.safety_run.result import load_recording, safety_json, safety_lines
     from kit.experiments.safety_run.run import run_live
-    from kit.experiments.vllm.capture import recorded_early_aux_verdict, shipped_invariants
+    from kit.experiments.vllm.recordings import recorded_early_aux_verdict, shipped_invariants
     from kit.experiments.vllm.safety import vllm_invariant_lines
 
     data = run_live(args.preset) if args.live else load_recording(args.preset)

@@ -41,7 +41,7 @@ from kit.analysis.names import GRAPH_POOL_LABEL
 from kit.analysis.whatif import PREDICTION_BYTES, prediction_table
 from kit.experiments.scenarios import replica_runs
 from kit.experiments.summary import summarize
-from kit.experiments.vllm.capture import recording_path
+from kit.experiments.vllm.recordings import recording_path
 from kit.recordings import default_source
 from kit.replica import parallel_state
 from kit.show.before_after import (

@@ -66,7 +66,7 @@ from kit.experiments.dispatch import default_step_replay_graph
 from kit.experiments.early_aux import early_aux_lines, replica_shape_lines
 from kit.experiments.safety_run.result import pair_verdicts
 from kit.experiments.scenarios import replica_runs
-from kit.experiments.vllm.capture import recorded_early_aux_verdict
+from kit.experiments.vllm.recordings import recorded_early_aux_verdict
 from kit.recordings import default_source
 from kit.replica.model import PRESETS
 from kit.show.safety import (
@@ -299,7 +299,7 @@ print("\n".join(agreement_lines(records)))
 
 # %%
 from kit.experiments.readwrite_run.result import invariant_lines
-from kit.experiments.vllm.capture import shipped_invariants
+from kit.experiments.vllm.recordings import shipped_invariants
 from kit.experiments.vllm.safety import vllm_invariant_lines
 
 print(f"data source: {SOURCE}: {records.readwrite['source']}")

@@ -55,7 +55,8 @@ import torch
 from IPython.display import Code, display
 
 import kit
-from kit.experiments.vllm.capture import demo_lines, load_recordings, summarize
+from kit.experiments.summary import summarize
+from kit.experiments.vllm.recordings import demo_lines, load_recordings
 from kit.recordings import recording
 
 logging.getLogger("torch").setLevel(logging.ERROR)  # torch's import-time deprecation notices under vLLM

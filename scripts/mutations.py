@@ -1485,7 +1485,7 @@ MUTATIONS = (
     ),
     Mutation(
         "old_vllm_recordings_read_by_their_file_name",
-        "kit/experiments/vllm/capture.py",
+        "kit/experiments/vllm/recordings.py",
         '    return base + FLAT_SUFFIX if aux_return_of({"vllm_scenario": about}) == "flat" else base',
         "    return name",
         ("tests/test_early_aux.py", "tests/test_vllm_recording.py"),

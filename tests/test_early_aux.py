@@ -24,6 +24,7 @@ from kit.experiments import early_aux as ea
 from kit.experiments.scenarios import FLAT_AUX_SCENARIOS, SCENARIOS, scenario_config
 from kit.experiments.summary import aux_return_of, vllm_scenario_of
 from kit.experiments.vllm import capture as vc
+from kit.experiments.vllm import recordings as vr
 from kit.replica import breakable_cudagraph as bc
 from kit.replica.model import AUX_RETURNS, ReplicaConfig
 from kit.replica.model_runner import GPUModelRunner
@@ -183,11 +184,11 @@ def test_a_recordings_return_shape_is_read_from_what_it_ran():
     ],
 )
 def test_a_vllm_recording_is_read_as_the_scenario_it_ran(stem, about, scenario):
-    assert vc.recorded_as(stem, about) == scenario
+    assert vr.recorded_as(stem, about) == scenario
 
 
 def test_the_shipped_vllm_recordings_are_read_by_the_scenario_they_ran():
-    runs = vc.load_recordings()
+    runs = vr.load_recordings()
     files = {name: snap.source_label.rsplit("/", 1)[-1].rstrip(")") for name, snap in runs.items()}
     assert files["early_aux_shared"] == "early_aux_shared.pickle" and files["early_aux_shared_flat"] == (
         "early_aux_shared_flat.pickle"
@@ -307,7 +308,7 @@ def test_kit_safety_prints_the_early_aux_verdict_from_vllms_recordings(capsys):
     from kit.cli import main
     from kit.experiments.safety_run.result import load_recording
 
-    expected = ea.early_aux_verdict({name: vc.summarize(snap) for name, snap in vc.load_recordings().items()})
+    expected = ea.early_aux_verdict({name: vc.summarize(snap) for name, snap in vr.load_recordings().items()})
     assert main(["safety"]) == 0
     out = capsys.readouterr().out
     for line in ea.early_aux_lines(expected):
@@ -325,7 +326,7 @@ def test_kit_safety_prints_the_early_aux_verdict_from_vllms_recordings(capsys):
 def test_without_vllm_recordings_kit_safety_says_so(monkeypatch, tmp_path, capsys):
     from kit.cli import main
 
-    monkeypatch.setattr(vc, "recording_path", lambda name: tmp_path / f"{name}.pickle")
+    monkeypatch.setattr(vr, "recording_path", lambda name: tmp_path / f"{name}.pickle")
     assert main(["safety", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["early_aux_vllm"]["on_vllm_0_33"] is None and "no vLLM recordings" in data["early_aux_vllm"]["source"]

@@ -282,7 +282,7 @@ def test_kit_safety_text_prints_the_invariant_per_scenario_beside_the_obligation
 
 
 def test_the_planted_scenarios_run_the_prs_capture_with_the_planted_model():
-    from kit.experiments.vllm.capture import VLLM_SCENARIOS
+    from kit.experiments.vllm.recordings import VLLM_SCENARIOS
 
     config = safety_result.scenario_safety_config("planted_cross_break_read", "small")
     assert config.planted_cross_break_read

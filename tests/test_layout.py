@@ -411,6 +411,7 @@ POLICY_KEYS = {
     "kit.vllm_plugin": "the stream rule KIT_VLLM_PATCH asks for",
     "kit.experiments.scenarios": "the stream rule a replica scenario captures under",
     "kit.experiments.vllm.capture": "the stream rule a vLLM scenario captures under",
+    "kit.experiments.vllm.recordings": "the stream rule a vLLM scenario captures under",
     "kit.experiments.summary": "the stream rule of the run summarized",
     "kit.experiments.early_aux": "the stream rule of the run looked for",
     "kit.show.safety": "the stream rule of the run shown",

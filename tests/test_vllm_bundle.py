@@ -24,6 +24,7 @@ import torch
 
 from kit.errors import KitError
 from kit.experiments.vllm import capture as vc
+from kit.experiments.vllm import recordings as vr
 from tests.vllm_standins import StandInCuda, StandInGraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,6 +224,7 @@ def test_a_compiled_extension_stand_in_imports_and_raises_when_called():
         [sys.executable, "-c", textwrap.dedent("""
             import importlib.util
             from kit.experiments.vllm import capture as vc
+            from kit.experiments.vllm import recordings as vr
             stub = vc.stub_support()
             names = ["vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C"]
             stub.stub_extensions(names)  # the real ones are installed here: they are used
@@ -391,7 +393,7 @@ def test_one_summary_for_the_replica_and_vllm_keeps_the_replicas_old_names(name)
 def test_demo_vllm_refuses_what_it_cannot_do(tmp_path, monkeypatch, capsys):
     from kit.cli import main
 
-    monkeypatch.setattr(vc, "recording_path", lambda name: tmp_path / f"{name}.pickle")
+    monkeypatch.setattr(vr, "recording_path", lambda name: tmp_path / f"{name}.pickle")
     for argv, message in (
         (["demo", "--json"], "--json goes with --vllm"),
         (["demo", "--vllm", "--live"], "bash scripts/vllm_on_device.sh OUT"),
@@ -424,7 +426,7 @@ def test_record_falls_back_to_the_managers_path_and_keeps_what_stopped_the_runne
     monkeypatch.setattr(vc, "require_cuda", lambda message: None)
     monkeypatch.setattr(vc.subprocess, "run", fake_run)
     results = vc.record(tmp_path)
-    assert calls == [(name, path) for name in vc.VLLM_SCENARIOS for path in vc.PATHS]
+    assert calls == [(name, path) for name in vr.VLLM_SCENARIOS for path in vc.PATHS]
     assert results["patched"] == {"vllm_scenario": "patched"}
     manifest = json.loads((tmp_path / "PROVENANCE.json").read_text())
     entry = manifest["patched.pickle"]

@@ -11,7 +11,7 @@ path: under the PR it holds and every dispatchable pairing is bit-exact; with
 early aux forced to share it holds too when the aux is returned as V4.1 does,
 and when it is handed out weak (the hypothetical flat return) it is violated,
 and the graphs differ from eager on exactly the violated pairings). Each
-recording is read as the scenario it ran (`vllm_capture.recorded_as`): the
+recording is read as the scenario it ran (`vr.recorded_as`): the
 shipped ones predate the return shapes' names.
 
 `KIT_VLLM_RECORDINGS=DIR` checks a fresh recording in DIR (what
@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from kit.experiments.early_aux import CHANGES
-from kit.experiments.summary import vllm_scenario_of
-from kit.experiments.vllm import capture as vc
-from kit.experiments.vllm.capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN, VLLM_SCENARIOS, summarize
+from kit.experiments.summary import summarize, vllm_scenario_of
+from kit.experiments.vllm import recordings as vr
+from kit.experiments.vllm.capture import BYPASSED, CONSTRUCTED, NOT_MODELLED, PATHS, STOOD_IN
+from kit.experiments.vllm.recordings import VLLM_SCENARIOS
 from kit.recordings import RECORDINGS
 from tests.helpers import OWED_ON_THE_H200, owed
 
@@ -51,7 +52,7 @@ STEMS = sorted([*(p.stem for p in FOLDER.glob("*.pickle")), *COMPRESSED])  # the
 @pytest.fixture(autouse=True)
 def recordings_in_folder(monkeypatch):
     """`demo --vllm` reads the recordings under test (the shipped ones unless KIT_VLLM_RECORDINGS says)."""
-    monkeypatch.setattr(vc, "recording_path", lambda name: FOLDER / f"{name}.pickle")
+    monkeypatch.setattr(vr, "recording_path", lambda name: FOLDER / f"{name}.pickle")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def manifest() -> dict:
 
 @pytest.fixture(scope="module")
 def every_recording(manifest) -> dict:
-    return vc.load_recordings(FOLDER)
+    return vr.load_recordings(FOLDER)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_every_scenario_is_recorded_and_nothing_else(manifest, every_recording):
     shipped = sorted(f"{stem}.pickle{'.gz' if stem in COMPRESSED else ''}" for stem in STEMS)
     assert files == sorted(["PROVENANCE.json", *shipped])  # what the script wrote, the largest compressed
     assert sorted(manifest) == sorted(f"{stem}.pickle" for stem in STEMS)
-    assert set(STEMS) <= set(VLLM_SCENARIOS) | set(vc.OLD_NAMES) and len(snapshots) == len(STEMS)  # one scenario each
+    assert set(STEMS) <= set(VLLM_SCENARIOS) | set(vr.OLD_NAMES) and len(snapshots) == len(STEMS)  # one scenario each
     # Every scenario is recorded but those tests/helpers.py still lists as owed (vLLM's default presets); in the
     # shipped folder, a listed one that has been recorded fails `owed`.
     listed = {name for name in VLLM_SCENARIOS if f"vllm/{name}.pickle" in OWED_ON_THE_H200}

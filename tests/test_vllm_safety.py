@@ -40,6 +40,7 @@ from kit.experiments.power import FAILED, NOT_RECORDED, NOTHING_READ, PoolPoison
 from kit.experiments.readwrite_run.result import OUTPUTS_READ
 from kit.experiments.summary import vllm_scenario_of
 from kit.experiments.vllm import capture as vc
+from kit.experiments.vllm import recordings as vr
 from kit.experiments.vllm import safety as vs
 from kit.recordings import RECORDINGS
 from tests.vllm_standins import StandInCuda, StandInGraph
@@ -124,7 +125,7 @@ def test_the_stand_in_takes_vllms_default_replay_sizes():
     with pytest.raises(KitError, match="aux_return must be one of nested, flat"):
         cfg.with_early_aux(aux_return="recursive")
     for name in ("early_aux_pr", "early_aux_shared"):
-        nested, flat = vc.VLLM_SCENARIOS[name], vc.VLLM_SCENARIOS[f"{name}_flat"]
+        nested, flat = vr.VLLM_SCENARIOS[name], vr.VLLM_SCENARIOS[f"{name}_flat"]
         assert nested.aux_return == "nested" and flat.description.startswith("hypothetical: ")
         assert nested._replace(description="", aux_return="flat") == flat._replace(description="")
 
@@ -342,15 +343,15 @@ def old_format(name: str) -> dict:
 
 def write_recordings(tmp_path: Path, monkeypatch, extra: dict | None = None) -> list[str]:
     """The shipped recordings, old-format, in `tmp_path`; the scenarios they ran (`recorded_as`), in demo's order."""
-    stems = [name for name in (*vc.VLLM_SCENARIOS, *vc.OLD_NAMES) if (SHIPPED / f"{name}.pickle").is_file()]
+    stems = [name for name in (*vr.VLLM_SCENARIOS, *vr.OLD_NAMES) if (SHIPPED / f"{name}.pickle").is_file()]
     ran = set()
     for stem in stems:
         raw = old_format(stem)
         raw["kit"].update(extra or {})
         (tmp_path / f"{stem}.pickle").write_bytes(pickle.dumps(raw))
-        ran.add(vc.recorded_as(stem, vllm_scenario_of(raw["kit"])))
-    monkeypatch.setattr(vc, "recording_path", lambda name: tmp_path / f"{name}.pickle")
-    return [name for name in vc.VLLM_SCENARIOS if name in ran]
+        ran.add(vr.recorded_as(stem, vllm_scenario_of(raw["kit"])))
+    monkeypatch.setattr(vr, "recording_path", lambda name: tmp_path / f"{name}.pickle")
+    return [name for name in vr.VLLM_SCENARIOS if name in ran]
 
 
 def test_demo_vllm_json_carries_the_pairings_and_the_obligation(readwrite, pairings, tmp_path, monkeypatch, capsys):
