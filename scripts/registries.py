@@ -10,7 +10,8 @@ adding a module meant three edits. Now both are generated between markers:
   and what it holds from the docstring's first line;
 - the test table: for each module, the test files that import it (by its
   name, from its package, or a public name of `kit` it defines), run it
-  (`-m module`, `run_kit` for `kit.__main__`), or name it in their docstring
+  (`-m module`; `run_kit` runs `kit.cli` in the test's process, `run_kit_process`
+  `kit.__main__` in a fresh one), or name it in their docstring
   (a module tested through another: `kit.analysis.pairing` through `diff`).
 
 So adding a module touches one docstring (its package's, which must name it).
@@ -150,6 +151,8 @@ def covered_by(test: Path, modules: dict[str, Path], public: dict[str, str]) -> 
             run = {b for a, b in zip(items, items[1:], strict=False) if a == "-m"}  # run in a fresh process
             found.update(run | {f"{m}.__main__" for m in run})  # `-m kit` runs `kit.__main__`
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_kit":
+            found.add("kit.cli")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_kit_process":
             found.add("kit.__main__")
     return found & set(modules)
 

@@ -19,6 +19,7 @@ tests/conftest.py.
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import subprocess
 import sys
@@ -93,6 +94,26 @@ def segment(address: int, sizes_states: list[tuple[int, str]], *, stream: int = 
 
 
 def run_kit(*args: str) -> subprocess.CompletedProcess:
+    """`python -m kit ARGS` as its entry point runs it (`kit.cli.main`), in this process: its exit status and output
+    as text, as `run_kit_process` has them from a fresh process (argparse's exits included). What `--quiet` sets is
+    put back. A few tests keep the fresh process: the entry point itself, and what a new interpreter imports."""
+    from kit import progress
+    from kit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    quiet = progress.is_quiet()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as e:  # argparse: --help, and the usage errors it reports itself
+                status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        progress.set_quiet(quiet)
+    return subprocess.CompletedProcess(["python", "-m", "kit", *args], status, out.getvalue(), err.getvalue())
+
+
+def run_kit_process(*args: str) -> subprocess.CompletedProcess:
     """`python -m kit ARGS` in a fresh process, its output as text."""
     return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=300)
 

@@ -23,7 +23,7 @@ from kit import KitError, load_snapshot
 from kit.load.incremental import SINK_NAME
 from kit.load.unpickle import safe_unpickle, snapshot_unpickler
 
-from .helpers import run_kit
+from .helpers import run_kit, run_kit_process
 
 
 class _RunsAShellCommand:
@@ -46,7 +46,7 @@ def test_hostile_pickle_never_runs_its_command(tmp_path):
     path.write_bytes(hostile_pickle(marker))
     out = tmp_path / "report.html"
     for args in (["table", str(path)], ["report", str(path), "-o", str(out)], ["diff", str(path), str(path)]):
-        done = run_kit(*args)
+        done = run_kit_process(*args)  # as a user runs it: the entry point, a fresh interpreter
         assert done.returncode == 2
         assert "refused to load global" in done.stderr
         assert "system" in done.stderr  # names the refused global (posix.system / nt.system)
@@ -117,7 +117,7 @@ def test_report_failure_leaves_previous_file_intact(tmp_path):
 
 
 def test_unknown_command_is_a_usage_error():
-    done = run_kit("frobnicate")
+    done = run_kit_process("frobnicate")
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
