@@ -10,7 +10,6 @@ import ast
 import gc
 import importlib
 import inspect
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from kit.patch.policy import has_early_aux
 from kit.record.recorder import label_from_stack, manager_name
 from tests import vllm_standins as standin
 from tests.diff_lines import diff_changes, hunk_changes
+from tests.helpers import run_kit
 
 VLLM_ROOT = Path(vllm.__file__).parent
 
@@ -129,9 +129,8 @@ def test_each_patched_function_is_the_installed_one_with_the_prs_edits():
     assert "stream=self.cudagraph_manager.capture_stream" in patch_vllm.diff()
 
 
-@pytest.mark.slow
 def test_the_command_line_prints_the_diff():
-    run = subprocess.run([sys.executable, "-m", "kit", "vllm-diff"], capture_output=True, text=True, timeout=300)
+    run = run_kit("vllm-diff")  # in this process, where vLLM is imported already
     assert run.returncode == 0, run.stderr[-2000:]
     assert "+++ vllm.distributed.parallel_state.graph_capture (PR 63155)" in run.stdout
     assert "capture_replay_graphs(prepare, stream=replay_stream(self, stream))" in run.stdout
