@@ -210,6 +210,15 @@ MUTATIONS = (
         "only a run nobody reads the trace of may keep none",
     ),
     Mutation(
+        "safety_json_rewrites_a_recorded_figure",
+        "kit/experiments/safety_run/result.py",
+        '    return [p if "power" in p else {**p, "power": None, "power_reason": NOT_RECORDED} for p in pairs]',
+        '    return [{**p, "max_abs_diff": 0.0} if "power" in p else {**p, "power": None, "power_reason": NOT_RECORDED}'
+        " for p in pairs]",
+        ("tests/test_cli_golden.py::test_safety_json_carries_every_recorded_pairing_unchanged",),
+        "`kit safety --json` carries every recorded pairing's figures as recorded",
+    ),
+    Mutation(
         "row_walk_strands_only_beside_a_larger_block",
         "kit/analysis/trace/rows.py",
         "        if size >= rounded and (best is None or size > best[1]):",
