@@ -696,3 +696,9 @@ def test_every_planted_bug_still_finds_its_line():
         del sys.modules["mutations"]
     stale = [m.name for m in mutations.MUTATIONS if (ROOT / m.file).read_text().count(m.old) != 1]
     assert stale == []
+
+
+def test_no_experiment_module_runs_past_500_lines():
+    """An experiment that outgrows one module is split by what a reader looks for (kit/experiments' docstring)."""
+    lines = {p: len(p.read_text().splitlines()) for p in (ROOT / "kit" / "experiments").rglob("*.py")}
+    assert not {str(p.relative_to(ROOT)): n for p, n in lines.items() if n > 500 and "stubs" not in p.parts}

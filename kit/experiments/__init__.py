@@ -23,8 +23,8 @@
 - `vllm`: vLLM 0.33's own capture code (not the replica) with real CUDA
   graphs around a stand-in DeepSeek-V4.1, unpatched and under the PR, from
   vLLM's sources on a GPU machine without vLLM (`kit demo --vllm`), in a
-  sub-package of its own (`vllm.capture`, `vllm.importing`, `vllm.standin`,
-  `vllm.safety`: its docstring says which is which);
+  sub-package of its own (`vllm.capture`, `vllm.recordings`, `vllm.importing`,
+  `vllm.standin`, `vllm.safety`: its docstring says which is which);
 - `early_aux`: the PR's early-aux exception on vLLM's semantics, read from the
   vLLM-path recordings in both return shapes (V4.1's nested aux list, and the
   hypothetical flat one): needed or defensive, its cost, what would need it;
@@ -33,6 +33,13 @@
 - `recorded`: what the JSON experiments share: their recordings read and
   written (provenance and manifests by `kit.record.provenance`), and each
   scenario run in a fresh process, its error kept (`child_error`).
+
+An experiment too large for one module is a sub-package split by what a
+reader looks for: its run on the GPU (`run`, `capture` in `vllm`) apart from
+its result (`result`, `scenarios`, `vllm.recordings`: the recording read back,
+its text and JSON, none of it importing torch, so that `kit.show` and
+`kit.cli` read results without it), and `__main__` where it is run as
+`python -m` (the command its recordings' provenance names).
 
 The map of all the kit's packages and their layers is `docs/architecture.md`.
 """
