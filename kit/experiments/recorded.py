@@ -274,6 +274,13 @@ def output_dir(out_dir: str | Path) -> Path:
     return out_dir
 
 
+def _prog() -> str | None:
+    """`python -m kit.experiments.X` where this process runs a kit package's `__main__`; else argparse's own."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", "") or ""
+    return f"python -m {name.removesuffix('.__main__')}" if name.startswith("kit.") else None
+
+
 def recording_main(
     argv: list[str] | None,
     *,
@@ -294,7 +301,7 @@ def recording_main(
     `old_flag` (`--policy`, `--variant`) is the name the flag had when the
     shipped recordings were made; their provenance commands still run.
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=_prog(), description=description)
     help_one = f"one scenario in this process ({names}); --out is its JSON file"
     parser.add_argument("--scenario", old_flag, dest="scenario", help=help_one)
     parser.add_argument("--preset", default="small")
