@@ -117,10 +117,7 @@ MUTATIONS = (
         "kit/show/safety.py",
         "    if has_early_aux and shares:\n",
         "    if has_early_aux and not shares:\n",
-        (
-            "tests/test_notebooks.py::test_notebook_runs_headless_and_shows_its_figures[04_safety]",
-            "tests/test_browser.py::test_notebook_renders_and_reacts_in_jupyterlab[04_safety]",
-        ),
+        ("tests/test_browser.py::test_notebook_renders_and_reacts_in_jupyterlab[04_safety]",),
         "the policy explorer's branches swapped: forced sharing shows the PR's safe capture",
     ),
     Mutation(

@@ -4,8 +4,9 @@ One JupyterLab server (headless, a token, a free port, notebooks/ as its root) s
 for each notebooks/NN_*.ipynb, tests/browser/run_notebook.mjs opens it in Debian's Chromium through
 playwright-core (no browser download), runs Run > Run All Cells, waits for an idle kernel, and
 reports what the page shows. The test requires no error output, at least one widget view, a
-rendered plotly plot where the notebook uses plotly, the key lines and figures the headless run
-requires (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`), every plotly plot at least 90% as wide
+rendered plotly plot where the notebook uses plotly, the key lines and figures each notebook
+must show (tests/test_notebooks.py's `KEY_LINES` and `SHOWN`) and the line naming its data source, a
+progress widget shown while any cell runs longer than `SLOW_IN_BROWSER` seconds, every plotly plot at least 90% as wide
 as its output area with no legend entry behind a scroll bar and no title cut off (1400 px window), and,
 in every notebook with a control a person can operate, one control marked with the CSS class
 `kit-main-control`: moving it must change what its cell shows as `CONTROL` says (before and after, a
@@ -45,7 +46,7 @@ from kit.show.report import write_report
 
 from .hostile import EXPLORER_HTML, MODULE_LABEL, POOL_NAME, SCRIPT_LABEL, hostile_snapshot
 from .servers import free_port, stop_process_group, wait_until_up
-from .test_notebooks import KEY_LINES, SHOWN
+from .test_notebooks import KEY_LINES, SHOWN, SLOW_CELL
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -56,6 +57,9 @@ CHROMIUM = Path(os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOTS = ROOT / "build" / "screenshots"
 NOTEBOOK_SECONDS = 240  # one notebook: open, run all, render, move the control
 PLOT_SHARE = 0.9  # of its output area's width, the least a plotly plot may fill
+# A cell slower than this shows progress while it runs: SLOW_CELL, plus a second for the browser's clock (the
+# driver looks every 200 ms, and a cell's time there includes drawing its outputs).
+SLOW_IN_BROWSER = SLOW_CELL + 1.0
 
 # Per notebook, its main control: (kind, what its cell shows before moving it, and after, and whether a figure
 # changes). The move is one step: the next toggle button, one arrow key on a slider, the next dropdown option.
@@ -262,8 +266,14 @@ def test_notebook_renders_and_reacts_in_jupyterlab(notebook: Path, lab: tuple[st
         assert not plot["legend_scrolls"], f"{what} hides legend entries behind a scroll bar"
         assert not plot["title_cut"], f"{what} has its title cut off"
     page = words(report["text"])
+    assert words("data source: recorded") in page, f"{notebook.name} names no data source"
     for line in (*KEY_LINES[notebook.stem], *SHOWN[notebook.stem]):
         assert words(line) in page, f"{notebook.name} does not show {line!r} in the browser"
+    assert len(report["cells"]) == execution["code_cells"], context
+    for number, cell in enumerate(report["cells"]):  # a slow cell shows that it is still working, while it is
+        if (cell["seconds"] or 0) > SLOW_IN_BROWSER:
+            first, took = cell["first_line"], cell["seconds"]
+            assert cell["progress"], f"{notebook.name} code cell {number} ({first!r}) ran {took:.1f} s with no progress"
     # Every notebook a person can operate has its main control, and moving it changes what its cell shows.
     assert report["control_widgets"], f"{notebook.name} has no control: {context}"
     assert len(report["controls"]) == 1, f"not one kit-main-control among {report['control_widgets']}: {context}"

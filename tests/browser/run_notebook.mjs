@@ -6,6 +6,10 @@
 //   node run_notebook.mjs --base http://127.0.0.1:PORT --token TOKEN --notebook 01_start_here.ipynb \
 //        --screenshots ../../build/screenshots [--expect-plot] [--chromium /usr/bin/chromium] [--timeout 240]
 //
+// Per code cell (`cells`): its seconds, from the moment the cell before it finished (or Run All began) to its own
+// prompt number, looked at every 200 ms, and whether its output showed a progress widget with a time while it ran;
+// the test requires that on every cell slower than tests/test_notebooks.py's SLOW_CELL.
+//
 // Screenshots: SCREENSHOTS/<stem>.png (the whole notebook after the run: the viewport is made as tall
 // as the notebook), <stem>_control.png (the outputs of the cell holding the `kit-main-control`: the
 // control and its figures), <stem>_after.png and <stem>_control_after.png (the same after moving the
@@ -101,6 +105,36 @@ async function executionState(page) {
     },
     { NOTEBOOK, PANEL },
   );
+}
+
+/** Per code cell: whether it shows its prompt number yet, and whether its output shows a progress widget with a
+ *  time in it now (kit.progress's bars close when their work ends, so they are looked for while cells run). */
+async function cellStates(page) {
+  return page.evaluate(
+    (NOTEBOOK) =>
+      [...document.querySelectorAll(`${NOTEBOOK} .jp-CodeCell`)].map((cell) => {
+        const prompt = cell.querySelector('.jp-InputPrompt');
+        const out = cell.querySelector('.jp-OutputArea');
+        const bar = out && out.querySelector('.widget-progress, .widget-hprogress, progress');
+        const line = cell.querySelector('.cm-line');
+        return {
+          numbered: Boolean(prompt) && /\[\d+\]/.test(prompt.textContent),
+          progress: Boolean(bar) && /\d\d:\d\d/.test(out.textContent),
+          first_line: line ? line.textContent.slice(0, 80) : '',
+        };
+      }),
+    NOTEBOOK,
+  );
+}
+
+/** Fold one look at the cells into what was seen so far: when each got its number, whether it showed progress. */
+async function watchCells(page, seen) {
+  const now = Date.now();
+  return (await cellStates(page)).map((state, i) => ({
+    numbered_at: seen[i]?.numbered_at ?? (state.numbered ? now : null),
+    progress: Boolean(seen[i]?.progress) || state.progress,
+    first_line: state.first_line,
+  }));
 }
 
 /** The content of every plotly figure in the notebook: traces and layout, less the page-size parts. */
@@ -287,7 +321,9 @@ async function moveControl(page) {
 }
 
 async function runAllCells(page) {
-  // Run > Run All Cells; once more if no cell started (a kernel still settling).
+  // Run > Run All Cells; once more if no cell started (a kernel still settling). Returns each code cell's seconds.
+  const runStart = Date.now();
+  let seen = [];
   for (let attempt = 1; ; attempt++) {
     await page.locator('.lm-MenuBar-item', { hasText: /^Run$/ }).click();
     await page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click();
@@ -304,13 +340,20 @@ async function runAllCells(page) {
   }
   await until(
     async () => {
+      seen = await watchCells(page, seen);
       const s = await executionState(page);
       return s.running === 0 && s.indicator === 'idle';
     },
     remaining(Number(opt.timeout) * 1000),
     'every cell to finish',
-    500,
+    200,
   );
+  seen = await watchCells(page, seen);
+  return seen.map((cell, i) => ({
+    seconds: cell.numbered_at === null ? null : (cell.numbered_at - (i ? seen[i - 1].numbered_at : runStart)) / 1000,
+    progress: cell.progress,
+    first_line: cell.first_line,
+  }));
 }
 
 async function main() {
@@ -333,7 +376,7 @@ async function main() {
     if (await leftTab.count()) await leftTab.first().click();
 
     const runStart = Date.now();
-    await runAllCells(page);
+    report.cells = await runAllCells(page);
     report.run_seconds = (Date.now() - runStart) / 1000;
     report.execution = await executionState(page);
     log(`all cells ran in ${report.run_seconds} s`);
