@@ -216,6 +216,14 @@ MUTATIONS = (
         "`kit safety --json` carries every recorded pairing's figures as recorded",
     ),
     Mutation(
+        "forked_spread_tries_all_run_one_placement",
+        "kit/analysis/whatif.py",
+        "    return simulated_reserved(snap, moves, walk, placement)",
+        "    return simulated_reserved(snap, moves, walk, PLACEMENTS[0])",
+        ("tests/test_whatif_merged.py::test_the_spreads_tries_in_forked_processes_are_its_tries_run_in_order",),
+        "each forked try of the spread runs its own placement, as the tries run in order do",
+    ),
+    Mutation(
         "row_walk_strands_only_beside_a_larger_block",
         "kit/analysis/trace/rows.py",
         "        if size >= rounded and (best is None or size > best[1]):",
@@ -402,8 +410,8 @@ MUTATIONS = (
     Mutation(
         "whatif_spread_forgets_the_recorded_placement",
         "kit/analysis/whatif.py",
-        "    tries = [predicted] + [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
-        "    tries = [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]",
+        "    runs = [predicted] + (tries() if tries else",
+        "    runs = (tries() if tries else",
         (WHATIF_MERGED + "test_the_share_the_correction_line_states_is_what_the_spread_set_measured",),
         "the stated range includes the prediction made with the recording's addresses",
     ),

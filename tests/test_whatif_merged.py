@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -312,3 +313,34 @@ def test_chained_maps_are_refused():
     model, replay = _capture_streams(snap)
     with pytest.raises(KitError, match="which .* is mapped onto"):
         what_if(snap, {replay: model, model: 0})
+
+
+def _spread_case() -> tuple:
+    snap = load_snapshot(str(SPREAD / f"{SPREAD_PAIRS[0]}.pickle.gz"))
+    streams = snap.kit["streams"]
+    return snap, whatif.resolve_stream_map(snap, {streams["s2"]: streams["s1"]}), walk_trace(snap)
+
+
+def test_the_spreads_tries_in_forked_processes_are_its_tries_run_in_order(monkeypatch):
+    snap, moves, walk = _spread_case()
+    real = whatif.simulated_reserved
+    monkeypatch.setattr(whatif, "simulated_reserved", lambda *a: (real(*a), os.getpid()))  # where each try ran
+    monkeypatch.setattr(whatif, "SPREAD_IN_PROCESSES", 0)
+    monkeypatch.setattr(whatif.threading, "active_count", lambda: 1)  # pytest-xdist's worker runs a thread of its own
+    with whatif.spread_tries(snap, moves, walk) as tries:
+        forked = tries()
+    assert whatif._FORKED is None  # let go of once the block ends
+    monkeypatch.setattr(whatif, "SPREAD_IN_PROCESSES", 10**9)
+    with whatif.spread_tries(snap, moves, walk) as tries:
+        in_order = tries()
+    assert os.getpid() not in {pid for _, pid in forked} and {pid for _, pid in in_order} == {os.getpid()}
+    assert [r for r, _ in forked] == [r for r, _ in in_order] and len({str(r) for r, _ in in_order}) > 1
+
+
+def test_a_process_running_another_thread_runs_the_tries_itself(monkeypatch):
+    snap, _, walk = _spread_case()
+    monkeypatch.setattr(whatif, "SPREAD_IN_PROCESSES", 0)
+    monkeypatch.setattr(whatif.threading, "active_count", lambda: 1)
+    assert whatif._forks_safely(snap, walk.device)
+    monkeypatch.setattr(whatif.threading, "active_count", lambda: 2)  # a notebook's kernel, a progress ticker
+    assert not whatif._forks_safely(snap, walk.device)

@@ -35,10 +35,16 @@ with a recorded one segment by segment and block by block.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import random
+import sys
+import threading
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -244,6 +250,10 @@ SPREAD_EVENTS = 500_000  # above this many trace events the spread is left out (
 # the pool: on the 12 pairs of kit/recordings/merged_spread (H100, `scripts/whatif_vs_merged.py`), 6
 # default pools fell outside, the farthest by 146 MiB of 5,362 MiB (2.7%). A measurement, not a bound.
 SPREAD_SEEN_OUTSIDE = 0.03
+# From this many trace events the spread's tries run in forked processes, beside the what-if's own runs, where that
+# is safe (`_forks_safely`): each try is a whole simulation, and below this they take a fraction of a second.
+SPREAD_IN_PROCESSES = 100_000
+_FORKED: tuple | None = None  # (snapshot, moves, walk) of the tries now running: a forked process inherits it
 
 
 class _TraceSim(CachingAllocatorSim):
@@ -530,16 +540,17 @@ def what_if(snapshot: Snapshot | str | dict, stream_map: Mapping) -> WhatIf:
     walk = walk_trace(snap)
     _refuse_captures_on_the_default_stream(snap, moves, walk)
     labels = stream_labels(snap)
-    baseline = baseline_table(snap, walk)
-    simulated = simulate_trace(snap, moves, walk=walk, trace=False)
-    predicted = segment_table(simulated)
-    recorded = segment_table(snap)
-    before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
-    saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
-    corrections = _baseline_differences(recorded, baseline, walk.device)
-    if snap.expandable:
-        corrections.append(EXPANDABLE_CAVEAT)
-    spread = placement_spread(snap, moves, walk, after)
+    with spread_tries(snap, moves, walk) as tries:  # started now, beside the two runs below, where it is safe
+        baseline = baseline_table(snap, walk)
+        simulated = simulate_trace(snap, moves, walk=walk, trace=False)
+        predicted = segment_table(simulated)
+        recorded = segment_table(snap)
+        before, after = reserved_by_pool(baseline), reserved_by_pool(predicted)
+        saved = {pool: before.get(pool, 0) - after.get(pool, 0) for pool in sorted(before.keys() | after.keys())}
+        corrections = _baseline_differences(recorded, baseline, walk.device)
+        if snap.expandable:
+            corrections.append(EXPANDABLE_CAVEAT)
+        spread = placement_spread(snap, moves, walk, after, tries)
     corrections += _spread_lines(snap, spread, after)
     facts = simulated.kit["whatif"]
     modelled = [_left_out_line(w, labels, moves, pool_labels(snap)) for w in facts["workspaces_left_out"]]
@@ -576,7 +587,11 @@ def _baseline_differences(recorded: pd.DataFrame, baseline: pd.DataFrame, device
 
 
 def placement_spread(
-    snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk, predicted: Mapping[tuple, int]
+    snap: Snapshot,
+    moves: Mapping[int, int],
+    walk: TraceWalk,
+    predicted: Mapping[tuple, int],
+    tries: Callable[[], list[dict]] | None = None,
 ) -> dict[tuple[int, int], tuple[int, int]] | None:
     """Per pool whose prediction changes with where cudaMalloc lays new segments: (lowest, highest) bytes.
 
@@ -585,19 +600,64 @@ def placement_spread(
     one size by address, so a pool can end larger or smaller. The mapped
     trace is simulated again with each of `PLACEMENTS`; pools whose reserved
     bytes differ between the tries are returned with the range. None when the
-    trace has more than `SPREAD_EVENTS` events (not tried).
+    trace has more than `SPREAD_EVENTS` events (not tried). `tries`: the
+    runs' results already under way (`spread_tries`).
     """
     if not moves:
         return {}
     if snap.check_trace(walk.device) > SPREAD_EVENTS:
         return None
-    tries = [predicted] + [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]
+    runs = [predicted] + (tries() if tries else [simulated_reserved(snap, moves, walk, p) for p in PLACEMENTS])
     spread = {}
-    for pool in sorted(set().union(*tries)):
-        figures = [t.get(pool, 0) for t in tries]
+    for pool in sorted(set().union(*runs)):
+        figures = [t.get(pool, 0) for t in runs]
         if min(figures) != max(figures):
             spread[pool] = (min(figures), max(figures))
     return spread
+
+
+@contextlib.contextmanager
+def spread_tries(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> Iterator[Callable[[], list[dict]]]:
+    """The spread's runs (`simulated_reserved` with each of `PLACEMENTS`), as a call that returns their results.
+
+    Where `_forks_safely` says so they start at once, one forked process each,
+    and run beside what the caller does meanwhile; elsewhere the call runs
+    them one after another. Leaving the block ends any still running.
+    """
+    global _FORKED
+    if not (moves and _forks_safely(snap, walk.device)):
+        yield lambda: [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]
+        return
+    if not snap.expandable:
+        _rewound(snap, walk.device)  # made once, here, for every process to inherit
+    _FORKED = (snap, moves, walk)
+    fork = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(len(PLACEMENTS), mp_context=fork, initializer=progress.set_quiet, initargs=(True,))
+    try:
+        futures = [pool.submit(_forked_try, placement) for placement in PLACEMENTS]
+        yield lambda: [future.result() for future in futures]
+    finally:
+        pool.shutdown(cancel_futures=True)
+        _FORKED = None
+
+
+def _forks_safely(snap: Snapshot, device: int) -> bool:
+    """Whether the spread's tries may run in forked processes: a long enough trace, a core to spare, Linux, and no
+    thread but this one (a fork copies no thread: a lock another held, tqdm's or the import system's, would stay
+    held in the child; a notebook's kernel always runs threads, so there the tries run in order)."""
+    events = snap.check_trace(device)
+    return (
+        SPREAD_IN_PROCESSES <= events <= SPREAD_EVENTS
+        and (os.cpu_count() or 1) > 1
+        and sys.platform == "linux"
+        and threading.active_count() == 1
+    )
+
+
+def _forked_try(placement: str) -> dict[tuple[int, int], int]:
+    """One try of the spread, in a forked process: the snapshot, moves and walk are the parent's, inherited."""
+    snap, moves, walk = _FORKED
+    return simulated_reserved(snap, moves, walk, placement)
 
 
 def _spread_lines(snap: Snapshot, spread: dict | None, predicted: Mapping[tuple, int]) -> list[str]:
