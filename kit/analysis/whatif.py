@@ -267,7 +267,12 @@ class _TraceSim(CachingAllocatorSim):
     """
 
     def __init__(
-        self, recorded: list[int], above: int, placement: str = RECORDED, expandable: bool = False, keep_trace=True
+        self,
+        recorded: list[int],
+        above: int,
+        placement: str = RECORDED,
+        expandable: bool = False,
+        keep_trace: bool = True,
     ) -> None:
         # the trace holds the RNG state's allocations already
         super().__init__(rng_state=False, expandable_segments=expandable)
@@ -607,7 +612,7 @@ def placement_spread(
         return {}
     if snap.check_trace(walk.device) > SPREAD_EVENTS:
         return None
-    runs = [predicted] + (tries() if tries else [simulated_reserved(snap, moves, walk, p) for p in PLACEMENTS])
+    runs = [predicted] + (tries() if tries else _tries_in_order(snap, moves, walk))
     spread = {}
     for pool in sorted(set().union(*runs)):
         figures = [t.get(pool, 0) for t in runs]
@@ -626,7 +631,7 @@ def spread_tries(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> I
     """
     global _FORKED
     if not (moves and _forks_safely(snap, walk.device)):
-        yield lambda: [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]
+        yield lambda: _tries_in_order(snap, moves, walk)
         return
     if not snap.expandable:
         _rewound(snap, walk.device)  # made once, here, for every process to inherit
@@ -639,6 +644,11 @@ def spread_tries(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> I
     finally:
         pool.shutdown(cancel_futures=True)
         _FORKED = None
+
+
+def _tries_in_order(snap: Snapshot, moves: Mapping[int, int], walk: TraceWalk) -> list[dict[tuple[int, int], int]]:
+    """The spread's runs one after another, in this process."""
+    return [simulated_reserved(snap, moves, walk, placement) for placement in PLACEMENTS]
 
 
 def _forks_safely(snap: Snapshot, device: int) -> bool:

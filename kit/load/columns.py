@@ -60,8 +60,8 @@ def _ints(values: list, *, minimum: int | None = 0, maximum: int | None = MAX_DE
     return out
 
 
-def _array(values: list) -> np.ndarray:
-    """Python ints as int64, or as objects when one does not fit."""
+def ints_or_objects(values: list) -> np.ndarray:
+    """Python ints as int64, or as objects when one does not fit (an address beyond int64)."""
     try:
         return np.array(values, dtype=np.int64)
     except OverflowError:
@@ -343,25 +343,25 @@ def _record_columns(records: tuple[Segment, ...]) -> dict[str, np.ndarray]:
     counts = np.array([len(s.blocks) for s in records], dtype=np.int64)
     blocks = [b for s in records for b in s.blocks]
     return {
-        "device": _array([s.device for s in records]),
-        "address": _array([s.address for s in records]),
-        "total_size": _array([s.total_size for s in records]),
-        "allocated_size": _array([s.allocated_size for s in records]),
-        "active_size": _array([s.active_size for s in records]),
-        "requested_size": _array([s.requested_size for s in records]),
-        "stream": _array([s.stream for s in records]),
-        "pool_a": _array([s.segment_pool_id[0] for s in records]),
-        "pool_b": _array([s.segment_pool_id[1] for s in records]),
+        "device": ints_or_objects([s.device for s in records]),
+        "address": ints_or_objects([s.address for s in records]),
+        "total_size": ints_or_objects([s.total_size for s in records]),
+        "allocated_size": ints_or_objects([s.allocated_size for s in records]),
+        "active_size": ints_or_objects([s.active_size for s in records]),
+        "requested_size": ints_or_objects([s.requested_size for s in records]),
+        "stream": ints_or_objects([s.stream for s in records]),
+        "pool_a": ints_or_objects([s.segment_pool_id[0] for s in records]),
+        "pool_b": ints_or_objects([s.segment_pool_id[1] for s in records]),
         "small": np.array([s.segment_type == "small" for s in records], dtype=bool),
         "expandable": np.array([s.is_expandable for s in records], dtype=bool),
-        "free": _array([s.free_size for s in records]),
-        "largest_free": _array([s.largest_free for s in records]),
+        "free": ints_or_objects([s.free_size for s in records]),
+        "largest_free": ints_or_objects([s.largest_free for s in records]),
         "first_block": np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64) if len(counts) else counts,
         "n_blocks": counts,
         "block_segment": np.repeat(np.arange(len(records), dtype=np.int64), counts),
-        "block_address": _array([b.address for b in blocks]),
-        "block_size": _array([b.size for b in blocks]),
-        "block_requested": _array([b.requested_size for b in blocks]),
+        "block_address": ints_or_objects([b.address for b in blocks]),
+        "block_size": ints_or_objects([b.size for b in blocks]),
+        "block_requested": ints_or_objects([b.requested_size for b in blocks]),
         "block_state": np.array([STATE_CODE[b.state] for b in blocks], dtype=np.int8),
     }
 
@@ -667,10 +667,10 @@ def _entry_columns(entries: tuple[TraceEntry, ...]) -> dict:
     times = [e.time_us for e in entries]
     return {
         "action": np.array([ACTION_CODE.get(e.action, -1) for e in entries], dtype=np.int8),
-        "addr": _array([e.addr for e in entries]),
-        "size": _array([e.size for e in entries]),
-        "stream": _array([e.stream for e in entries]),
-        "time_us": _array(times) if None not in times else np.array(times, dtype=object),
+        "addr": ints_or_objects([e.addr for e in entries]),
+        "size": ints_or_objects([e.size for e in entries]),
+        "stream": ints_or_objects([e.stream for e in entries]),
+        "time_us": ints_or_objects(times) if None not in times else np.array(times, dtype=object),
         "frames": [e.frames for e in entries],
     }
 

@@ -37,7 +37,7 @@ from kit.allocator.rules import DEFAULT_POOL, is_small_segment, round_size, roun
 from kit.analysis.trace.forward import Forward, Instances, places_in_runs, walk_forward
 from kit.analysis.trace.state import ALLOC_COLUMNS, CapturePools, TraceWalk, WalkSegment, segment_differences
 from kit.errors import KitError
-from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns
+from kit.load.columns import ACTION_CODE, INACTIVE, TraceColumns, ints_or_objects
 from kit.load.snapshot import Snapshot
 from kit.load.unpickle import gc_paused
 
@@ -64,21 +64,20 @@ class _Events(NamedTuple):
     address: np.ndarray
     size: np.ndarray
     stream: np.ndarray
+    segment_rows: np.ndarray  # the segment_allocs and segment_frees among them
 
     def lists(self, rows: np.ndarray) -> tuple[list, ...]:
         """`rows` and their action, address, size and stream, as lists for a loop (a list hands out its ints as
         they are; an array makes each anew)."""
         return rows.tolist(), *(column[rows].tolist() for column in (self.action, self.address, self.size, self.stream))
 
-    @property
-    def segment_rows(self) -> np.ndarray:
-        return np.flatnonzero((self.action == SEGMENT_ALLOC) | (self.action == SEGMENT_FREE))
-
 
 def _events(tc: TraceColumns) -> _Events:
     """The entries that move memory; the walk skips the rest."""
     index = np.flatnonzero(np.isin(tc.action, (ALLOC, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE)))
-    return _Events(index, tc.action[index], tc.addr[index], tc.size[index], tc.stream[index])
+    action = tc.action[index]
+    segment_rows = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE))
+    return _Events(index, action, tc.addr[index], tc.size[index], tc.stream[index], segment_rows)
 
 
 def walk_columns(snap: Snapshot, device: int = 0) -> TraceWalk | None:
@@ -126,7 +125,7 @@ def _walk(snap: Snapshot, tc: TraceColumns, device: int) -> TraceWalk:
     allocs = alloc_frame(tc, events.index[rows], pools[holder[rows]], fresh, on_other)
     new_segments = pd.DataFrame(made, columns=["index", "addr", "size", "pool", "stream"])
     at_end = np.flatnonzero(died == n)
-    return TraceWalk(allocs, new_segments, _compare(snap, instances, at_end, walked, device), rewound, device)
+    return TraceWalk(allocs, new_segments, _compare(snap, inst, at_end, walked, device), rewound, device)
 
 
 def _instances(instances: list, rewound: int) -> Instances:
@@ -136,21 +135,13 @@ def _instances(instances: list, rewound: int) -> Instances:
     group = [groups.setdefault((seg.pool, seg.small), len(groups)) for seg in instances]
     small = np.fromiter((seg.small for seg in instances), dtype=bool, count=count)
     return Instances(
-        address=_ints_or_objects([seg.address for seg in instances]),
-        end=_ints_or_objects([seg.end for seg in instances]),
+        address=ints_or_objects([seg.address for seg in instances]),
+        end=ints_or_objects([seg.end for seg in instances]),
         limit=np.where(small, split_limit(True), split_limit(False)).astype(np.int64),
         group=np.array(group, dtype=np.int64),
-        stream=_ints_or_objects([seg.stream for seg in instances]),
+        stream=ints_or_objects([seg.stream for seg in instances]),
         rewound=rewound,
     )
-
-
-def _ints_or_objects(values: list) -> np.ndarray:
-    """Python ints as int64, or as objects when one does not fit (an address beyond int64)."""
-    try:
-        return np.array(values, dtype=np.int64)
-    except OverflowError:
-        return np.array(values, dtype=object)
 
 
 def _blocks_of(segments: list) -> tuple[list, list, list]:
@@ -253,7 +244,8 @@ def _rewind_rows(final: _FinalSegments, events: _Events) -> np.ndarray:
     address = np.asarray(events.address, dtype=np.int64)
     at = np.searchsorted(first, address, side="right") - 1
     held = (at >= 0) & (address < (first + size)[at]) & (np.arange(n) < until[at])
-    return np.flatnonzero((events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE) | held)
+    held[segment_rows] = True
+    return np.flatnonzero(held)
 
 
 def _segments_made(final: _FinalSegments, events: _Events, instances: list, captured: CapturePools) -> tuple:
@@ -400,7 +392,7 @@ def _search_holders(holder: np.ndarray, live: dict, instances: list, made_by: di
     live = dict(live)
     starts = sorted(live)
     number = {id(seg): k for k, seg in enumerate(instances)}
-    searched = np.flatnonzero((holder == -2) | (events.action == SEGMENT_ALLOC) | (events.action == SEGMENT_FREE))
+    searched = np.union1d(np.flatnonzero(holder == -2), events.segment_rows)
     for r, a, addr, _, _ in zip(*events.lists(searched), strict=True):
         if a == SEGMENT_ALLOC:
             if addr not in live:
@@ -495,7 +487,7 @@ def _frames_of(tc: TraceColumns, rows: np.ndarray) -> np.ndarray:
     return np.fromiter(picked, dtype=object, count=len(rows))
 
 
-def _compare(snap: Snapshot, instances: list, at_end: np.ndarray, walked: Forward, device: int) -> list[str]:
+def _compare(snap: Snapshot, inst: Instances, at_end: np.ndarray, walked: Forward, device: int) -> list[str]:
     """As the row walk's `_compare_with_snapshot`: what differs between the walk's end and the snapshot's segments.
 
     `at_end` numbers the instances still live when the walk ends; `walked`
@@ -503,8 +495,8 @@ def _compare(snap: Snapshot, instances: list, at_end: np.ndarray, walked: Forwar
     """
     c = snap.columns
     on = c.device == device
-    address = np.array([instances[k].address for k in at_end.tolist()], dtype=walked.buf_addr.dtype)
-    size = np.array([instances[k].size for k in at_end.tolist()], dtype=walked.buf_addr.dtype)
+    address = inst.address[at_end]
+    size = inst.end[at_end] - address
     slots = np.repeat(walked.start[at_end], walked.count[at_end]) + places_in_runs(walked.count[at_end])
     got = (address, size, np.repeat(address, walked.count[at_end]), walked.buf_addr[slots], walked.buf_size[slots])
     try:
@@ -520,8 +512,8 @@ def _compare(snap: Snapshot, instances: list, at_end: np.ndarray, walked: Forwar
         )
         want[int(c.address[i])] = (int(c.total_size[i]), {a: n for a, n, st in blocks if st != INACTIVE})
     segments = {}
-    for k in at_end.tolist():
-        seg = segments[instances[k].address] = WalkSegment(instances[k].address, instances[k].size, None, None, None)
+    for k, a, n in zip(at_end.tolist(), address.tolist(), size.tolist(), strict=True):
+        seg = segments[a] = WalkSegment(a, n, None, None, None)
         lo, hi = int(walked.start[k]), int(walked.start[k] + walked.count[k])
         seg.sizes = dict(zip(walked.buf_addr[lo:hi].tolist(), walked.buf_size[lo:hi].tolist(), strict=True))
     return segment_differences(want, segments)

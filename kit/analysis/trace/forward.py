@@ -13,9 +13,10 @@ then walks the events in trace order over plain int64 arrays:
   event at its address, a segment_free or a segment_alloc that replaces it,
   which then takes its place in the walk's order (`seq`);
 - an alloc that needed new memory asks "was a free block as large on another
-  stream of the same group?": the live instances of other streams are
-  scanned for the largest gap (measured again only where blocks changed),
-  the earliest in the walk's order on ties, as the walk by entry
+  stream of the same group?": each (group, stream) keeps a max-tree of its
+  live instances' largest gaps, measured again only where blocks changed
+  since the last question, and the largest over the other streams wins, the
+  earliest in the walk's order on ties, as the walk by entry
   (`kit.analysis.trace.rows`) searches.
 
 The same function runs compiled by numba (vLLM pins it, so a vLLM
@@ -81,8 +82,8 @@ def walk_forward(
     k = len(inst.address)
     allocs = np.bincount(holder[(action == ALLOC) & (holder >= 0)], minlength=k)
     rewound_blocks = np.bincount(np.asarray(blocks[0], dtype=np.int64), minlength=k)
-    count = rewound_blocks.astype(np.int64)
-    start = np.concatenate(([0], np.cumsum(allocs + rewound_blocks)[:-1])).astype(np.int64)
+    count = rewound_blocks.copy()  # the kernel keeps it current
+    start = _firsts(allocs + rewound_blocks)
     dtype = np.int64 if address.dtype == np.int64 and inst.address.dtype == np.int64 else object
     buf_addr = np.zeros(int(allocs.sum() + rewound_blocks.sum()), dtype=dtype)
     buf_size = np.zeros(buf_addr.size, dtype=dtype)
@@ -107,23 +108,25 @@ def _streams_of_groups(inst: Instances) -> tuple[np.ndarray, ...]:
     places from `stack_base[p]` for its instances whose gaps changed.
     """
     _, stream_code = np.unique(inst.stream, return_inverse=True)
-    key = inst.group * (int(stream_code.max(initial=0)) + 1) + stream_code
-    keys, pair = np.unique(key, return_inverse=True)
+    streams = int(stream_code.max(initial=0)) + 1
+    keys, pair = np.unique(inst.group * streams + stream_code, return_inverse=True)
     members = np.bincount(pair, minlength=keys.size)
     leaf = np.empty(pair.size, dtype=np.int64)
     leaf[np.argsort(pair, kind="stable")] = places_in_runs(members)
     width = 1 << np.ceil(np.log2(np.maximum(members, 1))).astype(np.int64)
-    tree_base = np.concatenate(([0], np.cumsum(2 * width)[:-1])).astype(np.int64)
-    stack_base = np.concatenate(([0], np.cumsum(members)[:-1])).astype(np.int64)
-    pair_group = keys // (int(stream_code.max(initial=0)) + 1)
-    group_pairs = np.searchsorted(pair_group, np.arange(int(inst.group.max(initial=-1)) + 2))
+    tree_base, stack_base = _firsts(2 * width), _firsts(members)
+    group_pairs = np.searchsorted(keys // streams, np.arange(int(inst.group.max(initial=-1)) + 2))
     return pair.astype(np.int64), leaf, width, tree_base, stack_base, group_pairs
+
+
+def _firsts(count: np.ndarray) -> np.ndarray:
+    """Where each run starts when runs of `count` elements lie end to end: 0, count[0], count[0] + count[1], ..."""
+    return (np.cumsum(count) - count).astype(np.int64)
 
 
 def places_in_runs(count: np.ndarray) -> np.ndarray:
     """0, 1, ... count[0] - 1, 0, 1, ... count[1] - 1, ...: each element's place within its run."""
-    total = int(count.sum())
-    return np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+    return np.arange(int(count.sum())) - np.repeat(_firsts(count), count)
 
 
 def _kernel(events: int, int64: bool):

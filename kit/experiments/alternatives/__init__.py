@@ -48,7 +48,7 @@ process (patches and the graph pool are per process):
   (`kit.analysis.kv_cache`), and what the PR's 5.18 GiB buys on DeepSeek-V4.1-Flash.
 
 The phases an analysis of reads and writes can wrap are named in `kit/replica/speculator.py`.
-`record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`;
+`run.record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`;
 the shipped recordings are `alternatives/<preset>.json` under `kit/recordings/`:
 
     python -m kit.experiments.alternatives --preset small --out DIR

@@ -31,9 +31,9 @@ attention (`ReplicaConfig.attention_breaks`) as V4.1's do, and R is paired
 with the break where the replay layers ran; the break is recorded in three
 parts (before the replay layers, while they run, after them), so reads after
 R starts, in the break too, are checked.
-`record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json`
+`run.record(preset, out_dir)` writes `<preset>.json` and its `PROVENANCE.json`
 entry to `out_dir`; the shipped recordings are `readwrite/<preset>.json` in
-the kit's recordings (`kit.recordings.RECORDINGS`, `RECORDINGS_DIR` here):
+the kit's recordings (`kit.recordings.RECORDINGS`, `result.RECORDINGS_DIR`):
 
     python -m kit.experiments.readwrite_run --preset small --out OUT   # every scenario into OUT/small.json
     python -m kit.experiments.readwrite_run --scenario pr --preset small --out pr.json   # one scenario, this process

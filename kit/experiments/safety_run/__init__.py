@@ -49,7 +49,7 @@ layers, with the replay graphs forced onto the model graphs' stream), the
 scenarios of `kit.experiments.scenarios`. The replica runs with V4.1's
 hyper-connection inputs to the break and an eager break at every layer's
 attention (`ReplicaConfig.attention_breaks`), so model graphs break several
-times and replay graphs have breaks of their own. `record(preset, out_dir)`
+times and replay graphs have breaks of their own. `run.record(preset, out_dir)`
 writes `<preset>.json` and its `PROVENANCE.json` entry to `out_dir`; the
 shipped recordings are `safety/<preset>.json` under `kit/recordings/`:
 
